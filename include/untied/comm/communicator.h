@@ -1,0 +1,66 @@
+// Communicator: the collectives untied needs, over a group of ranks.
+//
+// Backends: MPI (one process per rank, launched with mpirun; comm/mpi) and in-process (one
+// thread per rank inside one process; comm/inproc), and later NCCL. The same tests run on all.
+//
+// Conventions for every collective:
+//   - Buffers are host pointers on the CPU backends; sizes are 64-bit.
+//   - Every rank of the group calls the collective with the same sizes. Blocks are laid out by
+//     rank: block p of a send buffer goes to rank p; block p of a receive buffer came from p.
+//   - Send and receive buffers must not overlap, except all_reduce (send == recv is allowed).
+//   - Reductions support f32, f64, i32, i64; bf16 fails with "<backend> does not support ...".
+//   - Blocking: when a call returns, the receive buffer holds the result and the send buffer
+//     may be reused.
+// Failure: a failed call throws untied::Error. If another rank of an in-process world has
+// failed, blocked calls throw Error(kAborted) instead of hanging; abort() stops every rank of
+// an MPI job.
+//
+// Thread safety: a Communicator belongs to one rank (one thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "untied/core/dtype.h"
+
+namespace untied {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi", "inproc"
+
+  // Collective over this group: ranks with equal `color` form a new group, ordered by
+  // (key, rank). Every rank of the group must call it.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // send: size() blocks of block_bytes; recv: size() blocks of block_bytes.
+  virtual void all_to_all(const void* send, void* recv, int64_t block_bytes) = 0;
+  // send: block_bytes; recv: size() blocks of block_bytes (rank p's block at p).
+  virtual void all_gather(const void* send, void* recv, int64_t block_bytes) = 0;
+  // send: size() blocks of block_elems; recv: block_elems = op over ranks of block rank().
+  virtual void reduce_scatter(const void* send, void* recv, int64_t block_elems, DType dtype,
+                              ReduceOp op) = 0;
+  // recv[i] = op over ranks of send[i]; send == recv allowed.
+  virtual void all_reduce(const void* send, void* recv, int64_t elems, DType dtype, ReduceOp op) = 0;
+  // buf of `bytes` on every rank gets root's contents.
+  virtual void broadcast(void* buf, int64_t bytes, int root) = 0;
+  // Sends send_bytes to `dest` and receives recv_bytes from `src` (both may be rank()).
+  virtual void sendrecv(const void* send, int64_t send_bytes, int dest, void* recv,
+                        int64_t recv_bytes, int src) = 0;
+  virtual void barrier() = 0;
+  // Stops every rank of the job (MPI_Abort; in-process: marks the world failed). Does not return
+  // for MPI.
+  virtual void abort(int code) noexcept = 0;
+};
+
+// Result of an agreement over ranks: true on every rank iff `ok` is true on every rank.
+// Used so that a failure found by one rank makes every rank fail together.
+bool all_ranks_ok(Communicator& comm, bool ok);
+
+}  // namespace untied

@@ -1,0 +1,54 @@
+// Device: where a rank's buffers live and its kernels run.
+//
+// One Device per rank. It owns that rank's tagged Allocator (every buffer of the rank comes
+// from it), copies and fills memory, and orders work (synchronize). Kernels take a Device&
+// and dispatch on kind(); a backend that lacks an op fails with
+// "<backend> does not support <op>" (see unsupported()).
+//
+// CpuDevice: host memory, kernels on `threads` OpenMP/BLAS threads of the calling thread.
+// Rehearsal (counting) devices report backed() == false: kernels must then skip compute.
+//
+// Thread safety: a Device is used by one rank (one thread, which may fan out to its own
+// OpenMP team inside kernels).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "untied/core/allocator.h"
+
+namespace untied {
+
+enum class DeviceKind { kCpu, kCuda };
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;  // "cpu (2 threads)"
+  virtual Allocator& allocator() = 0;
+  // Copies `bytes` between buffers of this device (host <-> host on the CPU).
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void fill_zero(void* dst, int64_t bytes) = 0;
+  // Waits for all work issued on this device (a no-op on the CPU).
+  virtual void synchronize() = 0;
+  // Threads a CPU kernel may use; 1 for devices that do not run kernels on host threads.
+  virtual int threads() const = 0;
+  // False in rehearsal: buffers are counted, not backed, and kernels skip their compute.
+  bool backed() { return allocator().backed(); }
+};
+
+struct CpuDeviceOptions {
+  int threads = 1;           // OpenMP and BLAS threads for this rank's kernels (>= 1)
+  int64_t budget_bytes = 0;  // 0 = unlimited
+  bool rehearsal = false;    // count allocations without backing them
+};
+
+// Sets the calling thread's OpenMP/BLAS thread count to opts.threads.
+std::unique_ptr<Device> make_cpu_device(const CpuDeviceOptions& opts);
+
+// Throws Error(kUnsupported): "<device name> does not support <op>".
+[[noreturn]] void unsupported(const Device& dev, const char* op);
+
+}  // namespace untied

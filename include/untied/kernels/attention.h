@@ -1,0 +1,65 @@
+// Flash attention, forward and backward (the FlashAttention-2 algorithm): softmax(scale*QK^T)V
+// computed block by block with an online softmax, never holding a (seq_q, seq_k) matrix.
+//
+// Layouts (token-major, heads interleaved; row strides are elements between tokens):
+//   q, out, dout, dq   (seq_q, H, D)   row stride q_row_stride  (default H*D)
+//   k, v, dk, dv       (seq_k, G, D)   row stride kv_row_stride (default G*D)
+//   lse                (H, seq_q) fp32, contiguous: log-sum-exp of the scaled scores per row
+// Storage is f32 or bf16 (`dtype`, the same for all tensors); compute is fp32.
+//
+// GQA with the standard mapping: query head h reads KV head h / (H / G).
+// Causal: query row i (global position q_offset + i) sees key j (global position
+// k_offset + j) iff k_offset + j <= q_offset + i. Offsets let ring attention call the kernel
+// on blocks of a longer sequence. A query row that sees no key gets out = 0, lse = -inf.
+//
+// Workspace: from the device allocator, tag kAttnWorkspace. Forward: per-thread tiles only
+// (independent of seq). Backward: an fp32 dQ accumulator (seq_q, H, D) when dq is bf16, and
+// D_i = rowsum(dO * O) (H, seq_q); both linear in seq.
+//
+// REQUIRES: H % G == 0; seq_q, seq_k, H, G, D >= 1; q/k/v/out/dout non-overlapping with the
+// outputs written.
+#pragma once
+
+#include <cstdint>
+
+#include "untied/core/dtype.h"
+#include "untied/device/device.h"
+
+namespace untied {
+
+struct AttentionShape {
+  int64_t seq_q = 0;
+  int64_t seq_k = 0;
+  int64_t heads = 0;     // H
+  int64_t kv_heads = 0;  // G
+  int64_t head_dim = 0;  // D
+  int64_t q_offset = 0;  // global position of query row 0
+  int64_t k_offset = 0;  // global position of key row 0
+  bool causal = true;
+  float scale = 0.0f;          // 0 = 1/sqrt(D)
+  int64_t q_row_stride = 0;    // 0 = H*D
+  int64_t kv_row_stride = 0;   // 0 = G*D
+  DType dtype = DType::kF32;   // storage of q, k, v, out, dout, dq, dk, dv
+  int64_t block_q = 0;         // tile sizes; 0 = the backend's default
+  int64_t block_k = 0;
+};
+
+// Throws Error(kInvalidArgument) naming the bad field when the shape cannot work.
+void validate(const AttentionShape& s);
+
+// out (seq_q, H, D) =, lse (H, seq_q) fp32 =.
+void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse,
+                       const void* q, const void* k, const void* v);
+
+// dq (seq_q, H, D) =, dk, dv (seq_k, G, D) = (overwritten, not accumulated), from what the
+// forward saved (q, k, v, out, lse) and dout.
+void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
+                        const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout);
+
+// FLOPs used in benchmarks: forward 4*Sq*Sk*D*H (halved when causal with Sq == Sk),
+// backward 2.5x forward.
+double attention_forward_flops(const AttentionShape& s);
+double attention_backward_flops(const AttentionShape& s);
+
+}  // namespace untied

@@ -1,0 +1,43 @@
+// GEMM: C = alpha * op(A) * op(B) + beta * C, row-major, through BLAS on the CPU.
+//
+// op(A) is (m, k), op(B) is (k, n), C is (m, n). lda/ldb/ldc are row strides in elements of
+// the stored matrices (A stored (m, k), or (k, m) when trans_a). beta = 0 overwrites C (its old
+// contents are ignored, NaN included); beta = 1 accumulates.
+// A and B may be f32 or bf16 (bf16 is widened to f32 in scratch from the device allocator,
+// tag `scratch_tag`); C may be f32 or bf16 (bf16 C is computed in f32 and rounded once).
+// REQUIRES: m, n, k >= 0; ld* >= the stored row length.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "untied/core/allocator.h"
+#include "untied/core/dtype.h"
+#include "untied/device/device.h"
+
+namespace untied {
+
+struct GemmParams {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  DType a_dtype = DType::kF32;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  DType b_dtype = DType::kF32;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  DType c_dtype = DType::kF32;
+  Tag scratch_tag = Tag::kOther;
+};
+
+void gemm(Device& dev, const GemmParams& p);
+
+// The BLAS library behind the CPU GEMM, for benchmark headers ("OpenBLAS 0.3.21 ...").
+std::string blas_description();
+
+}  // namespace untied

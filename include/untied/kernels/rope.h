@@ -1,0 +1,36 @@
+// Rotary position embedding, Hugging Face Llama convention ("rotate_half"): for a head vector x
+// of size D and i < D/2, with angle a = pos * theta^(-2i/D),
+//   y[i]       = x[i] * cos(a) - x[i + D/2] * sin(a)
+//   y[i + D/2] = x[i + D/2] * cos(a) + x[i] * sin(a)
+// Angles are computed in double from each token's explicit global position, so positions in
+// the millions keep full fp32 accuracy.
+// Backward is the inverse rotation (RoPE is orthogonal): dx = R(-a) dy.
+//
+// Both work in place on x (tokens, heads, D) with row stride `row_stride` (elements between
+// tokens; 0 = heads*D), f32 or bf16 storage. REQUIRES: D even; positions has `tokens` entries.
+#pragma once
+
+#include <cstdint>
+
+#include "untied/core/dtype.h"
+#include "untied/device/device.h"
+
+namespace untied {
+
+struct RopeShape {
+  int64_t tokens = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t row_stride = 0;  // 0 = heads * head_dim
+  double theta = 10000.0;
+  DType dtype = DType::kF32;
+};
+
+void validate(const RopeShape& s);
+
+// x (tokens, heads, D): x = R(pos) x.
+void rope_forward(Device& dev, const RopeShape& s, void* x, const int64_t* positions);
+// dx (tokens, heads, D): dx = R(pos)^T dx.
+void rope_backward(Device& dev, const RopeShape& s, void* dx, const int64_t* positions);
+
+}  // namespace untied

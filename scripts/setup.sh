@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what untied needs to build and test on Debian 12 (or Ubuntu): compiler, CMake,
+# OpenBLAS (OpenMP build), Open MPI and GoogleTest. Installs only what is missing.
+# Runs apt-get as root, or through sudo.
+set -euo pipefail
+
+packages=(g++ make cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

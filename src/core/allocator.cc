@@ -1,0 +1,233 @@
+#include "untied/core/allocator.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace untied {
+
+std::string_view tag_name(Tag t) {
+  switch (t) {
+    case Tag::kParameters: return "parameters";
+    case Tag::kGradients: return "gradients";
+    case Tag::kOptimizer: return "optimizer";
+    case Tag::kActivations: return "activations";
+    case Tag::kAttnWorkspace: return "attn_workspace";
+    case Tag::kCommunication: return "communication";
+    case Tag::kOther: return "other";
+  }
+  return "?";
+}
+
+std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::kSetup: return "setup";
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
+namespace {
+
+class HostMemory final : public MemorySource {
+ public:
+  std::string_view name() const override { return "host"; }
+  void* allocate(int64_t bytes) override {
+    size_t rounded = (static_cast<size_t>(bytes) + 63) & ~size_t{63};
+    void* p = std::aligned_alloc(64, rounded);
+    UNTIED_CHECK_KIND(ErrorKind::kOutOfBudget, p != nullptr, "host memory exhausted: malloc of ",
+                      format_bytes(bytes), " failed");
+    return p;
+  }
+  void release(void* ptr, int64_t) noexcept override { std::free(ptr); }
+  bool backed() const override { return true; }
+};
+
+class CountingMemory final : public MemorySource {
+ public:
+  std::string_view name() const override { return "counting"; }
+  void* allocate(int64_t) override { return nullptr; }
+  void release(void*, int64_t) noexcept override {}
+  bool backed() const override { return false; }
+};
+
+}  // namespace
+
+std::unique_ptr<MemorySource> make_host_memory() { return std::make_unique<HostMemory>(); }
+std::unique_ptr<MemorySource> make_counting_memory() { return std::make_unique<CountingMemory>(); }
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = o.owner_;
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    tag_ = o.tag_;
+    o.owner_ = nullptr;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::reset() noexcept {
+  if (owner_ != nullptr) owner_->release(data_, bytes_, tag_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Allocator::Allocator(std::unique_ptr<MemorySource> source, Options opts)
+    : source_(std::move(source)), opts_(std::move(opts)) {
+  UNTIED_CHECK(opts_.budget_bytes >= 0, "memory budget must be >= 0, got ", opts_.budget_bytes);
+}
+
+Allocator::~Allocator() {
+  if (s_.live_total != 0) {
+    std::fprintf(stderr, "untied: allocator '%s' destroyed with %s still live (%s)\n",
+                 opts_.name.c_str(), format_bytes(s_.live_total).c_str(),
+                 describe_live_locked().c_str());
+  }
+}
+
+Buffer Allocator::allocate(int64_t bytes, Tag tag, std::string_view what) {
+  UNTIED_CHECK(bytes >= 0, "allocation of a negative size (", bytes, " bytes) for '", what, "'");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (opts_.budget_bytes > 0 && s_.live_total + bytes > opts_.budget_bytes) {
+    fail(ErrorKind::kOutOfBudget,
+         error_prefix(__FILE__, __LINE__) + "memory budget exceeded: request of " +
+             format_bytes(bytes) + " for '" + std::string(what) + "' (" +
+             std::string(tag_name(tag)) + ") would bring the live total to " +
+             format_bytes(s_.live_total + bytes) + ", over the budget of " +
+             format_bytes(opts_.budget_bytes) + "; " + describe_live_locked() +
+             ". Raise --mem-budget or choose a configuration that needs less memory.");
+  }
+  void* p = bytes > 0 ? source_->allocate(bytes) : nullptr;
+  int t = static_cast<int>(tag);
+  int ph = static_cast<int>(phase_);
+  s_.live[t] += bytes;
+  s_.live_total += bytes;
+  s_.num_allocations += 1;
+  if (s_.live[t] > s_.peak[t]) s_.peak[t] = s_.live[t];
+  if (s_.live[t] > s_.phase_peak[ph][t]) s_.phase_peak[ph][t] = s_.live[t];
+  if (s_.live_total > s_.phase_peak_total[ph]) s_.phase_peak_total[ph] = s_.live_total;
+  if (s_.live_total > s_.peak_total) {
+    s_.peak_total = s_.live_total;
+    s_.at_total_peak = s_.live;
+  }
+  Buffer b;
+  b.owner_ = this;
+  b.data_ = p;
+  b.bytes_ = bytes;
+  b.tag_ = tag;
+  return b;
+}
+
+void Allocator::release(void* ptr, int64_t bytes, Tag tag) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ptr != nullptr) source_->release(ptr, bytes);
+  s_.live[static_cast<int>(tag)] -= bytes;
+  s_.live_total -= bytes;
+}
+
+void Allocator::set_phase(Phase p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  phase_ = p;
+  int ph = static_cast<int>(p);
+  // What is live on entering a phase counts toward that phase's peak.
+  for (int t = 0; t < kNumTags; ++t)
+    if (s_.live[t] > s_.phase_peak[ph][t]) s_.phase_peak[ph][t] = s_.live[t];
+  if (s_.live_total > s_.phase_peak_total[ph]) s_.phase_peak_total[ph] = s_.live_total;
+}
+
+Phase Allocator::phase() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return phase_;
+}
+
+void Allocator::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.peak = s_.live;
+  s_.at_total_peak = s_.live;
+  s_.peak_total = s_.live_total;
+  for (int ph = 0; ph < kNumPhases; ++ph) {
+    s_.phase_peak[ph] = {};
+    s_.phase_peak_total[ph] = 0;
+  }
+  int ph = static_cast<int>(phase_);
+  s_.phase_peak[ph] = s_.live;
+  s_.phase_peak_total[ph] = s_.live_total;
+}
+
+MemoryStats Allocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return s_;
+}
+
+std::string Allocator::describe_live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return describe_live_locked();
+}
+
+std::string Allocator::describe_live_locked() const {
+  std::string out = "live " + format_bytes(s_.live_total);
+  if (opts_.budget_bytes > 0) out += " of budget " + format_bytes(opts_.budget_bytes);
+  std::string parts;
+  for (int t = 0; t < kNumTags; ++t) {
+    if (s_.live[t] == 0) continue;
+    if (!parts.empty()) parts += ", ";
+    parts += std::string(tag_name(static_cast<Tag>(t))) + " " + format_bytes(s_.live[t]);
+  }
+  return out + (parts.empty() ? "" : ": " + parts);
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024 && bytes > -1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (std::fabs(v) >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+StatusOr<int64_t> parse_bytes(std::string_view s) {
+  std::string str(s);
+  auto bad = [&] {
+    return Status::invalid_argument("cannot read '" + str +
+                                    "' as a byte count: use a number with an optional unit, "
+                                    "e.g. 4096, 512M, 8G, 1.5G");
+  };
+  if (str.empty()) return bad();
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(str, &pos);
+  } catch (...) {
+    return bad();
+  }
+  std::string unit = str.substr(pos);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() >= 2 && unit.substr(unit.size() - 2) == "IB") unit.resize(unit.size() - 2);
+  else if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  double mult = 1;
+  if (unit.empty()) mult = 1;
+  else if (unit == "K") mult = 1024.0;
+  else if (unit == "M") mult = 1024.0 * 1024;
+  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return bad();
+  double bytes = v * mult;
+  if (!(bytes > 0) || bytes > 9.0e18)
+    return Status::invalid_argument("byte count '" + str + "' must be positive (and below 8 EiB)");
+  return static_cast<int64_t>(std::llround(bytes));
+}
+
+}  // namespace untied

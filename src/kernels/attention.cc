@@ -1,0 +1,55 @@
+#include "untied/kernels/attention.h"
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace untied {
+
+void validate(const AttentionShape& s) {
+  UNTIED_CHECK(s.seq_q >= 1 && s.seq_k >= 1, "attention: seq_q and seq_k must be >= 1, got ", s.seq_q,
+               " and ", s.seq_k);
+  UNTIED_CHECK(s.heads >= 1 && s.kv_heads >= 1, "attention: heads (", s.heads, ") and kv_heads (",
+               s.kv_heads, ") must be >= 1");
+  UNTIED_CHECK(s.heads % s.kv_heads == 0, "attention: heads (", s.heads,
+               ") must be a multiple of kv_heads (", s.kv_heads, ")");
+  UNTIED_CHECK(s.head_dim >= 1 && s.head_dim <= 1024, "attention: head_dim must be in [1, 1024], got ",
+               s.head_dim);
+  UNTIED_CHECK(s.q_row_stride == 0 || s.q_row_stride >= s.heads * s.head_dim,
+               "attention: q_row_stride (", s.q_row_stride, ") is shorter than heads*head_dim (",
+               s.heads * s.head_dim, ")");
+  UNTIED_CHECK(s.kv_row_stride == 0 || s.kv_row_stride >= s.kv_heads * s.head_dim,
+               "attention: kv_row_stride (", s.kv_row_stride, ") is shorter than kv_heads*head_dim (",
+               s.kv_heads * s.head_dim, ")");
+  UNTIED_CHECK(s.block_q >= 0 && s.block_k >= 0, "attention: block sizes must be >= 0 (0 = default)");
+  UNTIED_CHECK(s.scale >= 0.0f, "attention: scale must be >= 0 (0 = 1/sqrt(head_dim)), got ", s.scale);
+  UNTIED_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16,
+               "attention: storage must be f32 or bf16, got ", dtype_name(s.dtype));
+}
+
+void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse, const void* q,
+                       const void* k, const void* v) {
+  validate(s);
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::attention_forward(dev, s, out, lse, q, k, v);
+    default: unsupported(dev, "attention_forward");
+  }
+}
+
+void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
+                        const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout) {
+  validate(s);
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, out, lse, dout);
+    default: unsupported(dev, "attention_backward");
+  }
+}
+
+double attention_forward_flops(const AttentionShape& s) {
+  double f = 4.0 * static_cast<double>(s.seq_q) * static_cast<double>(s.seq_k) *
+             static_cast<double>(s.head_dim) * static_cast<double>(s.heads);
+  return s.causal && s.seq_q == s.seq_k ? f / 2 : f;
+}
+
+double attention_backward_flops(const AttentionShape& s) { return 2.5 * attention_forward_flops(s); }
+
+}  // namespace untied

@@ -1,0 +1,167 @@
+// Flash attention backward on the CPU (FlashAttention-2 algorithm).
+//
+// 1. D_i = rowsum(dO_i * O_i) per query row and head, into workspace (H, seq_q).
+// 2. Work item = (KV head, key tile). For each query head of the KV group and each query tile
+//    that can see the key tile, recompute P = exp(S - lse) and accumulate
+//        dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dK += scale dS^T Q,
+//        dQ += scale dS K.
+//    dK and dV of the tile stay in per-thread fp32 accumulators and are written once.
+// 3. dQ is accumulated in fp32: thread 0 writes to the main accumulator (dq itself when it is
+//    f32, else a workspace), other threads to private ones that are added in thread order at
+//    the end. Work is assigned statically, so results are deterministic for a given thread
+//    count.
+// No (seq_q, seq_k) matrix is ever held; workspace is linear in seq_q.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/fast_exp2.h"
+#include "kernels/cpu/sgemm.h"
+
+namespace untied::cpu {
+
+void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void* dk, void* dv,
+                        const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout) {
+  const AttnGeom a = make_geom(shape);
+  const int threads = dev.threads();
+  Allocator& alloc = dev.allocator();
+  const int64_t hd = a.h * a.d;  // elements of one token row of dQ accumulators
+
+  Buffer delta_buf = alloc.allocate(a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
+  const bool dq_direct = a.dtype == DType::kF32;
+  const int extra_accs = threads - 1 + (dq_direct ? 0 : 1);
+  Buffer dq_acc_buf = alloc.allocate(extra_accs * a.sq * hd * 4, Tag::kAttnWorkspace,
+                                     "attention backward dQ accumulators");
+  // Per thread: k, v tiles; dk, dv accumulators; q, dO tiles; S/P, dP.
+  const int64_t per_thread = 4 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk;
+  Buffer scratch = alloc.allocate(per_thread * threads * 4, Tag::kAttnWorkspace,
+                                  "attention backward tiles");
+  if (!dev.backed()) return;
+
+  float* delta = delta_buf.as<float>();
+  // dQ accumulator of thread t: row stride acc_rs.
+  auto dq_acc = [&](int t, int64_t& acc_rs) -> float* {
+    if (dq_direct && t == 0) {
+      acc_rs = a.q_rs;
+      return static_cast<float*>(dq);
+    }
+    acc_rs = hd;
+    const int slot = dq_direct ? t - 1 : t;
+    return dq_acc_buf.as<float>() + static_cast<int64_t>(slot) * a.sq * hd;
+  };
+
+  // Step 1: D and zeroed accumulators.
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < a.sq; ++i) {
+    float o_row[1024], do_row[1024];  // D <= 1024 is checked by validate()
+    for (int64_t h = 0; h < a.h; ++h) {
+      load_f32(o_row, at(out, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
+      load_f32(do_row, at(dout, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
+      float s = 0.0f;
+      for (int64_t c = 0; c < a.d; ++c) s += o_row[c] * do_row[c];
+      delta[h * a.sq + i] = s;
+    }
+    for (int t = 0; t < threads; ++t) {
+      int64_t rs;
+      float* acc = dq_acc(t, rs);
+      std::memset(acc + i * rs, 0, static_cast<size_t>(hd) * 4);
+    }
+  }
+
+  const float s2 = a.scale * kLog2e;  // scores in log2 units
+  const int64_t items = a.g * a.nkb;
+
+  // Step 2. schedule(static, 1): deterministic assignment; round-robin balances causal work.
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    int64_t acc_rs;
+    float* dq_mine = dq_acc(t, acc_rs);
+    float* base = scratch.as<float>() + per_thread * t;
+    float* kt = base;
+    float* vt = kt + a.bk * a.d;
+    float* dkt = vt + a.bk * a.d;
+    float* dvt = dkt + a.bk * a.d;
+    float* qt = dvt + a.bk * a.d;
+    float* dot = qt + a.bq * a.d;
+    float* pt = dot + a.bq * a.d;
+    float* dpt = pt + a.bq * a.bk;
+
+#pragma omp for schedule(static, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t kvh = item % a.g;
+      const int64_t kb = item / a.g;
+      const int64_t k0 = kb * a.bk;
+      const int64_t nk = std::min(a.bk, a.sk - k0);
+      const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
+      const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
+      std::fill(dkt, dkt + nk * a.d, 0.0f);
+      std::fill(dvt, dvt + nk * a.d, 0.0f);
+
+      // First query row that sees key k0: visible_keys(i) > k0  <=>  q_off + i - k_off >= k0.
+      int64_t i_first = 0;
+      if (a.causal) i_first = std::clamp<int64_t>(a.k_off + k0 - a.q_off, 0, a.sq);
+      for (int64_t hq = kvh * a.group; hq < (kvh + 1) * a.group; ++hq) {
+        for (int64_t q0 = (i_first / a.bq) * a.bq; q0 < a.sq; q0 += a.bq) {
+          const int64_t nq = std::min(a.bq, a.sq - q0);
+          const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, qt);
+          const F32Rows dor = f32_rows(at(dout, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, dot);
+          // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
+          sgemm(false, true, nq, nk, a.d, s2, qr.ptr, qr.ld, kr.ptr, kr.ld, 0.0f, pt, nk);
+          const bool needs_mask = a.causal && visible_keys(a, q0) < k0 + nk;
+          for (int64_t i = 0; i < nq; ++i) {
+            float* prow = pt + i * nk;
+            const float l2 = lse[hq * a.sq + q0 + i] * kLog2e;
+            const int64_t lim = needs_mask ? std::clamp<int64_t>(visible_keys(a, q0 + i) - k0, 0, nk) : nk;
+            if (l2 == -std::numeric_limits<float>::infinity()) {
+              std::fill(prow, prow + nk, 0.0f);
+              continue;
+            }
+#pragma omp simd
+            for (int64_t j = 0; j < lim; ++j) prow[j] = fast_exp2(prow[j] - l2);
+            for (int64_t j = lim; j < nk; ++j) prow[j] = 0.0f;
+          }
+          // dV (nk, D) += P^T dO.
+          sgemm(true, false, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
+          // dP (nq, nk) = dO V^T; dS = P * (dP - D).
+          sgemm(false, true, nq, nk, a.d, 1.0f, dor.ptr, dor.ld, vr.ptr, vr.ld, 0.0f, dpt, nk);
+          for (int64_t i = 0; i < nq; ++i) {
+            const float di = delta[hq * a.sq + q0 + i];
+            float* prow = pt + i * nk;
+            const float* dprow = dpt + i * nk;
+#pragma omp simd
+            for (int64_t j = 0; j < nk; ++j) prow[j] = prow[j] * (dprow[j] - di);
+          }
+          // dK (nk, D) += scale dS^T Q;  dQ part (nq, D) = scale dS K.
+          sgemm(true, false, nk, a.d, nq, a.scale, pt, nk, qr.ptr, qr.ld, 1.0f, dkt, a.d);
+          sgemm(false, false, nq, a.d, nk, a.scale, pt, nk, kr.ptr, kr.ld, 1.0f,
+                dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
+        }
+      }
+      for (int64_t j = 0; j < nk; ++j) {
+        store_f32(at(dk, a.dtype, k0 + j, a.kv_rs, kvh, a.d), a.dtype, dkt + j * a.d, a.d);
+        store_f32(at(dv, a.dtype, k0 + j, a.kv_rs, kvh, a.d), a.dtype, dvt + j * a.d, a.d);
+      }
+    }
+  }
+
+  // Step 3: dQ = sum of the accumulators in thread order, stored in dq's dtype.
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < a.sq; ++i) {
+    int64_t rs0;
+    float* main_row = dq_acc(0, rs0) + i * rs0;
+    for (int t = 1; t < threads; ++t) {
+      int64_t rs;
+      const float* row = dq_acc(t, rs) + i * rs;
+      for (int64_t c = 0; c < hd; ++c) main_row[c] += row[c];
+    }
+    if (!dq_direct) store_f32(at(dq, a.dtype, i, a.q_rs, 0, a.d), a.dtype, main_row, hd);
+  }
+}
+
+}  // namespace untied::cpu

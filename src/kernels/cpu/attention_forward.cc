@@ -1,0 +1,102 @@
+// Flash attention forward on the CPU (FlashAttention-2 schedule).
+//
+// Work item = (query head h, query tile). Each item keeps an fp32 accumulator for its tile and
+// walks the key tiles it may see, with an online softmax in base 2: the query tile is
+// pre-scaled by scale*log2(e), so p = exp2(s - m). Tile products are BLAS sgemm calls on
+// fp32 tiles; items are spread over the device's OpenMP threads, inside which OpenBLAS runs
+// single-threaded. Per-thread scratch is independent of the sequence length.
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/fast_exp2.h"
+#include "kernels/cpu/sgemm.h"
+
+namespace untied::cpu {
+
+void attention_forward(Device& dev, const AttentionShape& shape, void* out, float* lse,
+                       const void* q, const void* k, const void* v) {
+  const AttnGeom a = make_geom(shape);
+  const int threads = dev.threads();
+  // Per thread: q tile, k and v tiles (bf16 widening), scores, accumulator, m and l.
+  const int64_t per_thread = a.bq * a.d + 2 * a.bk * a.d + a.bq * a.bk + a.bq * a.d + 2 * a.bq;
+  Buffer scratch = dev.allocator().allocate(per_thread * threads * 4, Tag::kAttnWorkspace,
+                                            "attention forward tiles");
+  if (!dev.backed()) return;
+
+  const float qscale = a.scale * kLog2e;
+  const int64_t items = a.h * a.nqb;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t h = item % a.h;
+    const int64_t qb = item / a.h;
+    const int64_t kvh = h / a.group;
+    const int64_t q0 = qb * a.bq;
+    const int64_t nq = std::min(a.bq, a.sq - q0);
+
+    float* base = scratch.as<float>() + per_thread * omp_get_thread_num();
+    float* qt = base;
+    float* kt = qt + a.bq * a.d;
+    float* vt = kt + a.bk * a.d;
+    float* st = vt + a.bk * a.d;
+    float* acc = st + a.bq * a.bk;
+    float* m = acc + a.bq * a.d;
+    float* l = m + a.bq;
+
+    // Scaled query tile in fp32.
+    for (int64_t i = 0; i < nq; ++i) {
+      load_f32(qt + i * a.d, at(q, a.dtype, q0 + i, a.q_rs, h, a.d), a.dtype, a.d);
+      for (int64_t c = 0; c < a.d; ++c) qt[i * a.d + c] *= qscale;
+    }
+    std::fill(acc, acc + nq * a.d, 0.0f);
+    std::fill(m, m + nq, neg_inf);
+    std::fill(l, l + nq, 0.0f);
+
+    const int64_t k_end = visible_keys(a, q0 + nq - 1);  // keys seen by the tile's last row
+    for (int64_t k0 = 0; k0 < k_end; k0 += a.bk) {
+      const int64_t nk = std::min(a.bk, a.sk - k0);
+      const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
+      const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
+      // st (nq, nk) = qt kt^T, in log2 units.
+      sgemm(false, true, nq, nk, a.d, 1.0f, qt, a.d, kr.ptr, kr.ld, 0.0f, st, nk);
+      const bool needs_mask = a.causal && visible_keys(a, q0) < k0 + nk;
+      for (int64_t i = 0; i < nq; ++i) {
+        float* srow = st + i * nk;
+        if (needs_mask) {
+          const int64_t lim = visible_keys(a, q0 + i) - k0;  // keys [0, lim) of this tile
+          for (int64_t j = std::max<int64_t>(lim, 0); j < nk; ++j) srow[j] = neg_inf;
+        }
+        const float mx = row_max(srow, nk, m[i]);
+        if (mx == neg_inf) {  // nothing visible yet in this row
+          for (int64_t j = 0; j < nk; ++j) srow[j] = 0.0f;
+          continue;
+        }
+        const float sum = exp2_shift_row(srow, nk, mx);
+        const float alpha = fast_exp2(m[i] - mx);
+        l[i] = l[i] * alpha + sum;
+        m[i] = mx;
+        if (alpha != 1.0f) {
+          float* arow = acc + i * a.d;
+          for (int64_t c = 0; c < a.d; ++c) arow[c] *= alpha;
+        }
+      }
+      // acc (nq, D) += P (nq, nk) V (nk, D).
+      sgemm(false, false, nq, a.d, nk, 1.0f, st, nk, vr.ptr, vr.ld, 1.0f, acc, a.d);
+    }
+
+    for (int64_t i = 0; i < nq; ++i) {
+      const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+      float* arow = acc + i * a.d;
+      for (int64_t c = 0; c < a.d; ++c) arow[c] *= inv;
+      store_f32(at(out, a.dtype, q0 + i, a.q_rs, h, a.d), a.dtype, arow, a.d);
+      lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : neg_inf;
+    }
+  }
+}
+
+}  // namespace untied::cpu

@@ -1,0 +1,74 @@
+// Shared pieces of the CPU flash-attention forward and backward: tile geometry, fp32 views of
+// f32/bf16 storage, and the causal limit of each query row.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "untied/core/dtype.h"
+#include "untied/kernels/attention.h"
+
+namespace untied::cpu {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// An AttentionShape with defaults filled in.
+struct AttnGeom {
+  int64_t sq, sk, h, g, group, d, q_rs, kv_rs, bq, bk, nqb, nkb;
+  int64_t q_off, k_off;
+  bool causal;
+  float scale;
+  DType dtype;
+};
+
+inline AttnGeom make_geom(const AttentionShape& s) {
+  AttnGeom a{};
+  a.sq = s.seq_q;
+  a.sk = s.seq_k;
+  a.h = s.heads;
+  a.g = s.kv_heads;
+  a.group = s.heads / s.kv_heads;
+  a.d = s.head_dim;
+  a.q_rs = s.q_row_stride > 0 ? s.q_row_stride : s.heads * s.head_dim;
+  a.kv_rs = s.kv_row_stride > 0 ? s.kv_row_stride : s.kv_heads * s.head_dim;
+  a.bq = s.block_q > 0 ? s.block_q : 128;
+  a.bk = s.block_k > 0 ? s.block_k : 128;
+  a.nqb = (a.sq + a.bq - 1) / a.bq;
+  a.nkb = (a.sk + a.bk - 1) / a.bk;
+  a.q_off = s.q_offset;
+  a.k_off = s.k_offset;
+  a.causal = s.causal;
+  a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  a.dtype = s.dtype;
+  return a;
+}
+
+// Number of keys (from key row 0) that query row i may see: all of them when not causal.
+inline int64_t visible_keys(const AttnGeom& a, int64_t i) {
+  if (!a.causal) return a.sk;
+  return std::clamp<int64_t>(a.q_off + i - a.k_off + 1, 0, a.sk);
+}
+
+// An fp32 view of `rows` rows of `cols` elements at `src` (row stride `ld` elements, storage
+// `t`): f32 storage is used in place; bf16 is widened into `scratch` (rows*cols floats).
+struct F32Rows {
+  const float* ptr;
+  int64_t ld;
+};
+inline F32Rows f32_rows(const void* src, DType t, int64_t rows, int64_t cols, int64_t ld, float* scratch) {
+  if (t == DType::kF32) return {static_cast<const float*>(src), ld};
+  const uint16_t* p = static_cast<const uint16_t*>(src);
+  for (int64_t r = 0; r < rows; ++r) load_f32(scratch + r * cols, p + r * ld, t, cols);
+  return {scratch, cols};
+}
+
+// Element pointer (token row, head) in a (rows, heads, D) tensor of storage t.
+inline const void* at(const void* base, DType t, int64_t row, int64_t row_stride, int64_t head, int64_t d) {
+  return static_cast<const char*>(base) + (row * row_stride + head * d) * dtype_size(t);
+}
+inline void* at(void* base, DType t, int64_t row, int64_t row_stride, int64_t head, int64_t d) {
+  return static_cast<char*>(base) + (row * row_stride + head * d) * dtype_size(t);
+}
+
+}  // namespace untied::cpu

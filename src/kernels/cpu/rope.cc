@@ -1,0 +1,45 @@
+// RoPE on the CPU: one cos/sin table per call, (tokens, D/2), computed in double from each
+// token's global position, then a rotation of every head's pair (i, i + D/2).
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace untied::cpu {
+
+void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positions, bool inverse) {
+  const int64_t half = s.head_dim / 2;
+  const int64_t rs = s.row_stride > 0 ? s.row_stride : s.heads * s.head_dim;
+  Buffer table = dev.allocator().allocate(s.tokens * half * 2 * 4, Tag::kAttnWorkspace, "rope cos/sin table");
+  if (!dev.backed()) return;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = std::pow(s.theta, -2.0 * static_cast<double>(i) / static_cast<double>(s.head_dim));
+  float* cs = table.as<float>();
+  const float sign = inverse ? -1.0f : 1.0f;
+  const int64_t es = dtype_size(s.dtype);
+
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    float* c = cs + t * half * 2;
+    float* sn = c + half;
+    for (int64_t i = 0; i < half; ++i) {
+      const double ang = static_cast<double>(positions[t]) * inv_freq[i];
+      c[i] = static_cast<float>(std::cos(ang));
+      sn[i] = sign * static_cast<float>(std::sin(ang));
+    }
+    float row[2048];  // D <= 2048 is checked by validate()
+    for (int64_t h = 0; h < s.heads; ++h) {
+      char* p = static_cast<char*>(x) + (t * rs + h * s.head_dim) * es;
+      load_f32(row, p, s.dtype, s.head_dim);
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = row[i], x2 = row[i + half];
+        row[i] = x1 * c[i] - x2 * sn[i];
+        row[i + half] = x2 * c[i] + x1 * sn[i];
+      }
+      store_f32(p, s.dtype, row, s.head_dim);
+    }
+  }
+}
+
+}  // namespace untied::cpu

@@ -1,0 +1,35 @@
+#include "untied/kernels/rope.h"
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace untied {
+
+void validate(const RopeShape& s) {
+  UNTIED_CHECK(s.tokens >= 0, "rope: tokens must be >= 0, got ", s.tokens);
+  UNTIED_CHECK(s.heads >= 1, "rope: heads must be >= 1, got ", s.heads);
+  UNTIED_CHECK(s.head_dim >= 2 && s.head_dim % 2 == 0 && s.head_dim <= 2048,
+               "rope: head_dim must be even and in [2, 2048], got ", s.head_dim);
+  UNTIED_CHECK(s.row_stride == 0 || s.row_stride >= s.heads * s.head_dim, "rope: row_stride (",
+               s.row_stride, ") is shorter than heads*head_dim (", s.heads * s.head_dim, ")");
+  UNTIED_CHECK(s.theta > 0.0, "rope: theta must be > 0, got ", s.theta);
+  UNTIED_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16, "rope: storage must be f32 or bf16, got ",
+               dtype_name(s.dtype));
+}
+
+void rope_forward(Device& dev, const RopeShape& s, void* x, const int64_t* positions) {
+  validate(s);
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::rope_apply(dev, s, x, positions, /*inverse=*/false);
+    default: unsupported(dev, "rope_forward");
+  }
+}
+
+void rope_backward(Device& dev, const RopeShape& s, void* dx, const int64_t* positions) {
+  validate(s);
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::rope_apply(dev, s, dx, positions, /*inverse=*/true);
+    default: unsupported(dev, "rope_backward");
+  }
+}
+
+}  // namespace untied
