@@ -1,5 +1,6 @@
 #include "untied/core/allocator.h"
 
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,12 +97,13 @@ Allocator::~Allocator() {
 Buffer Allocator::allocate(int64_t bytes, Tag tag, std::string_view what) {
   UNTIED_CHECK(bytes >= 0, "allocation of a negative size (", bytes, " bytes) for '", what, "'");
   std::lock_guard<std::mutex> lock(mu_);
-  if (opts_.budget_bytes > 0 && s_.live_total + bytes > opts_.budget_bytes) {
+  if (opts_.budget_bytes > 0 && bytes > opts_.budget_bytes - s_.live_total) {
     fail(ErrorKind::kOutOfBudget,
          error_prefix(__FILE__, __LINE__) + "memory budget exceeded: request of " +
              format_bytes(bytes) + " for '" + std::string(what) + "' (" +
              std::string(tag_name(tag)) + ") would bring the live total to " +
-             format_bytes(s_.live_total + bytes) + ", over the budget of " +
+             format_bytes(bytes > INT64_MAX - s_.live_total ? INT64_MAX : s_.live_total + bytes) +
+             ", over the budget of " +
              format_bytes(opts_.budget_bytes) + "; " + describe_live_locked() +
              ". Raise --mem-budget or choose a configuration that needs less memory.");
   }
@@ -118,6 +120,7 @@ Buffer Allocator::allocate(int64_t bytes, Tag tag, std::string_view what) {
     s_.peak_total = s_.live_total;
     s_.at_total_peak = s_.live;
   }
+  if (watched_[t]) update_watch_locked();
   Buffer b;
   b.owner_ = this;
   b.data_ = p;
@@ -131,6 +134,26 @@ void Allocator::release(void* ptr, int64_t bytes, Tag tag) noexcept {
   if (ptr != nullptr) source_->release(ptr, bytes);
   s_.live[static_cast<int>(tag)] -= bytes;
   s_.live_total -= bytes;
+  if (watched_[static_cast<int>(tag)]) update_watch_locked();
+}
+
+void Allocator::update_watch_locked() {
+  int64_t sum = 0;
+  for (int t = 0; t < kNumTags; ++t)
+    if (watched_[t]) sum += s_.live[t];
+  s_.watch_live = sum;
+  if (sum > s_.watch_peak) s_.watch_peak = sum;
+  int64_t& ph = s_.phase_watch_peak[static_cast<int>(phase_)];
+  if (sum > ph) ph = sum;
+}
+
+void Allocator::set_watch(std::initializer_list<Tag> tags) {
+  std::lock_guard<std::mutex> lock(mu_);
+  watched_ = {};
+  for (Tag t : tags) watched_[static_cast<int>(t)] = true;
+  s_.watch_peak = 0;
+  s_.phase_watch_peak = {};
+  update_watch_locked();
 }
 
 void Allocator::set_phase(Phase p) {
@@ -141,6 +164,7 @@ void Allocator::set_phase(Phase p) {
   for (int t = 0; t < kNumTags; ++t)
     if (s_.live[t] > s_.phase_peak[ph][t]) s_.phase_peak[ph][t] = s_.live[t];
   if (s_.live_total > s_.phase_peak_total[ph]) s_.phase_peak_total[ph] = s_.live_total;
+  update_watch_locked();
 }
 
 Phase Allocator::phase() const {
@@ -160,6 +184,9 @@ void Allocator::reset_peaks() {
   int ph = static_cast<int>(phase_);
   s_.phase_peak[ph] = s_.live;
   s_.phase_peak_total[ph] = s_.live_total;
+  s_.watch_peak = 0;
+  s_.phase_watch_peak = {};
+  update_watch_locked();
 }
 
 MemoryStats Allocator::stats() const {
@@ -224,9 +251,10 @@ StatusOr<int64_t> parse_bytes(std::string_view s) {
   else if (unit == "G") mult = 1024.0 * 1024 * 1024;
   else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
   else return bad();
-  double bytes = v * mult;
-  if (!(bytes > 0) || bytes > 9.0e18)
-    return Status::invalid_argument("byte count '" + str + "' must be positive (and below 8 EiB)");
+  const double bytes = v * mult;
+  if (!(bytes >= 1.0) || bytes > 9.0e18)
+    return Status::invalid_argument("byte count '" + str +
+                                    "' must be positive (at least 1 byte, below 8 EiB), e.g. 512M or 8G");
   return static_cast<int64_t>(std::llround(bytes));
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -98,6 +99,12 @@ struct MemoryStats {
   std::array<int64_t, kNumPhases> phase_peak_total{};                         // since reset
   std::array<std::array<int64_t, kNumTags>, kNumPhases> phase_peak{};         // [phase][tag]
   int64_t num_allocations = 0;  // allocations made since construction
+  // The watched tag set (Allocator::set_watch): live bytes of those tags together, and the
+  // peak of that sum since reset, overall and per phase. Lets a caller measure, e.g., attention
+  // intermediates (workspace + communication) as they coexist, not as a sum of separate peaks.
+  int64_t watch_live = 0;
+  int64_t watch_peak = 0;
+  std::array<int64_t, kNumPhases> phase_watch_peak{};
 };
 
 class Allocator {
@@ -117,6 +124,9 @@ class Allocator {
   Buffer allocate(int64_t bytes, Tag tag, std::string_view what);
 
   void set_phase(Phase p);
+  // Chooses the tags whose combined live bytes are tracked as watch_live / watch_peak
+  // (restarts the watch peaks). Default: none.
+  void set_watch(std::initializer_list<Tag> tags);
   Phase phase() const;
   // Peaks (per tag, total, per phase) restart from the bytes live now.
   void reset_peaks();
@@ -136,8 +146,11 @@ class Allocator {
   std::unique_ptr<MemorySource> source_;
   Options opts_;
   mutable std::mutex mu_;
+  void update_watch_locked();
+
   MemoryStats s_;
   Phase phase_ = Phase::kSetup;
+  std::array<bool, kNumTags> watched_{};
 };
 
 // "1.50 GiB", "12.00 MiB", "512 B".
