@@ -36,10 +36,10 @@ void attention_forward(Device& dev, const AttentionShape& s, void* out, float* l
 
 void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout) {
+                        const float* lse, const void* dout, const float* delta) {
   validate(s);
   switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, out, lse, dout);
+    case DeviceKind::kCpu: return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, out, lse, dout, delta);
     default: unsupported(dev, "attention_backward");
   }
 }

@@ -1,6 +1,7 @@
 // Flash attention backward on the CPU (FlashAttention-2 algorithm).
 //
-// 1. D_i = rowsum(dO_i * O_i) per query row and head, into workspace (H, seq_q).
+// 1. D_i = rowsum(dO_i * O_i) per query row and head, into workspace (H, seq_q), unless the
+//    caller passes it.
 // 2. Work item = (KV head, key tile). For each query head of the KV group and each query tile
 //    that can see the key tile, recompute P = exp(S - lse) and accumulate
 //        dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dK += scale dS^T Q,
@@ -26,13 +27,14 @@ namespace untied::cpu {
 
 void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout) {
+                        const float* lse, const void* dout, const float* delta_in) {
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
   Allocator& alloc = dev.allocator();
   const int64_t hd = a.h * a.d;  // elements of one token row of dQ accumulators
 
-  Buffer delta_buf = alloc.allocate(a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
+  Buffer delta_buf;
+  if (delta_in == nullptr) delta_buf = alloc.allocate(a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
   const bool dq_direct = a.dtype == DType::kF32;
   const int extra_accs = threads - 1 + (dq_direct ? 0 : 1);
   Buffer dq_acc_buf = alloc.allocate(extra_accs * a.sq * hd * 4, Tag::kAttnWorkspace,
@@ -43,7 +45,7 @@ void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void
                                   "attention backward tiles");
   if (!dev.backed()) return;
 
-  float* delta = delta_buf.as<float>();
+  const float* delta = delta_in != nullptr ? delta_in : delta_buf.as<float>();
   // dQ accumulator of thread t: row stride acc_rs.
   auto dq_acc = [&](int t, int64_t& acc_rs) -> float* {
     if (dq_direct && t == 0) {
@@ -58,14 +60,9 @@ void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void
   // Step 1: D and zeroed accumulators.
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t i = 0; i < a.sq; ++i) {
-    float o_row[1024], do_row[1024];  // D <= 1024 is checked by validate()
-    for (int64_t h = 0; h < a.h; ++h) {
-      load_f32(o_row, at(out, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
-      load_f32(do_row, at(dout, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
-      float s = 0.0f;
-      for (int64_t c = 0; c < a.d; ++c) s += o_row[c] * do_row[c];
-      delta[h * a.sq + i] = s;
-    }
+    for (int64_t h = 0; delta_in == nullptr && h < a.h; ++h)
+      delta_buf.as<float>()[h * a.sq + i] =
+          row_dot(at(out, a.dtype, i, a.q_rs, h, a.d), at(dout, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
     for (int t = 0; t < threads; ++t) {
       int64_t rs;
       float* acc = dq_acc(t, rs);

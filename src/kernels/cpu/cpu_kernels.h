@@ -13,7 +13,7 @@ void attention_forward(Device& dev, const AttentionShape& s, void* out, float* l
                        const void* k, const void* v);
 void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout);
+                        const float* lse, const void* dout, const float* delta);
 void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positions, bool inverse);
 
 }  // namespace untied::cpu

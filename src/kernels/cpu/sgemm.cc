@@ -32,7 +32,7 @@ namespace untied {
 
 std::string blas_description() {
   const char* cfg = openblas_get_config();
-  return std::string("OpenBLAS ") + (cfg ? cfg : "");
+  return cfg ? cfg : "OpenBLAS";
 }
 
 }  // namespace untied

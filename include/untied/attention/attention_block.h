@@ -1,0 +1,105 @@
+// The context-parallel attention block: what a model layer calls for its attention.
+//
+// Every rank of the communicator (C ranks) holds L = S / C consecutive tokens: rank r holds
+// global positions r*L .. r*L + L - 1. Per rank:
+//   x  (L, E)       input (already normed)              dx (L, E)   its gradient
+//   wq (H*D, E)     wk, wv (G*D, E)    wo (E, H*D)      the Hugging Face Llama layout
+//   y  (L, E)       output (before the residual add)    dy (L, E)   its gradient
+// Forward: q = x wq^T, k = x wk^T, v = x wv^T; RoPE on q and k at each token's global position;
+// causal attention with standard GQA (query head h uses KV head h / (H/G)); y = attn wo^T.
+//
+// Strategies (Strategy):
+//   kLocal    one rank, no exchange: the reference.
+//   kUlysses  all heads at once: project, all-to-all sequence->heads, attention on H/C heads
+//             over the whole sequence, all-to-all back, output projection. Saves the
+//             head-sharded q, k, v, attention output and LSE for backward.
+//   kUPipe    H/U stages of U heads (U a multiple of C dividing H; U = C by default). Each stage
+//             projects only its heads, exchanges them, runs attention and writes its output
+//             back into a preallocated (L, H, D) buffer. Stage buffers are reused; K/V heads are
+//             exchanged once and stay resident while their query heads are processed (the GQA
+//             schedule, head_schedule.h). Saves only that output and the per-stage LSE;
+//             backward recomputes each stage's projections.
+//   When G < C, each KV head is replicated for the exchange (requires C % G == 0) and the
+//   gradients of its replicas are summed.
+//
+// Gradients: dx is this rank's (complete) gradient. dwq, dwk, dwv, dwo are LOCAL PARTIAL SUMS
+// over this rank's tokens, overwritten (=): the full gradient is their sum over ranks (an
+// all_reduce, or a reduce_scatter when the trainer shards it).
+//
+// Memory: every buffer comes from the device allocator. Tags: the saved state (attention output,
+// LSE, and for ulysses q/k/v) kActivations... see AttentionSaved; projections, per-stage buffers
+// and kernel scratch kAttnWorkspace; all-to-all receive buffers kCommunication.
+//
+// Storage: f32 or bf16 for x, weights, y and all gradients (the same dtype); compute in fp32.
+// Thread safety: one block per rank; forward/backward are collective over the communicator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "untied/comm/communicator.h"
+#include "untied/core/status.h"
+#include "untied/core/tensor.h"
+#include "untied/device/device.h"
+
+namespace untied {
+
+enum class Strategy { kLocal, kUlysses, kUPipe };
+std::string_view strategy_name(Strategy s);
+StatusOr<Strategy> parse_strategy(std::string_view s);  // "local" | "ulysses" | "upipe"
+
+struct AttentionConfig {
+  int64_t seq = 0;        // S, global
+  int64_t hidden = 0;     // E
+  int64_t heads = 0;      // H
+  int64_t kv_heads = 0;   // G
+  int64_t head_dim = 0;   // D
+  double rope_theta = 500000.0;
+  DType dtype = DType::kF32;
+  Strategy strategy = Strategy::kUPipe;
+  int64_t upipe_heads = 0;  // U; 0 = C (most memory saved). Ignored unless kUPipe.
+};
+
+// Checks that `cfg` can run on `ranks` ranks. The message says what to change. Pure: every rank
+// computes the same answer, so every rank refuses together before any compute.
+Status validate(const AttentionConfig& cfg, int ranks);
+
+struct AttentionWeights {
+  Tensor wq, wk, wv, wo;  // (H*D, E), (G*D, E), (G*D, E), (E, H*D)
+};
+
+struct AttentionGrads {
+  Tensor dwq, dwk, dwv, dwo;  // shapes as the weights; overwritten with local partial sums
+};
+
+// What forward keeps for backward; owned by the caller between the two calls.
+struct AttentionSaved {
+  TensorBuffer attn_out;               // (L, H, D) kActivations: attention output, standard head order
+  std::vector<TensorBuffer> lse;       // per stage (heads of the stage on this rank, S) fp32
+  std::vector<TensorBuffer> qkv_out;   // ulysses and local only: per stage q, k, v, out (head-sharded)
+  void reset() {
+    attn_out.reset();
+    lse.clear();
+    qkv_out.clear();
+  }
+};
+
+class AttentionBlock {
+ public:
+  virtual ~AttentionBlock() = default;
+  // y (L, E) =.  Collective.
+  virtual void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) = 0;
+  // dx (L, E) =; grads = (local partial sums). Collective. Frees `saved`.
+  virtual void backward(const Tensor& dx, AttentionGrads& grads, const Tensor& dy, const Tensor& x,
+                        const AttentionWeights& w, AttentionSaved& saved) = 0;
+  virtual const AttentionConfig& config() const = 0;
+  // Heads per stage actually used (U; H for ulysses and local) and the number of stages.
+  virtual int64_t stage_heads() const = 0;
+};
+
+// Validates (throws Error(kInvalidArgument) with validate()'s message) and builds the block.
+std::unique_ptr<AttentionBlock> make_attention_block(Device& dev, Communicator& comm, const AttentionConfig& cfg);
+
+}  // namespace untied

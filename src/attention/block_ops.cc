@@ -1,0 +1,117 @@
+#include "attention/block_ops.h"
+
+namespace untied::attn {
+
+namespace {
+void check_one(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
+  check_shape(t, shape, what);
+  UNTIED_CHECK(t.dtype() == dtype, what, " is ", dtype_name(t.dtype()), ", expected ", dtype_name(dtype),
+               " (the block's --dtype)");
+  UNTIED_CHECK(t.is_contiguous(), what, " must be contiguous");
+}
+}  // namespace
+
+void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, const AttentionWeights& w,
+                   const Tensor& y_or_dy) {
+  const int64_t E = c.hidden, HD = c.heads * c.head_dim, GD = c.kv_heads * c.head_dim;
+  check_one(x, {rows, E}, c.dtype, "x (L, E)");
+  check_one(y_or_dy, {rows, E}, c.dtype, "y/dy (L, E)");
+  check_one(w.wq, {HD, E}, c.dtype, "wq (H*D, E)");
+  check_one(w.wk, {GD, E}, c.dtype, "wk (G*D, E)");
+  check_one(w.wv, {GD, E}, c.dtype, "wv (G*D, E)");
+  check_one(w.wo, {E, HD}, c.dtype, "wo (E, H*D)");
+}
+
+void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const AttentionGrads& g) {
+  const int64_t E = c.hidden, HD = c.heads * c.head_dim, GD = c.kv_heads * c.head_dim;
+  check_one(dx, {rows, E}, c.dtype, "dx (L, E)");
+  check_one(g.dwq, {HD, E}, c.dtype, "dwq (H*D, E)");
+  check_one(g.dwk, {GD, E}, c.dtype, "dwk (G*D, E)");
+  check_one(g.dwv, {GD, E}, c.dtype, "dwv (G*D, E)");
+  check_one(g.dwo, {E, HD}, c.dtype, "dwo (E, H*D)");
+}
+
+void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,
+                  int64_t rows, const Tensor& w, int64_t head, int64_t d) {
+  const int64_t e = w.dim(1);
+  const char* wrow = static_cast<const char*>(w.data()) + head * d * e * dtype_size(w.dtype());
+  gemm(dev, GemmParams{.trans_b = true, .m = rows, .n = d, .k = e, .a = x, .lda = e, .a_dtype = x_t,
+                       .b = wrow, .ldb = e, .b_dtype = w.dtype(), .c = out, .ldc = ld_out, .c_dtype = out_t});
+}
+
+void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
+                           int64_t rows, const Tensor& wo, int64_t head, int64_t d) {
+  const int64_t e = wo.dim(0), hd = wo.dim(1);
+  const char* col = static_cast<const char*>(wo.data()) + head * d * dtype_size(wo.dtype());
+  gemm(dev, GemmParams{.m = rows, .n = d, .k = e, .a = dy, .lda = e, .a_dtype = dy_t, .b = col, .ldb = hd,
+                       .b_dtype = wo.dtype(), .c = dst, .ldc = ld_dst, .c_dtype = dst_t});
+}
+
+void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, const void* x,
+                           DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
+                           int64_t d, bool accumulate_dw) {
+  const int64_t e = w.dim(1);
+  const char* wrow = static_cast<const char*>(w.data()) + head * d * e * dtype_size(w.dtype());
+  char* dwrow = static_cast<char*>(dw.data()) + head * d * e * dtype_size(dw.dtype());
+  // dx (rows, E) += g (rows, D) w_head (D, E)
+  gemm(dev, GemmParams{.m = rows, .n = e, .k = d, .beta = 1.0f, .a = g, .lda = ld_g, .a_dtype = g_t,
+                       .b = wrow, .ldb = e, .b_dtype = w.dtype(), .c = dx, .ldc = e});
+  // dw_head (D, E) = g^T (D, rows) x (rows, E)
+  gemm(dev, GemmParams{.trans_a = true, .m = d, .n = e, .k = rows, .beta = accumulate_dw ? 1.0f : 0.0f, .a = g,
+                       .lda = ld_g, .a_dtype = g_t, .b = x, .ldb = e, .b_dtype = x_t, .c = dwrow, .ldc = e,
+                       .c_dtype = dw.dtype()});
+}
+
+void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
+                 double theta, const int64_t* positions, bool inverse) {
+  RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t};
+  for (int64_t b = 0; b < blocks; ++b) {
+    void* p = static_cast<char*>(buf) + b * rows * heads * d * dtype_size(t);
+    if (inverse) rope_backward(dev, s, p, positions);
+    else rope_forward(dev, s, p, positions);
+  }
+}
+
+void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes) {
+  if (!dev.backed()) return;
+  comm.all_to_all(send, recv, block_bytes);
+}
+
+F32View as_f32(Device& dev, const Tensor& t, const char* what) {
+  F32View v;
+  if (t.dtype() == DType::kF32) {
+    v.ptr = t.as<float>();
+    return v;
+  }
+  v.owned = dev.allocator().allocate(t.numel() * 4, Tag::kOther, what);
+  if (dev.backed()) load_f32(v.owned.as<float>(), t.data(), t.dtype(), t.numel());
+  v.ptr = v.owned.as<float>();
+  return v;
+}
+
+void add_to_f32(float* acc, const void* src, DType t, int64_t n) {
+  if (t == DType::kF32) {
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) acc[i] += s[i];
+    return;
+  }
+  const bf16* s = static_cast<const bf16*>(src);
+  for (int64_t i = 0; i < n; ++i) acc[i] += bf16_to_float(s[i]);
+}
+
+float head_dot(const void* a, const void* b, DType t, int64_t d) {
+  float ra[1024], rb[1024];
+  load_f32(ra, a, t, d);
+  load_f32(rb, b, t, d);
+  float s = 0.0f;
+  for (int64_t c = 0; c < d; ++c) s += ra[c] * rb[c];
+  return s;
+}
+
+std::vector<int64_t> local_positions(int64_t rank, int64_t rows) {
+  std::vector<int64_t> p(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) p[i] = rank * rows + i;
+  return p;
+}
+
+}  // namespace untied::attn

@@ -1,0 +1,58 @@
+// Building blocks shared by the attention strategies: named GEMM shapes over head rows of the
+// standard weight layout, RoPE on packed buffers, and the all-to-all exchange.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "untied/attention/attention_block.h"
+#include "untied/kernels/gemm.h"
+#include "untied/kernels/rope.h"
+
+namespace untied::attn {
+
+// Throws Error(kInvalidArgument) naming the tensor when x (rows, E), the weights or the
+// gradient/output tensors do not match the configuration (shapes and dtype).
+void check_tensors(const AttentionConfig& cfg, int64_t rows, const Tensor& x, const AttentionWeights& w,
+                   const Tensor& y_or_dy);
+void check_grads(const AttentionConfig& cfg, int64_t rows, const Tensor& dx, const AttentionGrads& g);
+
+// out (rows, D) at ld_out = x (rows, E) w[head*D .. head*D+D)^T.  (w is (n_heads*D, E))
+void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,
+                  int64_t rows, const Tensor& w, int64_t head, int64_t d);
+
+// dst (rows, D) at ld_dst = dy (rows, E) wo[:, head*D .. head*D+D)   (wo is (E, H*D)).
+void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
+                           int64_t rows, const Tensor& wo, int64_t head, int64_t d);
+
+// Backward of project_head for one head:
+//   dx (rows, E) (f32 accumulator) += g (rows, D) w_head,      dw_head (D, E) (= or +=) g^T x.
+void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, const void* x,
+                           DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
+                           int64_t d, bool accumulate_dw);
+
+// RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens.
+void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
+                 double theta, const int64_t* positions, bool inverse);
+
+// all_to_all of equal blocks; skipped in rehearsal (unbacked buffers).
+void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes);
+
+// A contiguous f32 copy of t (tag kOther: CPU widening of bf16 storage), or t itself when f32.
+struct F32View {
+  Buffer owned;
+  const float* ptr = nullptr;
+};
+F32View as_f32(Device& dev, const Tensor& t, const char* what);
+
+// acc[i] += src[i] for n elements of storage t (f32 or bf16).
+void add_to_f32(float* acc, const void* src, DType t, int64_t n);
+
+// sum_c a[c] * b[c] over one head vector (D <= 1024) of storage t, fp32, c in order: the same
+// arithmetic as the attention kernel's own D_i = rowsum(dO * O).
+float head_dot(const void* a, const void* b, DType t, int64_t d);
+
+// Global positions of this rank's tokens: rank * rows + [0, rows).
+std::vector<int64_t> local_positions(int64_t rank, int64_t rows);
+
+}  // namespace untied::attn

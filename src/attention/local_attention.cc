@@ -1,0 +1,96 @@
+// The `local` strategy: one rank, the whole sequence, no exchange. The reference every other
+// strategy must reproduce; written as plainly as possible (whole-tensor GEMMs, one kernel call).
+#include "attention/local_attention.h"
+
+#include "attention/block_ops.h"
+#include "untied/kernels/attention.h"
+
+namespace untied::attn {
+
+LocalAttention::LocalAttention(Device& dev, const AttentionConfig& cfg)
+    : dev_(dev), cfg_(cfg), positions_(local_positions(0, cfg.seq)) {}
+
+AttentionShape LocalAttention::kernel_shape() const {
+  return AttentionShape{.seq_q = cfg_.seq, .seq_k = cfg_.seq, .heads = cfg_.heads, .kv_heads = cfg_.kv_heads,
+                        .head_dim = cfg_.head_dim, .causal = true, .dtype = cfg_.dtype};
+}
+
+void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) {
+  check_tensors(cfg_, cfg_.seq, x, w, y);
+  const int64_t S = cfg_.seq, E = cfg_.hidden, H = cfg_.heads, G = cfg_.kv_heads, D = cfg_.head_dim;
+  const DType t = cfg_.dtype;
+  Allocator& alloc = dev_.allocator();
+  saved.reset();
+  TensorBuffer q(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "q (local)");
+  TensorBuffer k(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "k (local)");
+  TensorBuffer v(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "v (local)");
+  // q = x wq^T, k = x wk^T, v = x wv^T
+  for (auto [dst, wt, n] : {std::tuple{&q, &w.wq, H * D}, {&k, &w.wk, G * D}, {&v, &w.wv, G * D}})
+    gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = n, .k = E, .a = x.data(), .lda = E, .a_dtype = x.dtype(),
+                          .b = wt->data(), .ldb = E, .b_dtype = wt->dtype(), .c = dst->data(), .ldc = n, .c_dtype = t});
+  rope_forward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, q.data(),
+               positions_.data());
+  rope_forward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, k.data(),
+               positions_.data());
+  saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
+  saved.lse.emplace_back(alloc, DType::kF32, Shape{H, S}, Tag::kActivations, "attention LSE (saved)");
+  attention_forward(dev_, kernel_shape(), saved.attn_out.data(), saved.lse[0].as<float>(), q.data(), k.data(),
+                    v.data());
+  // y = attn_out wo^T
+  gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = E, .k = H * D, .a = saved.attn_out.data(), .lda = H * D,
+                        .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = y.data(), .ldc = E,
+                        .c_dtype = y.dtype()});
+  saved.qkv_out.push_back(std::move(q));
+  saved.qkv_out.push_back(std::move(k));
+  saved.qkv_out.push_back(std::move(v));
+}
+
+void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
+                              const AttentionWeights& w, AttentionSaved& saved) {
+  check_tensors(cfg_, cfg_.seq, x, w, dy);
+  check_grads(cfg_, cfg_.seq, dx, g);
+  const int64_t S = cfg_.seq, E = cfg_.hidden, H = cfg_.heads, G = cfg_.kv_heads, D = cfg_.head_dim;
+  const DType t = cfg_.dtype;
+  Allocator& alloc = dev_.allocator();
+  UNTIED_CHECK(saved.qkv_out.size() == 3 && saved.lse.size() == 1, "attention backward without a matching forward");
+  const Tensor& q = saved.qkv_out[0];
+  const Tensor& k = saved.qkv_out[1];
+  const Tensor& v = saved.qkv_out[2];
+  // dwo = dy^T attn_out;  dout = dy wo
+  gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = S, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(),
+                        .b = saved.attn_out.data(), .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D,
+                        .c_dtype = g.dwo.dtype()});
+  TensorBuffer dout(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "dout (local)");
+  gemm(dev_, GemmParams{.m = S, .n = H * D, .k = E, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(), .b = w.wo.data(),
+                        .ldb = H * D, .b_dtype = w.wo.dtype(), .c = dout.data(), .ldc = H * D, .c_dtype = t});
+  TensorBuffer dq(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "dq (local)");
+  TensorBuffer dk(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dk (local)");
+  TensorBuffer dv(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dv (local)");
+  attention_backward(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
+                     saved.attn_out.data(), saved.lse[0].as<float>(), dout.data());
+  rope_backward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
+                dq.data(), positions_.data());
+  rope_backward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
+                dk.data(), positions_.data());
+  // dx = dq wq + dk wk + dv wv (fp32 accumulation);  dw = d^T x
+  Buffer dx_acc_buf;
+  float* dx_acc = dx.dtype() == DType::kF32 ? dx.as<float>() : nullptr;
+  if (dx_acc == nullptr) {
+    dx_acc_buf = alloc.allocate(S * E * 4, Tag::kOther, "dx fp32 accumulator");
+    dx_acc = dx_acc_buf.as<float>();
+  }
+  float beta = 0.0f;
+  for (auto [d, wt, dw, n] : {std::tuple{&dq, &w.wq, &g.dwq, H * D}, {&dk, &w.wk, &g.dwk, G * D},
+                              {&dv, &w.wv, &g.dwv, G * D}}) {
+    gemm(dev_, GemmParams{.m = S, .n = E, .k = n, .beta = beta, .a = d->data(), .lda = n, .a_dtype = t,
+                          .b = wt->data(), .ldb = E, .b_dtype = wt->dtype(), .c = dx_acc, .ldc = E});
+    gemm(dev_, GemmParams{.trans_a = true, .m = n, .n = E, .k = S, .a = d->data(), .lda = n, .a_dtype = t,
+                          .b = x.data(), .ldb = E, .b_dtype = x.dtype(), .c = dw->data(), .ldc = E,
+                          .c_dtype = dw->dtype()});
+    beta = 1.0f;
+  }
+  if (dx.dtype() != DType::kF32 && dev_.backed()) store_f32(dx.data(), dx.dtype(), dx_acc, S * E);
+  saved.reset();
+}
+
+}  // namespace untied::attn

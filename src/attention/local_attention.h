@@ -1,0 +1,27 @@
+// The `local` strategy (one rank): see attention_block.h.
+#pragma once
+
+#include <vector>
+
+#include "untied/attention/attention_block.h"
+#include "untied/kernels/attention.h"
+
+namespace untied::attn {
+
+class LocalAttention final : public AttentionBlock {
+ public:
+  LocalAttention(Device& dev, const AttentionConfig& cfg);
+  void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) override;
+  void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
+                AttentionSaved& saved) override;
+  const AttentionConfig& config() const override { return cfg_; }
+  int64_t stage_heads() const override { return cfg_.heads; }
+
+ private:
+  AttentionShape kernel_shape() const;
+  Device& dev_;
+  AttentionConfig cfg_;
+  std::vector<int64_t> positions_;
+};
+
+}  // namespace untied::attn
