@@ -1,5 +1,6 @@
 // The `untied` command: dispatches to subcommands. No model logic lives here.
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,7 +15,9 @@ const char* kUsage =
     "usage: untied <command> [flags]        (multi-rank: mpirun -np N untied <command> ...)\n"
     "\n"
     "commands:\n"
+    "  attn            one attention block forward+backward (local, ulysses, upipe): time, memory\n"
     "  bench kernels   benchmark the CPU kernels (flash attention forward/backward, GEMM)\n"
+    "  bench attn      Ulysses vs UPipe for real head shapes: time and attention-layer memory\n"
     "\n"
     "Run `untied <command> --help` for the flags of a command.\n";
 
@@ -30,18 +33,21 @@ int main(int argc, char** argv) {
     std::printf("untied 0.1.0\n");
     return 0;
   }
+  if (cmd == "attn") {
+    std::vector<std::string> args(argv + 2, argv + argc);
+    return untied::cli::attn_main(&argc, &argv, args);
+  }
   if (cmd == "bench") {
-    if (argc < 3 || std::strcmp(argv[2], "kernels") != 0) {
-      if (argc >= 3 && (std::strcmp(argv[2], "--help") == 0 || std::strcmp(argv[2], "-h") == 0)) {
-        std::printf("usage: untied bench kernels [flags]\n");
-        return 0;
-      }
-      std::fprintf(stderr, "untied bench: unknown benchmark '%s'; available: kernels\n",
-                   argc >= 3 ? argv[2] : "");
-      return 2;
+    const std::string which = argc >= 3 ? argv[2] : "";
+    std::vector<std::string> args(argv + std::min(argc, 3), argv + argc);
+    if (which == "kernels") return untied::cli::bench_kernels_main(&argc, &argv, args);
+    if (which == "attn") return untied::cli::bench_attn_main(&argc, &argv, args);
+    if (which == "--help" || which == "-h") {
+      std::printf("usage: untied bench kernels|attn [flags]   (see `untied bench kernels --help`)\n");
+      return 0;
     }
-    std::vector<std::string> args(argv + 3, argv + argc);
-    return untied::cli::bench_kernels_main(&argc, &argv, args);
+    std::fprintf(stderr, "untied bench: unknown benchmark '%s'; available: kernels, attn\n", which.c_str());
+    return 2;
   }
   std::fprintf(stderr, "untied: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;

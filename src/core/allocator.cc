@@ -1,5 +1,7 @@
 #include "untied/core/allocator.h"
 
+#include <malloc.h>
+
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +37,15 @@ namespace {
 
 class HostMemory final : public MemorySource {
  public:
+  HostMemory() {
+    // Keep large blocks in the heap and freed memory in the process, so that buffers freed and
+    // allocated again each stage are reused instead of being mapped and faulted in anew.
+    static std::once_flag once;
+    std::call_once(once, [] {
+      mallopt(M_MMAP_THRESHOLD, 512 << 20);
+      mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    });
+  }
   std::string_view name() const override { return "host"; }
   void* allocate(int64_t bytes) override {
     size_t rounded = (static_cast<size_t>(bytes) + 63) & ~size_t{63};

@@ -1,0 +1,152 @@
+// `untied attn`: one attention block forward and backward with the given shapes and strategy,
+// on C ranks (mpirun -np C, or --ranks C in-process). Prints time per phase and peak bytes per
+// tag (max over ranks); --json prints one object; --dump DIR writes the global tensors as .npy.
+#include <cstdio>
+#include <thread>
+
+#include "cli/args.h"
+#include "cli/attn_runner.h"
+#include "cli/commands.h"
+#include "cli/launch.h"
+
+namespace untied::cli {
+
+void add_attention_flags(FlagSet& f) {
+  f.add("seq", FlagKind::kInt, "4096", "global sequence length S (divisible by the ranks)");
+  f.add("heads-like", FlagKind::kString, "", "head preset: llama3-8b (H 32 G 8 D 128 E 4096) or qwen3-32b (H 64 G 8 D 128 E 5120)");
+  f.add("hidden", FlagKind::kInt, "1024", "model width E");
+  f.add("heads", FlagKind::kInt, "16", "query heads H");
+  f.add("kv-heads", FlagKind::kInt, "4", "KV heads G (divides H)");
+  f.add("head-dim", FlagKind::kInt, "64", "head dimension D (even)");
+  f.add("rope-theta", FlagKind::kString, "500000", "RoPE base theta");
+  f.add("strategy", FlagKind::kString, "upipe", "local, ulysses or upipe");
+  f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage U: a multiple of the ranks dividing H (0 = ranks)");
+  f.add("dtype", FlagKind::kString, "f32", "storage type: f32 or bf16");
+  f.add("seed", FlagKind::kInt, "1", "seed of the random inputs and weights");
+  f.add("ranks", FlagKind::kInt, "1", "in-process ranks (threads) when not launched by mpirun");
+  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank (default: cores / ranks)");
+  f.add("mem-budget", FlagKind::kBytes, "", "per-rank memory budget, e.g. 512M, 8G (default: none)");
+  f.add("warmup", FlagKind::kInt, "1", "untimed forward+backward passes before the measured one");
+  f.add("rehearsal", FlagKind::kBool, "false", "count every allocation without backing it; skip compute (exact peaks)");
+}
+
+// Fills cfg from the flags; a non-ok Status says which flag to change.
+Status attention_config_from_flags(const FlagSet& f, AttentionConfig* cfg) {
+  cfg->seq = f.get_int("seq");
+  cfg->hidden = f.get_int("hidden");
+  cfg->heads = f.get_int("heads");
+  cfg->kv_heads = f.get_int("kv-heads");
+  cfg->head_dim = f.get_int("head-dim");
+  try {
+    cfg->rope_theta = std::stod(f.get_string("rope-theta"));
+  } catch (...) {
+    return Status::invalid_argument("--rope-theta: '" + f.get_string("rope-theta") + "' is not a number");
+  }
+  if (!f.get_string("heads-like").empty()) {
+    for (const char* flag : {"hidden", "heads", "kv-heads", "head-dim"})
+      if (f.was_set(flag))
+        return Status::invalid_argument(std::string("--heads-like sets the head shapes; drop --") + flag);
+    Status s = apply_heads_preset(f.get_string("heads-like"), cfg);
+    if (!s.ok()) return Status::invalid_argument("--heads-like: " + s.message());
+    if (f.was_set("rope-theta")) cfg->rope_theta = std::stod(f.get_string("rope-theta"));
+  }
+  auto strat = parse_strategy(f.get_string("strategy"));
+  if (!strat.ok()) return Status::invalid_argument("--strategy: " + strat.status().message());
+  cfg->strategy = strat.value();
+  auto dt = parse_dtype(f.get_string("dtype"));
+  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
+  cfg->dtype = dt.value();
+  cfg->upipe_heads = f.get_int("upipe-heads");
+  if (cfg->upipe_heads != 0 && cfg->strategy != Strategy::kUPipe)
+    return Status::invalid_argument("--upipe-heads applies to --strategy upipe only");
+  return Status::ok_status();
+}
+
+int default_threads_per_rank(int ranks_here) {
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, ranks_here));
+}
+
+int local_ranks_under_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
+  FlagSet flags("untied attn", "One attention block forward and backward: time per phase and peak memory per tag.");
+  add_attention_flags(flags);
+  flags.add("dump", FlagKind::kString, "", "write x, dy, y, dx, weights and weight gradients (.npy) and meta.json here");
+  flags.add("json", FlagKind::kBool, "false", "print one JSON object instead of the table");
+  const LaunchInfo li = launch_info();
+  const bool root = li.world_rank == 0;
+  Status st = flags.parse(args);
+  AttentionConfig cfg;
+  if (st.ok() && !flags.wants_help()) st = attention_config_from_flags(flags, &cfg);
+  const int ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
+  if (st.ok() && !li.mpi && (ranks < 1 || ranks > 1024)) st = Status::invalid_argument("--ranks must be in [1, 1024]");
+  if (st.ok() && li.mpi && flags.was_set("ranks"))
+    st = Status::invalid_argument("--ranks is for in-process runs; under mpirun the ranks are mpirun's -np");
+  if (!st.ok() || flags.wants_help()) {
+    if (root) std::fprintf(st.ok() ? stdout : stderr, "%s\n", st.ok() ? flags.usage().c_str() : ("untied attn: " + st.message()).c_str());
+    return st.ok() ? 0 : 2;
+  }
+  AttnRunOptions opts;
+  opts.threads = flags.get_string("threads").empty()
+                     ? default_threads_per_rank(li.mpi ? local_ranks_under_mpirun() : ranks)
+                     : static_cast<int>(flags.get_int("threads"));
+  opts.budget_bytes = flags.get_bytes("mem-budget");
+  opts.rehearsal = flags.get_bool("rehearsal");
+  opts.warmup = static_cast<int>(flags.get_int("warmup"));
+  opts.seed = static_cast<uint64_t>(flags.get_int("seed"));
+  opts.dump_dir = flags.get_string("dump");
+  if (opts.threads < 1) {
+    if (root) std::fprintf(stderr, "untied attn: --threads must be >= 1\n");
+    return 2;
+  }
+  const bool json = flags.get_bool("json");
+
+  return run_ranks(argc, argv, li.mpi ? 1 : ranks, [&](Communicator& comm) {
+    // The configuration is checked on every rank before any allocation or compute.
+    Status v = validate(cfg, comm.size());
+    UNTIED_CHECK(v.ok(), v.message());
+    AttnRunResult r = run_attention(comm, cfg, opts);
+    if (comm.rank() != 0) return;
+    const int64_t U = r.stage_heads;
+    const int64_t paper = paper_mha_bytes(cfg, comm.size(), U), exact = gqa_exact_bytes(cfg, comm.size(), U);
+    if (json) {
+      std::printf(
+          "{\"strategy\": \"%s\", \"ranks\": %d, \"seq\": %lld, \"hidden\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
+          "\"head_dim\": %lld, \"dtype\": \"%s\", \"upipe_heads\": %lld, \"stages\": %lld, \"threads\": %d, "
+          "\"rehearsal\": %s, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"peak_bytes\": %lld, \"peak_bytes_by_tag\": %s, "
+          "\"attn_intermediate_bytes_fwd\": %lld, \"attn_intermediate_bytes_bwd\": %lld, "
+          "\"paper_mha_formula_bytes\": %lld, \"gqa_exact_formula_bytes\": %lld}\n",
+          std::string(strategy_name(cfg.strategy)).c_str(), comm.size(), (long long)cfg.seq, (long long)cfg.hidden,
+          (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim,
+          std::string(dtype_name(cfg.dtype)).c_str(), (long long)U, (long long)(cfg.heads / U), opts.threads,
+          opts.rehearsal ? "true" : "false", r.fwd_ms, r.bwd_ms, (long long)r.mem.peak_total,
+          memory_json(r.mem).c_str(), (long long)r.intermediates_fwd, (long long)r.intermediates_bwd, (long long)paper,
+          (long long)exact);
+      return;
+    }
+    std::printf("untied attn | %s, U=%lld (%lld stages) | %d ranks (%s) x %d thread%s | %s | S=%lld E=%lld H=%lld G=%lld D=%lld%s\n",
+                std::string(strategy_name(cfg.strategy)).c_str(), (long long)U, (long long)(cfg.heads / U), comm.size(),
+                comm.backend().c_str(), opts.threads, opts.threads == 1 ? "" : "s",
+                std::string(dtype_name(cfg.dtype)).c_str(), (long long)cfg.seq, (long long)cfg.hidden,
+                (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim,
+                opts.rehearsal ? " | rehearsal: memory counted, compute skipped" : "");
+    std::printf("  forward   %10.2f ms\n  backward  %10.2f ms\n", r.fwd_ms, r.bwd_ms);
+    std::printf("peak memory per rank (max over ranks):\n");
+    for (int t = 0; t < kNumTags; ++t)
+      std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(r.mem.peak[t]).c_str());
+    std::printf("  %-16s %14s\n", "total", format_bytes(r.mem.peak_total).c_str());
+    std::printf("attention intermediates (attn_workspace + communication live together):\n");
+    std::printf("  forward  %14s   backward %14s\n", format_bytes(r.intermediates_fwd).c_str(),
+                format_bytes(r.intermediates_bwd).c_str());
+    std::printf("  formulas: paper MHA-style 6*%lldB*L*U*D = %s; exact q/k/v projections + receive buffers = %s\n",
+                (long long)dtype_size(cfg.dtype), format_bytes(paper).c_str(), format_bytes(exact).c_str());
+    if (!opts.dump_dir.empty()) std::printf("wrote %s/{x,dy,y,dx,wq,wk,wv,wo,dwq,dwk,dwv,dwo}.npy and meta.json\n", opts.dump_dir.c_str());
+  });
+}
+
+}  // namespace untied::cli

@@ -1,0 +1,195 @@
+#include "cli/attn_runner.h"
+
+#include <chrono>
+#include <cmath>
+#include <sys/stat.h>
+
+#include "untied/attention/head_schedule.h"
+#include "untied/core/npy.h"
+#include "untied/core/random.h"
+#include "untied/device/device.h"
+
+namespace untied::cli {
+namespace {
+
+// Random streams of the global tensors.
+enum Stream : uint64_t { kX = 1, kDy, kWq, kWk, kWv, kWo };
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int64_t reduce_max(Communicator& comm, int64_t v) {
+  comm.all_reduce(&v, &v, 1, DType::kI64, ReduceOp::kMax);
+  return v;
+}
+
+MemoryStats reduce_max(Communicator& comm, MemoryStats m) {
+  for (auto& v : m.peak) v = reduce_max(comm, v);
+  for (auto& v : m.at_total_peak) v = reduce_max(comm, v);
+  m.peak_total = reduce_max(comm, m.peak_total);
+  for (auto& ph : m.phase_peak_total) ph = reduce_max(comm, ph);
+  return m;
+}
+
+// Rank 0 gets the global (S, E) tensor gathered in sequence order, as float32.
+std::vector<float> gather_rows(Communicator& comm, Device& dev, const Tensor& t) {
+  const int64_t n = t.numel();
+  std::vector<float> local(static_cast<size_t>(n)), all(static_cast<size_t>(n * comm.size()));
+  load_f32(local.data(), t.data(), t.dtype(), n);
+  comm.all_gather(local.data(), all.data(), n * 4);
+  return all;
+}
+
+std::vector<float> sum_over_ranks(Communicator& comm, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  load_f32(v.data(), t.data(), t.dtype(), t.numel());
+  comm.all_reduce(v.data(), v.data(), t.numel(), DType::kF32, ReduceOp::kSum);
+  return v;
+}
+
+std::vector<float> to_f32(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  load_f32(v.data(), t.data(), t.dtype(), t.numel());
+  return v;
+}
+
+void write(const std::string& dir, const char* name, const std::vector<int64_t>& shape, const std::vector<float>& v) {
+  Status s = write_npy(dir + "/" + name, shape, v.data());
+  UNTIED_CHECK_KIND(ErrorKind::kIo, s.ok(), s.message());
+}
+
+}  // namespace
+
+Status apply_heads_preset(const std::string& name, AttentionConfig* cfg) {
+  if (name == "llama3-8b") {
+    cfg->heads = 32, cfg->kv_heads = 8, cfg->head_dim = 128, cfg->hidden = 4096, cfg->rope_theta = 500000.0;
+  } else if (name == "qwen3-32b") {
+    cfg->heads = 64, cfg->kv_heads = 8, cfg->head_dim = 128, cfg->hidden = 5120, cfg->rope_theta = 1000000.0;
+  } else {
+    return Status::invalid_argument("unknown head preset '" + name + "': use llama3-8b or qwen3-32b");
+  }
+  return Status::ok_status();
+}
+
+int64_t paper_mha_bytes(const AttentionConfig& cfg, int ranks, int64_t U) {
+  return 6 * dtype_size(cfg.dtype) * (cfg.seq / ranks) * U * cfg.head_dim;
+}
+
+int64_t gqa_exact_bytes(const AttentionConfig& cfg, int ranks, int64_t U) {
+  auto s = make_head_schedule(cfg.heads, cfg.kv_heads, ranks, U);
+  if (!s.ok()) return 0;
+  const int64_t kv = ranks * s.value().kv_per_rank;
+  return dtype_size(cfg.dtype) * 2 * (cfg.seq / ranks) * cfg.head_dim * (U + 2 * kv);
+}
+
+std::string memory_json(const MemoryStats& m) {
+  std::string out = "{";
+  for (int t = 0; t < kNumTags; ++t)
+    out += (t ? ", \"" : "\"") + std::string(tag_name(static_cast<Tag>(t))) + "\": " + std::to_string(m.peak[t]);
+  return out + "}";
+}
+
+AttnRunResult run_attention(Communicator& comm, const AttentionConfig& cfg, const AttnRunOptions& opts) {
+  auto dev = make_cpu_device(CpuDeviceOptions{.threads = opts.threads, .budget_bytes = opts.budget_bytes,
+                                              .rehearsal = opts.rehearsal});
+  Allocator& alloc = dev->allocator();
+  auto block = make_attention_block(*dev, comm, cfg);
+  const int64_t C = comm.size(), L = cfg.seq / C, E = cfg.hidden, HD = cfg.heads * cfg.head_dim,
+                GD = cfg.kv_heads * cfg.head_dim;
+  const DType t = cfg.dtype;
+  const float ws = 1.0f / std::sqrt(static_cast<float>(E)), wos = 1.0f / std::sqrt(static_cast<float>(HD));
+
+  TensorBuffer wq(alloc, t, {HD, E}, Tag::kParameters, "wq"), wk(alloc, t, {GD, E}, Tag::kParameters, "wk"),
+      wv(alloc, t, {GD, E}, Tag::kParameters, "wv"), wo(alloc, t, {E, HD}, Tag::kParameters, "wo");
+  TensorBuffer dwq(alloc, t, {HD, E}, Tag::kGradients, "dwq"), dwk(alloc, t, {GD, E}, Tag::kGradients, "dwk"),
+      dwv(alloc, t, {GD, E}, Tag::kGradients, "dwv"), dwo(alloc, t, {E, HD}, Tag::kGradients, "dwo");
+  TensorBuffer x(alloc, t, {L, E}, Tag::kActivations, "x"), dy(alloc, t, {L, E}, Tag::kActivations, "dy");
+  TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "y"), dx(alloc, t, {L, E}, Tag::kActivations, "dx");
+  fill_hash_uniform(wq, opts.seed, kWq, 0, ws);
+  fill_hash_uniform(wk, opts.seed, kWk, 0, ws);
+  fill_hash_uniform(wv, opts.seed, kWv, 0, ws);
+  fill_hash_uniform(wo, opts.seed, kWo, 0, wos);
+  fill_hash_uniform(x, opts.seed, kX, comm.rank() * L * E, 1.0f);
+  fill_hash_uniform(dy, opts.seed, kDy, comm.rank() * L * E, 1.0f);
+  AttentionWeights w{wq, wk, wv, wo};
+  AttentionGrads g{dwq, dwk, dwv, dwo};
+  AttentionSaved saved;
+
+  AttnRunResult r;
+  r.stage_heads = block->stage_heads();
+  for (int i = 0; i < (opts.rehearsal ? 0 : opts.warmup); ++i) {
+    block->forward(y, x, w, saved);
+    block->backward(dx, g, dy, x, w, saved);
+  }
+  alloc.set_watch({Tag::kAttnWorkspace, Tag::kCommunication});
+  alloc.reset_peaks();
+  comm.barrier();
+  alloc.set_phase(Phase::kForward);
+  double t0 = now_ms();
+  block->forward(y, x, w, saved);
+  double fwd = now_ms() - t0;
+  const int64_t fwd_inter = alloc.stats().watch_peak;
+  comm.barrier();
+  alloc.set_phase(Phase::kBackward);
+  t0 = now_ms();
+  block->backward(dx, g, dy, x, w, saved);
+  double bwd = now_ms() - t0;
+  alloc.set_phase(Phase::kSetup);
+  const MemoryStats m = alloc.stats();
+  comm.all_reduce(&fwd, &fwd, 1, DType::kF64, ReduceOp::kMax);
+  comm.all_reduce(&bwd, &bwd, 1, DType::kF64, ReduceOp::kMax);
+  r.fwd_ms = fwd;
+  r.bwd_ms = bwd;
+  r.mem = reduce_max(comm, m);
+  r.intermediates_fwd = reduce_max(comm, fwd_inter);
+  r.intermediates_bwd = reduce_max(comm, m.phase_watch_peak[static_cast<int>(Phase::kBackward)]);
+
+  if (!opts.dump_dir.empty() && !opts.rehearsal) {
+    if (comm.rank() == 0) {
+      ::mkdir(opts.dump_dir.c_str(), 0755);
+      struct stat st;
+      UNTIED_CHECK_KIND(ErrorKind::kIo, ::stat(opts.dump_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
+                        "--dump ", opts.dump_dir, ": cannot create the directory");
+    }
+    const int64_t S = cfg.seq;
+    auto gx = gather_rows(comm, *dev, x), gdy = gather_rows(comm, *dev, dy), gy = gather_rows(comm, *dev, y),
+         gdx = gather_rows(comm, *dev, dx);
+    auto sq = sum_over_ranks(comm, dwq), sk = sum_over_ranks(comm, dwk), sv = sum_over_ranks(comm, dwv),
+         so = sum_over_ranks(comm, dwo);
+    if (comm.rank() == 0) {
+      const std::string& d = opts.dump_dir;
+      write(d, "x.npy", {S, E}, gx);
+      write(d, "dy.npy", {S, E}, gdy);
+      write(d, "y.npy", {S, E}, gy);
+      write(d, "dx.npy", {S, E}, gdx);
+      write(d, "wq.npy", {HD, E}, to_f32(wq));
+      write(d, "wk.npy", {GD, E}, to_f32(wk));
+      write(d, "wv.npy", {GD, E}, to_f32(wv));
+      write(d, "wo.npy", {E, HD}, to_f32(wo));
+      write(d, "dwq.npy", {HD, E}, sq);
+      write(d, "dwk.npy", {GD, E}, sk);
+      write(d, "dwv.npy", {GD, E}, sv);
+      write(d, "dwo.npy", {E, HD}, so);
+      FILE* f = std::fopen((d + "/meta.json").c_str(), "w");
+      UNTIED_CHECK_KIND(ErrorKind::kIo, f != nullptr, "cannot write ", d, "/meta.json");
+      std::fprintf(f,
+                   "{\"strategy\": \"%s\", \"ranks\": %lld, \"seq\": %lld, \"hidden\": %lld, \"heads\": %lld, "
+                   "\"kv_heads\": %lld, \"head_dim\": %lld, \"upipe_heads\": %lld, \"dtype\": \"%s\", "
+                   "\"rope_theta\": %.17g, \"rope\": \"hf_rotate_half\", \"positions\": \"global, 0..seq-1\", "
+                   "\"causal\": true, \"gqa\": \"query head h uses kv head h / (heads / kv_heads)\", "
+                   "\"seed\": %llu, \"weight_layout\": \"wq (heads*head_dim, hidden), wk/wv "
+                   "(kv_heads*head_dim, hidden), wo (hidden, heads*head_dim); y = attn @ wo.T\", "
+                   "\"weight_grads\": \"summed over ranks\", \"storage_values\": \"float32 copies of the %s values\"}\n",
+                   std::string(strategy_name(cfg.strategy)).c_str(), (long long)C, (long long)S, (long long)E,
+                   (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)r.stage_heads,
+                   std::string(dtype_name(t)).c_str(), cfg.rope_theta, (unsigned long long)opts.seed,
+                   std::string(dtype_name(t)).c_str());
+      std::fclose(f);
+    }
+    comm.barrier();
+  }
+  return r;
+}
+
+}  // namespace untied::cli

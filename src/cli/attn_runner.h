@@ -1,0 +1,46 @@
+// One attention block forward + backward on this rank, with the inputs the `attn` and
+// `bench attn` commands use: x, dy and the weights from counter-based random numbers (the same
+// global tensors for any number of ranks), timings per phase and the allocator's peaks.
+#pragma once
+
+#include <string>
+
+#include "untied/attention/attention_block.h"
+#include "untied/comm/communicator.h"
+#include "untied/core/allocator.h"
+
+namespace untied::cli {
+
+struct AttnRunOptions {
+  int threads = 1;
+  int64_t budget_bytes = 0;
+  bool rehearsal = false;   // count memory, skip compute and communication
+  uint64_t seed = 1;
+  std::string dump_dir;     // non-empty: write .npy files and meta.json there (rank 0)
+  int warmup = 1;           // untimed forward+backward passes first (first-touch page faults)
+};
+
+struct AttnRunResult {
+  double fwd_ms = 0, bwd_ms = 0;  // slowest rank
+  MemoryStats mem;                // max over ranks, field by field
+  int64_t intermediates_fwd = 0;  // peak live attn_workspace + communication, forward (max over ranks)
+  int64_t intermediates_bwd = 0;  // the same in backward
+  int64_t stage_heads = 0;
+};
+
+// Collective over comm. Throws untied::Error on failure (budget included).
+AttnRunResult run_attention(Communicator& comm, const AttentionConfig& cfg, const AttnRunOptions& opts);
+
+// Head presets: "llama3-8b" (H 32, G 8, D 128, E 4096), "qwen3-32b" (H 64, G 8, D 128, E 5120).
+Status apply_heads_preset(const std::string& name, AttentionConfig* cfg);
+
+// The paper's closed forms for attention intermediates on one rank, bytes (element size es):
+// MHA-style 6*es*L*U*D (QKV projections + their all-to-all buffers, K/V counted with U heads),
+// and the exact GQA count es*2*L*D*(U + 2*C*w) (projections and receive buffers of q, k, v at
+// the first stage of a KV round; U = H, w = G/C for Ulysses).
+int64_t paper_mha_bytes(const AttentionConfig& cfg, int ranks, int64_t stage_heads);
+int64_t gqa_exact_bytes(const AttentionConfig& cfg, int ranks, int64_t stage_heads);
+
+std::string memory_json(const MemoryStats& m);
+
+}  // namespace untied::cli
