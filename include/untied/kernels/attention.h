@@ -13,10 +13,12 @@
 // on blocks of a longer sequence. A query row that sees no key gets out = 0, lse = -inf.
 //
 // Workspace: from the device allocator, tag kAttnWorkspace. Forward: per-thread tiles only
-// (independent of seq). Backward: an fp32 dQ accumulator (seq_q, H, D) when dq is bf16, and
-// D_i = rowsum(dO * O) (H, seq_q); both linear in seq.
-//
-// REQUIRES: H % G == 0; seq_q, seq_k, H, G, D >= 1; q/k/v/out/dout non-overlapping with the
+// (independent of seq). Backward, with T = dev.threads(): D_i = rowsum(dO * O) (H, seq_q) fp32
+// unless the caller passes it, and fp32 dQ accumulators (seq_q, H, D): T - 1 of them when dq is
+// f32 (thread 0 accumulates into dq itself), T when dq is bf16. One accumulator per thread keeps
+// the result deterministic for a given T (no atomics; a fixed summation order). All are
+// linear in seq.
+// REQUIRES: H % G == 0; seq_q, seq_k, H, G >= 1; 1 <= D <= 1024; q/k/v/out/dout non-overlapping with the
 // outputs written.
 #pragma once
 

@@ -7,7 +7,8 @@
 // Backward is the inverse rotation (RoPE is orthogonal): dx = R(-a) dy.
 //
 // Both work in place on x (tokens, heads, D) with row stride `row_stride` (elements between
-// tokens; 0 = heads*D), f32 or bf16 storage. REQUIRES: D even; positions has `tokens` entries.
+// tokens; 0 = heads*D), f32 or bf16 storage. REQUIRES: D even, D <= 2048; positions has
+// `tokens` entries.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,250 @@
+// GEMM (CPU, BLAS) against the naive fp64 reference (reference.h).
+//
+// Tolerances (test_util.h): baseline = error of the naive fp32 triple loop on the same inputs
+// (and, for bf16 C, the error of rounding the exact result to bf16 if larger); err(kernel) <=
+// 4 x baseline + 2 FLT_EPSILON x max over C of |alpha| |A||B| + |beta C| (the sum of |terms|
+// behind an element). BLAS sums in blocks with FMAs, which changes the rounding pattern but not
+// its growth; bf16 A/B are widened exactly, so they add no error of their own. A bf16 C must in
+// addition be the fp32 result rounded once (expect_rounded_once).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/reference.h"
+#include "kernels/test_util.h"
+#include "untied/core/allocator.h"
+#include "untied/core/check.h"
+#include "untied/device/device.h"
+#include "untied/kernels/gemm.h"
+
+namespace untied {
+namespace {
+
+using test::expect_close;
+using test::make_budget;
+using test::Stored;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct GemmCase {
+  std::string name;
+  bool trans_a = false, trans_b = false;
+  int64_t m, n, k;
+  float alpha = 1.0f, beta = 0.0f;
+  DType a_dtype = DType::kF32, b_dtype = DType::kF32, c_dtype = DType::kF32;
+  int64_t pad_a = 0, pad_b = 0, pad_c = 0;  // ld = stored row length + pad
+};
+
+std::ostream& operator<<(std::ostream& os, const GemmCase& c) { return os << c.name; }
+
+std::unique_ptr<Device> cpu() { return make_cpu_device(CpuDeviceOptions{.threads = 2}); }
+
+std::vector<float> to_float(const std::vector<double>& x) { return {x.begin(), x.end()}; }
+std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+// The stored matrices of a case and their dense copies.
+struct GemmProblem {
+  int64_t a_rows, a_cols, b_rows, b_cols;
+  Stored a, b, c;
+  std::vector<double> a_dense, b_dense, c0;  // c0: C before the call (NaN when beta == 0)
+
+  explicit GemmProblem(const GemmCase& t, uint64_t seed = 17)
+      : a_rows(t.trans_a ? t.k : t.m), a_cols(t.trans_a ? t.m : t.k),
+        b_rows(t.trans_b ? t.n : t.k), b_cols(t.trans_b ? t.k : t.n),
+        a(t.a_dtype, a_rows, a_cols, a_cols + t.pad_a, Stored::Pad::kNaN),
+        b(t.b_dtype, b_rows, b_cols, b_cols + t.pad_b, Stored::Pad::kNaN),
+        c(t.c_dtype, t.m, t.n, t.n + t.pad_c, Stored::Pad::kSentinel) {
+    std::mt19937_64 rng(seed);
+    a_dense = test::random_values(rng, a_rows * a_cols, t.a_dtype);
+    b_dense = test::random_values(rng, b_rows * b_cols, t.b_dtype);
+    c0 = test::random_values(rng, t.m * t.n, t.c_dtype);
+    if (t.beta == 0.0f)
+      for (auto& x : c0) x = kNaN;  // beta = 0 overwrites: old NaNs must not leak through
+    a.set(a_dense);
+    b.set(b_dense);
+    c.set(c0);
+  }
+
+  GemmParams params(const GemmCase& t) {
+    return GemmParams{.trans_a = t.trans_a, .trans_b = t.trans_b, .m = t.m, .n = t.n, .k = t.k,
+                      .alpha = t.alpha, .beta = t.beta, .a = a.data(), .lda = a_cols + t.pad_a,
+                      .a_dtype = t.a_dtype, .b = b.data(), .ldb = b_cols + t.pad_b,
+                      .b_dtype = t.b_dtype, .c = c.data(), .ldc = t.n + t.pad_c,
+                      .c_dtype = t.c_dtype};
+  }
+};
+
+std::vector<GemmCase> gemm_cases() {
+  std::vector<GemmCase> cs;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::string tr = std::string(ta ? "T" : "N") + (tb ? "T" : "N");
+      cs.push_back({.name = tr + "_beta0", .trans_a = ta, .trans_b = tb, .m = 37, .n = 53,
+                    .k = 71});
+      cs.push_back({.name = tr + "_beta1_alpha_ld", .trans_a = ta, .trans_b = tb, .m = 37,
+                    .n = 53, .k = 71, .alpha = -0.75f, .beta = 1.0f, .pad_a = 5, .pad_b = 3,
+                    .pad_c = 7});
+      cs.push_back({.name = tr + "_bf16_ab", .trans_a = ta, .trans_b = tb, .m = 29, .n = 41,
+                    .k = 64, .alpha = 0.5f, .beta = 1.0f, .a_dtype = DType::kBF16,
+                    .b_dtype = DType::kBF16, .pad_a = 2, .pad_c = 1});
+      cs.push_back({.name = tr + "_bf16_all_beta0", .trans_a = ta, .trans_b = tb, .m = 40,
+                    .n = 24, .k = 33, .a_dtype = DType::kBF16, .b_dtype = DType::kBF16,
+                    .c_dtype = DType::kBF16, .pad_b = 9});
+    }
+  cs.push_back({.name = "bf16_a_only", .trans_b = true, .m = 31, .n = 17, .k = 50,
+                .a_dtype = DType::kBF16});
+  cs.push_back({.name = "bf16_b_only", .trans_a = true, .m = 31, .n = 17, .k = 50,
+                .alpha = 2.0f, .beta = 1.0f, .b_dtype = DType::kBF16});
+  cs.push_back({.name = "bf16_c_accumulate", .m = 20, .n = 70, .k = 90, .alpha = 1.5f,
+                .beta = 1.0f, .c_dtype = DType::kBF16, .pad_c = 6});
+  cs.push_back({.name = "beta_minus_half", .trans_a = true, .trans_b = true, .m = 25, .n = 19,
+                .k = 47, .alpha = 0.25f, .beta = -0.5f});
+  cs.push_back({.name = "large_blocked", .m = 256, .n = 256, .k = 256});
+  cs.push_back({.name = "row_vector", .m = 1, .n = 64, .k = 100, .beta = 1.0f});
+  cs.push_back({.name = "column_vector", .trans_a = true, .m = 64, .n = 1, .k = 100});
+  return cs;
+}
+
+class GemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmTest, MatchesReference) {
+  const GemmCase& t = GetParam();
+  GemmProblem p(t);
+  auto dev = cpu();
+  gemm(*dev, p.params(t));
+
+  const int64_t lda = p.a_cols, ldb = p.b_cols, ldc = t.n;  // dense copies
+  std::vector<double> c64 = p.c0;
+  ref::gemm<double>(t.trans_a, t.trans_b, t.m, t.n, t.k, t.alpha, p.a_dense, lda, p.b_dense, ldb,
+                    t.beta, c64, ldc);
+  std::vector<float> c32 = to_float(p.c0);
+  ref::gemm<float>(t.trans_a, t.trans_b, t.m, t.n, t.k, t.alpha, to_float(p.a_dense), lda,
+                   to_float(p.b_dense), ldb, t.beta, c32, ldc);
+  // Sum of |terms| behind each element: the same product on absolute values.
+  auto abs_of = [](std::vector<double> x) {
+    for (double& e : x) e = std::fabs(e);
+    return x;
+  };
+  std::vector<double> c_mag = t.beta == 0.0f ? std::vector<double>(p.c0.size(), 0.0) : abs_of(p.c0);
+  ref::gemm<double>(t.trans_a, t.trans_b, t.m, t.n, t.k, std::fabs(t.alpha), abs_of(p.a_dense),
+                    lda, abs_of(p.b_dense), ldb, std::fabs(t.beta), c_mag, ldc);
+  EXPECT_TRUE(expect_close("C", p.c.get(), c64,
+                           make_budget(c64, to_double(c32), t.c_dtype, test::max_abs(c_mag)),
+                           {t.m, t.n}));
+  if (t.c_dtype == DType::kBF16) {  // "bf16 C is computed in f32 and rounded once"
+    EXPECT_TRUE(test::expect_rounded_once(
+        "C", p.c.get(), c64,
+        make_budget(c64, to_double(c32), DType::kF32, test::max_abs(c_mag)), {t.m, t.n}));
+  }
+  EXPECT_EQ(p.c.padding_changed(), 0) << "gemm wrote into C's row padding (ldc > n)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GemmTest, ::testing::ValuesIn(gemm_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ---- degenerate sizes ---------------------------------------------------------------------
+
+// k = 0: op(A) op(B) is the zero matrix, so C = beta * C exactly (beta = 0: zeros even over NaN).
+TEST(Gemm, EmptyInnerDimensionGivesBetaTimesC) {
+  auto dev = cpu();
+  for (DType ct : {DType::kF32, DType::kBF16})
+    for (float beta : {0.0f, 1.0f, 0.5f}) {
+      SCOPED_TRACE(std::string(dtype_name(ct)) + " beta " + std::to_string(beta));
+      GemmCase t{.name = "k0", .m = 6, .n = 5, .k = 0, .alpha = 1.0f, .beta = beta,
+                 .c_dtype = ct, .pad_a = 1, .pad_c = 3};  // lda = 1 >= k, as BLAS wants
+      GemmProblem p(t);
+      gemm(*dev, p.params(t));
+      const std::vector<double> got = p.c.get();
+      int64_t wrong = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double want = beta == 0.0f ? 0.0 : beta * p.c0[i];  // exact: power-of-2 betas
+        if (got[i] != want) {
+          if (wrong < 5) ADD_FAILURE() << "C[" << i << "] = " << got[i] << ", want " << want;
+          ++wrong;
+        }
+      }
+      EXPECT_EQ(wrong, 0);
+      EXPECT_EQ(p.c.padding_changed(), 0);
+    }
+}
+
+// m = 0 or n = 0: C is empty; nothing may be written (here: the buffer behind the pointer).
+TEST(Gemm, EmptyOutputIsANoOp) {
+  auto dev = cpu();
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{0, 5}, {4, 0}, {0, 0}}) {
+    SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n));
+    std::vector<float> a(64, 1.0f), b(64, 1.0f), c(64, 7.0f);
+    GemmParams p{.m = m, .n = n, .k = 3, .beta = 0.0f, .a = a.data(), .lda = 3, .b = b.data(),
+                 .ldb = std::max<int64_t>(n, 1), .c = c.data(), .ldc = std::max<int64_t>(n, 1)};
+    EXPECT_NO_THROW(gemm(*dev, p));
+    for (float x : c) ASSERT_EQ(x, 7.0f) << "gemm with an empty C wrote memory";
+  }
+}
+
+// bf16 A/B are widened in scratch from the device allocator, under the caller's tag, and the
+// scratch is released before gemm returns.
+TEST(Gemm, Bf16ScratchUsesTheGivenTagAndIsReleased) {
+  auto dev = cpu();
+  GemmCase t{.name = "scratch", .m = 32, .n = 48, .k = 64, .a_dtype = DType::kBF16,
+             .b_dtype = DType::kBF16};
+  GemmProblem p(t);
+  GemmParams params = p.params(t);
+  params.scratch_tag = Tag::kAttnWorkspace;
+  dev->allocator().reset_peaks();
+  gemm(*dev, params);
+  const MemoryStats st = dev->allocator().stats();
+  const int tag = static_cast<int>(Tag::kAttnWorkspace);
+  EXPECT_GE(st.peak[tag], (32 * 64 + 64 * 48) * 4) << "A and B widened to fp32 under the tag";
+  EXPECT_EQ(st.live[tag], 0) << "scratch still live after gemm";
+  EXPECT_EQ(st.peak[static_cast<int>(Tag::kOther)], 0) << "scratch went to a different tag";
+}
+
+// ---- bad input ----------------------------------------------------------------------------
+
+void expect_invalid(Device& dev, const GemmParams& p, const std::string& field) {
+  SCOPED_TRACE("field " + field);
+  try {
+    gemm(dev, p);
+    ADD_FAILURE() << "gemm accepted a bad " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+        << "message does not name `" << field << "`: " << e.what();
+  }
+}
+
+TEST(GemmValidate, RejectsBadParamsNamingTheField) {
+  auto dev = cpu();
+  std::vector<float> a(256, 1.0f), b(256, 1.0f), c(256, 0.0f);
+  const GemmParams good{.m = 4, .n = 5, .k = 6, .a = a.data(), .lda = 6, .b = b.data(),
+                        .ldb = 5, .c = c.data(), .ldc = 5};
+  EXPECT_NO_THROW(gemm(*dev, good));
+  auto with = [&](auto edit) {
+    GemmParams p = good;
+    edit(p);
+    return p;
+  };
+  expect_invalid(*dev, with([](GemmParams& p) { p.m = -1; }), "m");
+  expect_invalid(*dev, with([](GemmParams& p) { p.n = -1; }), "n");
+  expect_invalid(*dev, with([](GemmParams& p) { p.k = -1; }), "k");
+  expect_invalid(*dev, with([](GemmParams& p) { p.lda = 5; }), "lda");          // A (4, 6)
+  expect_invalid(*dev, with([](GemmParams& p) { p.trans_a = true; p.lda = 3; }), "lda");  // (6, 4)
+  expect_invalid(*dev, with([](GemmParams& p) { p.ldb = 4; }), "ldb");          // B (6, 5)
+  expect_invalid(*dev, with([](GemmParams& p) { p.ldc = 4; }), "ldc");          // C (4, 5)
+  // A bad operand type: only the kind is checked (the message names the type, "f64").
+  try {
+    gemm(*dev, with([](GemmParams& p) { p.c_dtype = DType::kF64; }));
+    ADD_FAILURE() << "gemm accepted an f64 C";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace untied
