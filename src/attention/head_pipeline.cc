@@ -143,8 +143,8 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
                         .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D, .c_dtype = g.dwo.dtype()});
   // dx accumulates in fp32; dwk/dwv accumulate over KV replicas.
   Buffer dx_acc_buf;
-  float* dx_acc = dx.dtype() == DType::kF32 ? dx.as<float>() : nullptr;
-  if (dx_acc == nullptr) {
+  float* dx_acc = dx.as<float>();
+  if (dx.dtype() != DType::kF32) {
     dx_acc_buf = alloc.allocate(L * E * 4, Tag::kOther, "dx fp32 accumulator");
     dx_acc = dx_acc_buf.as<float>();
   }
@@ -201,8 +201,9 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
     TensorBuffer dq(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
     TensorBuffer dk(alloc, t, {C * L, wk, D}, Tag::kAttnWorkspace, "dk (head-sharded, stage)");
     TensorBuffer dv(alloc, t, {C * L, wk, D}, Tag::kAttnWorkspace, "dv (head-sharded, stage)");
-    attention_backward(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q_recv.data(), st.k_res.data(),
-                       st.v_res.data(), nullptr, saved.lse[s].as<float>(), do_recv.data(), delta.as<float>());
+    attention_backward_with_delta(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q_recv.data(),
+                                  st.k_res.data(), st.v_res.data(), delta.as<float>(), saved.lse[s].as<float>(),
+                                  do_recv.data());
     do_recv.reset();
     delta.reset();
     st.q_recv.reset();

@@ -1,11 +1,12 @@
 #include "untied/attention/head_schedule.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace untied {
 namespace {
 
-enum class Why { kOk, kSizes, kGqa, kRanks, kKvRanks, kStageHeads, kKvSplit, kGroupSplit };
+enum class Why { kOk, kSizes, kGqa, kRanks, kKvRanks, kStageHeads, kGroupSplit };
 
 // The schedule for (H, G, C, U) without messages; `out` is filled when kOk.
 Why compute(int64_t H, int64_t G, int64_t C, int64_t U, HeadSchedule* out) {
@@ -22,9 +23,9 @@ Why compute(int64_t H, int64_t G, int64_t C, int64_t U, HeadSchedule* out) {
   s.kv_eff = G % C == 0 ? G : C;
   s.q_per_kv_eff = H / s.kv_eff;
   s.q_per_rank = U / C;
-  const int64_t kv_eff_per_rank = s.kv_eff / C;
-  s.kv_per_rank = std::min(s.q_per_rank, kv_eff_per_rank);
-  if (s.q_per_rank % s.kv_per_rank != 0 || kv_eff_per_rank % s.kv_per_rank != 0) return Why::kKvSplit;
+  // The most KV heads a rank can hold together such that its u query slots split evenly over
+  // them and the G_eff / C KV heads it serves split into whole rounds.
+  s.kv_per_rank = std::gcd(s.q_per_rank, s.kv_eff / C);
   s.q_per_kv_stage = s.q_per_rank / s.kv_per_rank;
   if (s.q_per_kv_eff % s.q_per_kv_stage != 0) return Why::kGroupSplit;
   s.stages = H / U;
@@ -40,7 +41,8 @@ StatusOr<HeadSchedule> make_head_schedule(int64_t H, int64_t G, int64_t C, int64
   const std::string hs = std::to_string(H), gs = std::to_string(G), cs = std::to_string(C),
                     us = std::to_string(U);
   std::string m;
-  switch (compute(H, G, C, U, &s)) {
+  const Why why = compute(H, G, C, U, &s);
+  switch (why) {
     case Why::kOk: return s;
     case Why::kSizes: m = "heads, kv_heads and ranks must be >= 1"; break;
     case Why::kGqa: m = "heads (" + hs + ") must be a multiple of kv_heads (" + gs + ")"; break;
@@ -56,16 +58,12 @@ StatusOr<HeadSchedule> make_head_schedule(int64_t H, int64_t G, int64_t C, int64
       m = "heads per stage U (" + us + ") must be a multiple of the ranks (" + cs + ") that divides heads (" +
           hs + ")";
       break;
-    case Why::kKvSplit:
-      m = "heads per stage U (" + us + ") does not split evenly over the KV heads each of the " + cs +
-          " ranks holds";
-      break;
     case Why::kGroupSplit:
       m = "heads per stage U (" + us + ") takes more query heads per KV head per stage than divide the " +
           std::to_string(H / (G % C == 0 ? G : C)) + " query heads of each KV head";
       break;
   }
-  if (!(H % C == 0 && H >= 1 && C >= 1)) return Status::invalid_argument(m);
+  if (why != Why::kStageHeads && why != Why::kGroupSplit) return Status::invalid_argument(m);
   return Status::invalid_argument(m + "; valid U for heads " + hs + ", kv_heads " + gs + ", " + cs +
                                   " ranks: " + valid_stage_heads(H, G, C));
 }

@@ -74,8 +74,8 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
                 dk.data(), positions_.data());
   // dx = dq wq + dk wk + dv wv (fp32 accumulation);  dw = d^T x
   Buffer dx_acc_buf;
-  float* dx_acc = dx.dtype() == DType::kF32 ? dx.as<float>() : nullptr;
-  if (dx_acc == nullptr) {
+  float* dx_acc = dx.as<float>();
+  if (dx.dtype() != DType::kF32) {
     dx_acc_buf = alloc.allocate(S * E * 4, Tag::kOther, "dx fp32 accumulator");
     dx_acc = dx_acc_buf.as<float>();
   }

@@ -36,11 +36,23 @@ void attention_forward(Device& dev, const AttentionShape& s, void* out, float* l
 
 void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout, const float* delta) {
+                        const float* lse, const void* dout) {
   validate(s);
   switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, out, lse, dout, delta);
+    case DeviceKind::kCpu:
+      return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, out, nullptr, lse, dout);
     default: unsupported(dev, "attention_backward");
+  }
+}
+
+void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
+                                   const void* q, const void* k, const void* v, const float* delta,
+                                   const float* lse, const void* dout) {
+  validate(s);
+  switch (dev.kind()) {
+    case DeviceKind::kCpu:
+      return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, nullptr, &delta, lse, dout);
+    default: unsupported(dev, "attention_backward_with_delta");
   }
 }
 

@@ -4,8 +4,9 @@
 // Terms: C ranks, H query heads, G KV heads, U heads per stage (U % C == 0, H % U == 0).
 //   G_eff = G when G % C == 0, else C (each KV head replicated C/G times; needs C % G == 0).
 //   g_eff = H / G_eff: query heads served by one effective KV head.
-//   u = U / C query heads per rank per stage; w = min(u, G_eff / C) KV heads per rank that are
-//   resident together; m = u / w query heads per resident KV head per stage.
+//   u = U / C query heads per rank per stage; w = gcd(u, G_eff / C) KV heads per rank that are
+//   resident together; m = u / w query heads per resident KV head per stage (m must divide
+//   g_eff).
 // Stages come in rounds of g_eff / m stages. At the first stage of round t, rank r receives the
 // effective KV heads e = t*C*w + r*w + i (i < w), which stay resident for the round. At stage
 // s (round t = s / (g_eff/m), step q = s % (g_eff/m)) rank r's query slot j = i*m + k holds

@@ -55,12 +55,15 @@ void attention_forward(Device& dev, const AttentionShape& s, void* out, float* l
 
 // dq (seq_q, H, D) =, dk, dv (seq_k, G, D) = (overwritten, not accumulated), from what the
 // forward saved (q, k, v, out, lse) and dout.
-// delta (H, seq_q) fp32, optional: rowsum(dout * out) per row and head, when the caller has it
-// (context-parallel callers compute it before the exchange, where out is local); `out` is then
-// not read and may be null.
 void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout, const float* delta = nullptr);
+                        const float* lse, const void* dout);
+
+// The same with delta (H, seq_q) fp32 = rowsum(dout * out) given by the caller instead of out
+// (context-parallel callers compute it before the exchange, where out is local).
+void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
+                                   const void* q, const void* k, const void* v, const float* delta,
+                                   const float* lse, const void* dout);
 
 // FLOPs used in benchmarks: forward 4*Sq*Sk*D*H (halved when causal with Sq == Sk),
 // backward 2.5x forward.

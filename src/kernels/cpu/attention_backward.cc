@@ -27,14 +27,15 @@ namespace untied::cpu {
 
 void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout, const float* delta_in) {
+                        const float* const* delta_given, const float* lse, const void* dout) {
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
   Allocator& alloc = dev.allocator();
   const int64_t hd = a.h * a.d;  // elements of one token row of dQ accumulators
 
+  const bool own_delta = delta_given == nullptr;
   Buffer delta_buf;
-  if (delta_in == nullptr) delta_buf = alloc.allocate(a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
+  if (own_delta) delta_buf = alloc.allocate(a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
   const bool dq_direct = a.dtype == DType::kF32;
   const int extra_accs = threads - 1 + (dq_direct ? 0 : 1);
   Buffer dq_acc_buf = alloc.allocate(extra_accs * a.sq * hd * 4, Tag::kAttnWorkspace,
@@ -45,7 +46,7 @@ void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void
                                   "attention backward tiles");
   if (!dev.backed()) return;
 
-  const float* delta = delta_in != nullptr ? delta_in : delta_buf.as<float>();
+  const float* delta = own_delta ? delta_buf.as<float>() : *delta_given;
   // dQ accumulator of thread t: row stride acc_rs.
   auto dq_acc = [&](int t, int64_t& acc_rs) -> float* {
     if (dq_direct && t == 0) {
@@ -60,7 +61,7 @@ void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void
   // Step 1: D and zeroed accumulators.
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t i = 0; i < a.sq; ++i) {
-    for (int64_t h = 0; delta_in == nullptr && h < a.h; ++h)
+    for (int64_t h = 0; own_delta && h < a.h; ++h)
       delta_buf.as<float>()[h * a.sq + i] =
           row_dot(at(out, a.dtype, i, a.q_rs, h, a.d), at(dout, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
     for (int t = 0; t < threads; ++t) {

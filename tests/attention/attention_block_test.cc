@@ -1,0 +1,328 @@
+// Every strategy of the attention block against `local` on one rank, and `local` against a naive
+// fp64 implementation of the whole block (block_reference.h). STYLE.md habits 7-8.
+//
+// What is compared: y, dx and the four weight gradients (dwq, dwk, dwv, dwo summed over ranks,
+// since each rank returns its local partial sum).
+//
+// Tolerances (constants and their reasons in block_harness.h):
+//   * local (fp32) vs fp64:    err <= 4 x err(naive fp32 loop vs fp64) + 2 FLT_EPSILON max|ref|.
+//   * strategy vs local (fp32): |s - l| <= 4 x err(local vs fp64) + 2 FLT_EPSILON max|l|
+//                               (+ for weight gradients, what storing each rank's partial sum in
+//                               fp32 can cost: partial_sum_floor).
+//   * bf16 storage, inputs exact in bf16:  |s_bf16 - l_fp32| <= 4 x |l_bf16 - l_fp32| + the same
+//     floors with bf16's unit roundoff for the partial sums: a strategy stores the same
+//     intermediates in bf16 as `local` does (q, k, v, attention output, dq), so its error from
+//     the fp32 result is of the same size as local's own.
+// Bit identity: reported, not required, between local and the head pipeline (OpenBLAS's GEMM
+// summation order depends on the matrix shape: per-rank rows, per-head columns); required where
+// it must hold: upipe at U = H vs ulysses (the same single stage of the same head blocks), and
+// two runs of the same strategy (determinism).
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attention/block_harness.h"
+#include "untied/attention/attention_block.h"
+#include "untied/attention/head_schedule.h"
+
+namespace untied::attntest {
+namespace {
+
+constexpr uint64_t kSeed = 20240611;
+
+BlockDims dims(int64_t S, int64_t E, int64_t H, int64_t G, int64_t D) {
+  return BlockDims{.seq = S, .hidden = E, .heads = H, .kv_heads = G, .head_dim = D, .theta = 10000.0};
+}
+
+std::string dims_name(const BlockDims& d) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "S%lld_E%lld_H%lld_G%lld_D%lld", static_cast<long long>(d.seq),
+                static_cast<long long>(d.hidden), static_cast<long long>(d.heads), static_cast<long long>(d.kv_heads),
+                static_cast<long long>(d.head_dim));
+  return buf;
+}
+
+// One problem's inputs and the results every strategy is compared with, computed once.
+struct Problem {
+  BlockInputs in;
+  Outputs ref64, naive32;  // fp32-exact inputs
+  BlockRun local32;
+  double local_tol[kNumOutputs] = {};  // strategy-vs-local tolerance per output, w/o partial floor
+  // bf16-exact inputs: local in fp32 storage (the target) and in bf16 storage (the baseline).
+  BlockInputs in_bf16;
+  BlockRun local_on_bf16_inputs, local_bf16;
+};
+
+Problem& problem(const BlockDims& d) {
+  static std::map<std::string, Problem> cache;
+  const std::string key = dims_name(d);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  Problem p;
+  p.in = random_inputs(d, kSeed, DType::kF32);
+  p.ref64 = reference_outputs(p.in, /*fp64=*/true);
+  p.naive32 = reference_outputs(p.in, /*fp64=*/false);
+  p.local32 = run_block(p.in, RunSpec{.strategy = Strategy::kLocal});
+  p.in_bf16 = random_inputs(d, kSeed + 1, DType::kBF16);
+  p.local_on_bf16_inputs = run_block(p.in_bf16, RunSpec{.strategy = Strategy::kLocal});
+  p.local_bf16 = run_block(p.in_bf16, RunSpec{.strategy = Strategy::kLocal, .dtype = DType::kBF16});
+  return cache.emplace(key, std::move(p)).first->second;
+}
+
+// Stores of each rank's partial weight gradient beyond the first (KV replicas held by one rank
+// accumulate into the same rows): kv_eff / G - 1 for dwk, dwv; 0 otherwise.
+int64_t stored_adds(const BlockDims& d, int C, int output) {
+  if (output != 3 && output != 4) return 0;
+  const int64_t kv_eff = d.kv_heads % C == 0 ? d.kv_heads : C;
+  return kv_eff / d.kv_heads - 1;
+}
+
+// ---- the fp64 reference checks itself -----------------------------------------------------------
+
+// The analytic backward of the reference against central differences of f = sum(dy * y) along a
+// random direction of one input at a time. Central differences err by c h^2 (truncation) plus
+// ~eps |f| / h (rounding); with steps h and h/2 the truncation error of the h/2 estimate is
+// |fd(h) - fd(h/2)| / 3, so |fd(h/2) - analytic| <= |fd(h) - fd(h/2)| + 64 eps_64 sum|terms| / h
+// holds with a 3x margin when the analytic gradient is right, and fails by O(1) when it is not.
+TEST(BlockReference, BackwardMatchesFiniteDifferences) {
+  for (const BlockDims& d : {dims(12, 8, 4, 2, 4), dims(10, 6, 4, 1, 6), dims(9, 8, 3, 3, 2)}) {
+    BlockInputs in = random_inputs(d, 7, DType::kF32);
+    const Outputs g = reference_outputs(in, true);
+    std::mt19937_64 rng(11);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    std::vector<double>* targets[] = {&in.x, &in.wq, &in.wk, &in.wv, &in.wo};
+    const int grad_of[] = {1, 2, 3, 4, 5};
+    const char* names[] = {"x", "wq", "wk", "wv", "wo"};
+    for (int t = 0; t < 5; ++t) {
+      std::vector<double>& v = *targets[t];
+      std::vector<double> dir(v.size());
+      for (double& a : dir) a = nd(rng);
+      double analytic = 0;
+      for (size_t i = 0; i < v.size(); ++i) analytic += g[grad_of[t]][i] * dir[i];
+      const std::vector<double> base = v;
+      auto f = [&](double h) {
+        for (size_t i = 0; i < v.size(); ++i) v[i] = base[i] + h * dir[i];
+        blockref::BlockWeights<double> w{in.wq, in.wk, in.wv, in.wo};
+        const std::vector<double> y = blockref::block_forward(d, in.x, w);
+        double s = 0, mag = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          s += in.dy[i] * y[i];
+          mag += std::fabs(in.dy[i] * y[i]);
+        }
+        v = base;
+        return std::pair{s, mag};
+      };
+      const double h = 1e-4;
+      auto [fp1, mag] = f(h);
+      auto [fm1, m2] = f(-h);
+      auto [fp2, m3] = f(h / 2);
+      auto [fm2, m4] = f(-h / 2);
+      const double fd1 = (fp1 - fm1) / (2 * h), fd2 = (fp2 - fm2) / h;
+      const double tol = std::fabs(fd1 - fd2) + 64 * DBL_EPSILON * mag / h;
+      std::printf("  %-22s d/d%-2s analytic %+.12e  fd %+.12e  err %.2e  tol %.2e\n", dims_name(d).c_str(), names[t],
+                  analytic, fd2, std::fabs(fd2 - analytic), tol);
+      EXPECT_LE(std::fabs(fd2 - analytic), tol) << dims_name(d) << " gradient wrt " << names[t];
+      (void)m2, (void)m3, (void)m4;
+    }
+  }
+}
+
+// ---- local against the fp64 reference -----------------------------------------------------------
+
+const std::vector<BlockDims>& all_problems() {
+  static const std::vector<BlockDims> p = {
+      dims(48, 32, 8, 8, 16), dims(48, 32, 8, 4, 16), dims(48, 32, 8, 2, 16), dims(48, 32, 8, 1, 16),
+      dims(48, 32, 6, 6, 16), dims(48, 32, 6, 3, 16), dims(48, 32, 6, 1, 16),
+      dims(64, 32, 16, 4, 16), dims(64, 32, 16, 2, 16),
+      dims(96, 64, 8, 2, 32),
+  };
+  return p;
+}
+
+TEST(AttentionBlock, LocalMatchesFp64Reference) {
+  for (const BlockDims& d : all_problems()) {
+    Problem& p = problem(d);
+    for (int i = 0; i < kNumOutputs; ++i) {
+      const double base = max_abs_error(p.naive32[i], p.ref64[i]);
+      const double tol = kErrFactor * base + kFloorUlps * FLT_EPSILON * max_abs(p.ref64[i]);
+      char how[64];
+      std::snprintf(how, sizeof how, "4 x |naive f32 - fp64| %.2e + floor", base);
+      EXPECT_TRUE(expect_within("local f32 vs fp64 " + dims_name(d) + " " + kOutputNames[i], p.local32.out[i],
+                                p.ref64[i], tol, output_cols(d, i), how));
+    }
+  }
+}
+
+// ---- every strategy against local --------------------------------------------------------------
+
+struct StrategyCase {
+  BlockDims d;
+  RunSpec spec;
+};
+
+std::string case_name(const StrategyCase& c) {
+  std::string s = dims_name(c.d) + "_C" + std::to_string(c.spec.ranks) + "_" +
+                  std::string(strategy_name(c.spec.strategy));
+  if (c.spec.strategy == Strategy::kUPipe)
+    s += "_U" + std::to_string(c.spec.upipe_heads > 0 ? c.spec.upipe_heads : c.spec.ranks);
+  return s + "_" + std::string(dtype_name(c.spec.dtype));
+}
+
+bool valid(const BlockDims& d, const RunSpec& s) {
+  const AttentionConfig cfg{.seq = d.seq, .hidden = d.hidden, .heads = d.heads, .kv_heads = d.kv_heads,
+                            .head_dim = d.head_dim, .dtype = s.dtype, .strategy = s.strategy,
+                            .upipe_heads = s.upipe_heads};
+  return validate(cfg, s.ranks).ok();
+}
+
+// For each problem and C in {1, 2, 3, 4, 8} that the heads allow: ulysses, and upipe at
+// U = C, 2C, 4C where valid.
+std::vector<StrategyCase> strategy_cases(DType t) {
+  std::vector<StrategyCase> out;
+  for (const BlockDims& d : all_problems())
+    for (int C : {1, 2, 3, 4, 8}) {
+      if (d.seq % C != 0) continue;
+      if (t == DType::kBF16 && (C == 1 || d.heads == 16)) continue;  // bf16: a representative subset
+      RunSpec ul{.strategy = Strategy::kUlysses, .ranks = C, .dtype = t};
+      if (valid(d, ul)) out.push_back({d, ul});
+      for (int64_t U : {C, 2 * C, 4 * C}) {
+        if (t == DType::kBF16 && U == 4 * C) continue;
+        RunSpec up{.strategy = Strategy::kUPipe, .ranks = C, .upipe_heads = U, .dtype = t};
+        if (valid(d, up)) out.push_back({d, up});
+      }
+    }
+  return out;
+}
+
+class StrategyVsLocal : public ::testing::TestWithParam<StrategyCase> {};
+
+TEST_P(StrategyVsLocal, MatchesLocal) {
+  const StrategyCase& c = GetParam();
+  Problem& p = problem(c.d);
+  const bool bf16 = c.spec.dtype == DType::kBF16;
+  const BlockRun run = run_block(bf16 ? p.in_bf16 : p.in, c.spec);
+  // The target is local in fp32; the baseline is local's own error at the strategy's precision.
+  const Outputs& target = bf16 ? p.local_on_bf16_inputs.out : p.local32.out;
+  const Outputs& baseline_of = bf16 ? p.local_bf16.out : p.local32.out;
+  const Outputs& baseline_vs = bf16 ? p.local_on_bf16_inputs.out : p.ref64;
+  for (int i = 0; i < kNumOutputs; ++i) {
+    const double base = max_abs_error(baseline_of[i], baseline_vs[i]);
+    const double floor = kFloorUlps * FLT_EPSILON * max_abs(target[i]);
+    const double part = i >= 2 ? partial_sum_floor(run.abs_partials[i], c.spec.dtype, stored_adds(c.d, c.spec.ranks, i))
+                               : 0.0;
+    const double tol = kErrFactor * base + floor + part;
+    char how[96];
+    std::snprintf(how, sizeof how, "4 x %s %.2e + floor", bf16 ? "|local bf16 - f32|" : "|local - fp64|", base);
+    EXPECT_TRUE(expect_within(dims_name(c.d) + " " + c.spec.name() + " " + kOutputNames[i], run.out[i], target[i], tol,
+                              output_cols(c.d, i), how));
+  }
+  if (!bf16) {
+    const int64_t same = count_identical(run.out[0], p.local32.out[0]);
+    std::printf("  y bitwise identical to local: %lld / %zu\n", static_cast<long long>(same), run.out[0].size());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(F32, StrategyVsLocal, ::testing::ValuesIn(strategy_cases(DType::kF32)),
+                         [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(BF16, StrategyVsLocal, ::testing::ValuesIn(strategy_cases(DType::kBF16)),
+                         [](const auto& info) { return case_name(info.param); });
+
+// The families the brief names must all be present (a guard against the case generator
+// silently skipping them).
+TEST(AttentionBlock, CaseListCoversTheFamilies) {
+  const std::vector<StrategyCase> f32 = strategy_cases(DType::kF32);
+  auto has = [&](int64_t H, int64_t G, int C, Strategy s, int64_t U) {
+    for (const StrategyCase& c : f32)
+      if (c.d.heads == H && c.d.kv_heads == G && c.spec.ranks == C && c.spec.strategy == s &&
+          (s != Strategy::kUPipe || c.spec.upipe_heads == U))
+        return true;
+    return false;
+  };
+  for (int C : {1, 2, 4, 8}) EXPECT_TRUE(has(8, 8, C, Strategy::kUlysses, 0)) << "C=" << C;
+  EXPECT_TRUE(has(6, 6, 3, Strategy::kUlysses, 0));
+  EXPECT_TRUE(has(6, 3, 3, Strategy::kUPipe, 3));
+  EXPECT_TRUE(has(6, 1, 3, Strategy::kUPipe, 6));                                    // G < C, g = 6
+  for (int64_t G : {8, 4, 2, 1}) EXPECT_TRUE(has(8, G, 2, Strategy::kUPipe, 2)) << "g=" << 8 / G;
+  EXPECT_TRUE(has(8, 2, 4, Strategy::kUPipe, 4));                                    // replicated KV
+  EXPECT_TRUE(has(8, 1, 8, Strategy::kUPipe, 8));                                    // replicated KV x8
+  EXPECT_TRUE(has(16, 4, 4, Strategy::kUPipe, 4));
+  EXPECT_TRUE(has(16, 4, 4, Strategy::kUPipe, 8));
+  EXPECT_TRUE(has(16, 4, 4, Strategy::kUPipe, 16));                                  // U = 4C
+  std::printf("  %zu f32 and %zu bf16 strategy cases\n", f32.size(), strategy_cases(DType::kBF16).size());
+}
+
+// ---- bit identity ------------------------------------------------------------------------------
+
+bool all_bitwise_equal(const BlockRun& a, const BlockRun& b, std::string* which) {
+  for (size_t r = 0; r < a.per_rank.size(); ++r)
+    for (int i = 0; i < kNumOutputs; ++i)
+      if (!bitwise_equal(a.per_rank[r][i], b.per_rank[r][i])) {
+        *which = "rank " + std::to_string(r) + " " + kOutputNames[i] + " (" +
+                 std::to_string(count_identical(a.per_rank[r][i], b.per_rank[r][i])) + " / " +
+                 std::to_string(a.per_rank[r][i].size()) + " identical, max diff " +
+                 std::to_string(max_abs_error(a.per_rank[r][i], b.per_rank[r][i])) + ")";
+        return false;
+      }
+  return true;
+}
+
+// U = H is one stage of the same head blocks as ulysses: the same GEMMs, exchanges and kernel
+// calls in the same order, so forward must be bitwise identical; and since upipe's recompute
+// repeats the forward's arithmetic exactly, so must backward.
+TEST(AttentionBlockBits, UPipeAtUEqualsHIsUlyssesBitwise) {
+  for (auto [d, C] : {std::pair{dims(48, 32, 8, 2, 16), 4}, {dims(48, 32, 8, 8, 16), 2}, {dims(48, 32, 6, 1, 16), 3},
+                      {dims(48, 32, 8, 1, 16), 8}, {dims(64, 32, 16, 4, 16), 4}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const BlockInputs in = random_inputs(d, kSeed, t);
+      const BlockRun ul = run_block(in, RunSpec{.strategy = Strategy::kUlysses, .ranks = C, .dtype = t});
+      const BlockRun up =
+          run_block(in, RunSpec{.strategy = Strategy::kUPipe, .ranks = C, .upipe_heads = d.heads, .dtype = t});
+      EXPECT_TRUE(bitwise_equal(ul.out[0], up.out[0]))
+          << dims_name(d) << " C=" << C << " " << dtype_name(t) << ": y differs, "
+          << count_identical(ul.out[0], up.out[0]) << " / " << ul.out[0].size() << " identical";
+      std::string which;
+      EXPECT_TRUE(all_bitwise_equal(ul, up, &which))
+          << dims_name(d) << " C=" << C << " " << dtype_name(t) << ": " << which;
+    }
+  }
+}
+
+TEST(AttentionBlockBits, RunsAreDeterministic) {
+  for (auto [d, C, U] : {std::tuple{dims(48, 32, 8, 2, 16), 4, int64_t{4}}, {dims(48, 32, 8, 2, 16), 4, int64_t{8}},
+                         {dims(48, 32, 8, 1, 16), 8, int64_t{8}}, {dims(48, 32, 6, 3, 16), 3, int64_t{3}},
+                         {dims(64, 32, 16, 4, 16), 4, int64_t{8}}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const BlockInputs in = random_inputs(d, kSeed, t);
+      const RunSpec spec{.strategy = Strategy::kUPipe, .ranks = C, .upipe_heads = U, .dtype = t};
+      const BlockRun a = run_block(in, spec), b = run_block(in, spec);
+      std::string which;
+      EXPECT_TRUE(all_bitwise_equal(a, b, &which)) << dims_name(d) << " " << spec.name() << ": " << which;
+    }
+  }
+}
+
+// Reported, not required: OpenBLAS's summation order depends on the GEMM shape.
+TEST(AttentionBlockBits, ReportBitIdentityWithLocal) {
+  std::printf("  %-40s %12s %12s %12s\n", "case", "y same", "dx same", "dwq same");
+  for (auto [d, C] : {std::pair{dims(48, 32, 8, 2, 16), 1}, {dims(48, 32, 8, 2, 16), 2}, {dims(48, 32, 8, 2, 16), 4},
+                      {dims(48, 32, 8, 8, 16), 8}, {dims(48, 32, 6, 3, 16), 3}}) {
+    Problem& p = problem(d);
+    for (RunSpec s : {RunSpec{.strategy = Strategy::kUlysses, .ranks = C},
+                      RunSpec{.strategy = Strategy::kUPipe, .ranks = C, .upipe_heads = C}}) {
+      const BlockRun r = run_block(p.in, s);
+      auto frac = [&](int i) {
+        return std::to_string(count_identical(r.out[i], p.local32.out[i])) + "/" + std::to_string(r.out[i].size());
+      };
+      std::printf("  %-40s %12s %12s %12s\n", (dims_name(d) + " " + s.name()).c_str(), frac(0).c_str(),
+                  frac(1).c_str(), frac(2).c_str());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace untied::attntest

@@ -1,0 +1,219 @@
+#include "attention/block_harness.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+#include "untied/comm/inproc.h"
+#include "untied/core/tensor.h"
+#include "untied/device/device.h"
+
+namespace untied::attntest {
+
+double max_abs_error(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(a[i] - b[i]);
+    m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e);
+  }
+  return m;
+}
+
+double max_abs(const std::vector<double>& a) {
+  double m = 0;
+  for (double x : a)
+    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+::testing::AssertionResult expect_within(const std::string& what, const std::vector<double>& actual,
+                                         const std::vector<double>& expected, double tol, int64_t cols,
+                                         const std::string& how_tol) {
+  if (actual.size() != expected.size())
+    return ::testing::AssertionFailure() << what << ": " << actual.size() << " elements, expected "
+                                         << expected.size();
+  const double err = max_abs_error(actual, expected);
+  int64_t over = 0;
+  std::ostringstream first;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double e = std::fabs(actual[i] - expected[i]);
+    if (!(e <= tol)) {
+      if (over < 5)
+        first << "\n    [" << static_cast<int64_t>(i) / cols << "," << static_cast<int64_t>(i) % cols
+              << "] got " << actual[i] << ", expected " << expected[i] << " (err " << e << ")";
+      ++over;
+    }
+  }
+  std::printf("  %-58s max err %9.3e  tol %9.3e  (%s)%s\n", what.c_str(), err, tol, how_tol.c_str(),
+              over ? "  FAIL" : "");
+  if (over == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max err " << err << " > tol " << tol << " (" << how_tol
+                                       << "); " << over << " of " << actual.size()
+                                       << " elements over; first:" << first.str();
+}
+
+int64_t count_identical(const std::vector<double>& a, const std::vector<double>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += std::memcmp(&a[i], &b[i], sizeof(double)) == 0;
+  return n;
+}
+
+bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && count_identical(a, b) == static_cast<int64_t>(a.size());
+}
+
+int64_t output_cols(const BlockDims& d, int i) { return i == 5 ? d.heads * d.head_dim : d.hidden; }
+
+BlockInputs random_inputs(const BlockDims& d, uint64_t seed, DType exact_in) {
+  std::mt19937_64 rng(seed);
+  auto draw = [&](int64_t n, double sigma) {
+    std::normal_distribution<double> nd(0.0, sigma);
+    std::vector<double> v(static_cast<size_t>(n));
+    for (double& x : v) {
+      const float f = static_cast<float>(nd(rng));
+      x = exact_in == DType::kBF16 ? round_to_bf16(f) : f;
+    }
+    return v;
+  };
+  const int64_t S = d.seq, E = d.hidden, HD = d.heads * d.head_dim, GD = d.kv_heads * d.head_dim;
+  BlockInputs in;
+  in.dims = d;
+  in.x = draw(S * E, 1.0);
+  in.dy = draw(S * E, 1.0);
+  in.wq = draw(HD * E, 1.0 / std::sqrt(static_cast<double>(E)));
+  in.wk = draw(GD * E, 1.0 / std::sqrt(static_cast<double>(E)));
+  in.wv = draw(GD * E, 1.0 / std::sqrt(static_cast<double>(E)));
+  in.wo = draw(E * HD, 1.0 / std::sqrt(static_cast<double>(HD)));
+  return in;
+}
+
+namespace {
+
+template <typename T>
+std::vector<T> cast(const std::vector<double>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+template <typename T>
+Outputs reference_as(const BlockInputs& in) {
+  blockref::BlockWeights<T> w{cast<T>(in.wq), cast<T>(in.wk), cast<T>(in.wv), cast<T>(in.wo)};
+  const std::vector<T> x = cast<T>(in.x);
+  const std::vector<T> y = blockref::block_forward(in.dims, x, w);
+  blockref::BlockGrads<T> g;
+  blockref::block_backward(in.dims, x, w, cast<T>(in.dy), g);
+  auto d = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
+  return Outputs{d(y), d(g.dx), d(g.dwq), d(g.dwk), d(g.dwv), d(g.dwo)};
+}
+
+// A dense tensor in f32 or bf16 storage.
+class Stored {
+ public:
+  Stored(DType t, const std::vector<double>& v) : t_(t) {
+    if (t == DType::kF32) f_.assign(v.begin(), v.end());
+    else
+      for (double x : v) b_.push_back(float_to_bf16(static_cast<float>(x)));
+  }
+  Stored(DType t, int64_t n) : Stored(t, std::vector<double>(static_cast<size_t>(n), 0.0)) {}
+  void* at(int64_t elem) {
+    return t_ == DType::kF32 ? static_cast<void*>(f_.data() + elem) : static_cast<void*>(b_.data() + elem);
+  }
+  std::vector<double> get() const {
+    std::vector<double> v;
+    if (t_ == DType::kF32) v.assign(f_.begin(), f_.end());
+    else
+      for (bf16 x : b_) v.push_back(bf16_to_float(x));
+    return v;
+  }
+
+ private:
+  DType t_;
+  std::vector<float> f_;
+  std::vector<bf16> b_;
+};
+
+}  // namespace
+
+Outputs reference_outputs(const BlockInputs& in, bool fp64) {
+  return fp64 ? reference_as<double>(in) : reference_as<float>(in);
+}
+
+std::string RunSpec::name() const {
+  std::string s = std::string(strategy_name(strategy)) + " C=" + std::to_string(ranks);
+  if (strategy == Strategy::kUPipe) s += " U=" + std::to_string(upipe_heads > 0 ? upipe_heads : ranks);
+  s += " ";
+  s += dtype_name(dtype);
+  if (rehearsal) s += " rehearsal";
+  return s;
+}
+
+BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
+  const BlockDims& d = in.dims;
+  const int64_t S = d.seq, E = d.hidden, H = d.heads, G = d.kv_heads, D = d.head_dim;
+  const int C = spec.ranks;
+  const int64_t L = S / C;
+  const DType t = spec.dtype;
+  Stored x(t, in.x), dy(t, in.dy), wq(t, in.wq), wk(t, in.wk), wv(t, in.wv), wo(t, in.wo);
+
+  BlockRun run;
+  run.per_rank.resize(static_cast<size_t>(C));
+  run.stats.resize(static_cast<size_t>(C));
+  run.stats_after_forward.resize(static_cast<size_t>(C));
+  std::mutex mu;
+  run_in_process(C, [&](Communicator& comm) {
+    auto dev = make_cpu_device({.threads = 1, .rehearsal = spec.rehearsal});
+    const AttentionConfig cfg{.seq = S, .hidden = E, .heads = H, .kv_heads = G, .head_dim = D,
+                              .rope_theta = d.theta, .dtype = t, .strategy = spec.strategy,
+                              .upipe_heads = spec.upipe_heads};
+    auto block = make_attention_block(*dev, comm, cfg);
+    const int r = comm.rank();
+    Stored y(t, L * E), dx(t, L * E), dwq(t, H * D * E), dwk(t, G * D * E), dwv(t, G * D * E), dwo(t, E * H * D);
+    // In rehearsal nothing may be touched: every tensor is passed without data.
+    auto p = [&](Stored& s, int64_t elem = 0) { return spec.rehearsal ? nullptr : s.at(elem); };
+    const AttentionWeights w{Tensor(p(wq), t, {H * D, E}), Tensor(p(wk), t, {G * D, E}),
+                             Tensor(p(wv), t, {G * D, E}), Tensor(p(wo), t, {E, H * D})};
+    AttentionGrads g{Tensor(p(dwq), t, {H * D, E}), Tensor(p(dwk), t, {G * D, E}), Tensor(p(dwv), t, {G * D, E}),
+                     Tensor(p(dwo), t, {E, H * D})};
+    const Tensor xt(p(x, r * L * E), t, {L, E}), dyt(p(dy, r * L * E), t, {L, E});
+    AttentionSaved saved;
+    dev->allocator().set_phase(Phase::kForward);
+    block->forward(Tensor(p(y), t, {L, E}), xt, w, saved);
+    const MemoryStats after_forward = dev->allocator().stats();
+    dev->allocator().set_phase(Phase::kBackward);
+    block->backward(Tensor(p(dx), t, {L, E}), g, dyt, xt, w, saved);
+    std::lock_guard<std::mutex> lock(mu);
+    run.per_rank[r] = Outputs{y.get(), dx.get(), dwq.get(), dwk.get(), dwv.get(), dwo.get()};
+    run.stats[r] = dev->allocator().stats();
+    run.stats_after_forward[r] = after_forward;
+    run.stage_heads = block->stage_heads();
+  });
+
+  // Gather y and dx; sum the weight-gradient partials over ranks in rank order (fp64).
+  for (int i = 0; i < kNumOutputs; ++i) {
+    const size_t n = i < 2 ? static_cast<size_t>(S * E) : run.per_rank[0][i].size();
+    run.out[i].assign(n, 0.0);
+    run.abs_partials[i].assign(n, 0.0);
+    for (int r = 0; r < C; ++r) {
+      const std::vector<double>& part = run.per_rank[r][i];
+      const size_t base = i < 2 ? static_cast<size_t>(r * L * E) : 0;
+      for (size_t j = 0; j < part.size(); ++j) {
+        if (i < 2) run.out[i][base + j] = part[j];
+        else run.out[i][j] += part[j];
+        run.abs_partials[i][base + j] += std::fabs(part[j]);
+      }
+    }
+  }
+  return run;
+}
+
+double partial_sum_floor(const std::vector<double>& abs_partials, DType storage, int64_t stored_adds) {
+  const double u = storage == DType::kBF16 ? kBf16UnitRoundoff : kF32UnitRoundoff;
+  return static_cast<double>(1 + stored_adds) * u * max_abs(abs_partials);
+}
+
+}  // namespace untied::attntest
