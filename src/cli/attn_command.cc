@@ -85,6 +85,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (st.ok() && !flags.wants_help()) st = attention_config_from_flags(flags, &cfg);
   const int ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
   if (st.ok() && !li.mpi && (ranks < 1 || ranks > 1024)) st = Status::invalid_argument("--ranks must be in [1, 1024]");
+  if (st.ok() && !flags.get_string("dump").empty()) st = prepare_dump_dir(flags.get_string("dump"));
   if (st.ok() && li.mpi && flags.was_set("ranks"))
     st = Status::invalid_argument("--ranks is for in-process runs; under mpirun the ranks are mpirun's -np");
   if (!st.ok() || flags.wants_help()) {
@@ -108,8 +109,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
 
   return run_ranks(argc, argv, li.mpi ? 1 : ranks, [&](Communicator& comm) {
     // The configuration is checked on every rank before any allocation or compute.
-    Status v = validate(cfg, comm.size());
-    UNTIED_CHECK(v.ok(), v.message());
+    check_all_ranks(comm, validate(cfg, comm.size()));
     AttnRunResult r = run_attention(comm, cfg, opts);
     if (comm.rank() != 0) return;
     const int64_t U = r.stage_heads;

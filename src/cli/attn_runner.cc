@@ -1,8 +1,10 @@
 #include "cli/attn_runner.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
-#include <sys/stat.h>
 
 #include "untied/attention/head_schedule.h"
 #include "untied/core/npy.h"
@@ -83,6 +85,14 @@ int64_t gqa_exact_bytes(const AttentionConfig& cfg, int ranks, int64_t U) {
   return dtype_size(cfg.dtype) * 2 * (cfg.seq / ranks) * cfg.head_dim * (U + 2 * kv);
 }
 
+Status prepare_dump_dir(const std::string& dir) {
+  ::mkdir(dir.c_str(), 0755);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access(dir.c_str(), W_OK) != 0)
+    return Status::io_error("--dump " + dir + ": cannot create or write that directory; choose a writable path");
+  return Status::ok_status();
+}
+
 std::string memory_json(const MemoryStats& m) {
   std::string out = "{";
   for (int t = 0; t < kNumTags; ++t)
@@ -146,12 +156,6 @@ AttnRunResult run_attention(Communicator& comm, const AttentionConfig& cfg, cons
   r.intermediates_bwd = reduce_max(comm, m.phase_watch_peak[static_cast<int>(Phase::kBackward)]);
 
   if (!opts.dump_dir.empty() && !opts.rehearsal) {
-    if (comm.rank() == 0) {
-      ::mkdir(opts.dump_dir.c_str(), 0755);
-      struct stat st;
-      UNTIED_CHECK_KIND(ErrorKind::kIo, ::stat(opts.dump_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
-                        "--dump ", opts.dump_dir, ": cannot create the directory");
-    }
     const int64_t S = cfg.seq;
     auto gx = gather_rows(comm, *dev, x), gdy = gather_rows(comm, *dev, dy), gy = gather_rows(comm, *dev, y),
          gdx = gather_rows(comm, *dev, dx);

@@ -43,4 +43,7 @@ int64_t gqa_exact_bytes(const AttentionConfig& cfg, int ranks, int64_t stage_hea
 
 std::string memory_json(const MemoryStats& m);
 
+// Creates `dir` if needed and checks that it is a writable directory (before any compute).
+Status prepare_dump_dir(const std::string& dir);
+
 }  // namespace untied::cli

@@ -1,6 +1,8 @@
 #include "cli/launch.h"
 
+#include <cstdint>
 #include <cstdio>
+#include <string>
 #include <cstdlib>
 #include <exception>
 
@@ -22,12 +24,31 @@ LaunchInfo launch_info() {
   return info;
 }
 
+namespace {
+// Thrown on every rank at once by check_all_ranks; already reported.
+struct RefusedOnAllRanks {};
+}  // namespace
+
+void check_all_ranks(Communicator& comm, const Status& s) {
+  int64_t first = s.ok() ? INT64_MAX : comm.rank();
+  comm.all_reduce(&first, &first, 1, DType::kI64, ReduceOp::kMin);
+  if (first == INT64_MAX) return;
+  if (first == comm.rank()) {
+    std::fprintf(stderr, "untied: %s%s\n",
+                 comm.size() > 1 ? ("rank " + std::to_string(comm.rank()) + ": ").c_str() : "", s.message().c_str());
+    std::fflush(stderr);
+  }
+  throw RefusedOnAllRanks{};
+}
+
 int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<void(Communicator&)>& body) {
   if (launch_info().mpi) {
     MpiSession session(argc, argv);
     std::unique_ptr<Communicator> world = session.world();
     try {
       body(*world);
+    } catch (const RefusedOnAllRanks&) {
+      return 2;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "untied: error: %s\n", e.what());
       std::fflush(stderr);
@@ -36,13 +57,20 @@ int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<voi
     }
     return 0;
   }
+  bool refused = false;
   try {
-    run_in_process(inproc_ranks, body);
+    run_in_process(inproc_ranks, [&](Communicator& comm) {
+      try {
+        body(comm);
+      } catch (const RefusedOnAllRanks&) {
+        refused = true;  // every rank sets it; reported already
+      }
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "untied: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return refused ? 2 : 0;
 }
 
 }  // namespace untied::cli

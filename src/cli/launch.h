@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "untied/comm/communicator.h"
+#include "untied/core/status.h"
 
 namespace untied::cli {
 
@@ -19,6 +20,11 @@ struct LaunchInfo {
 
 // Rank of this process as mpirun reports it (0 when not under mpirun); valid before MPI init.
 LaunchInfo launch_info();
+
+// Collective agreement on a check made before any compute: when `s` is not ok on any rank, the
+// lowest failing rank prints its message, and every rank throws RefusedOnAllRanks, which
+// run_ranks turns into exit code 2 without aborting (every rank stops together, none hangs).
+void check_all_ranks(Communicator& comm, const Status& s);
 
 int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<void(Communicator&)>& body);
 
