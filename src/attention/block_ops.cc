@@ -99,15 +99,6 @@ void add_to_f32(float* acc, const void* src, DType t, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += bf16_to_float(s[i]);
 }
 
-float head_dot(const void* a, const void* b, DType t, int64_t d) {
-  float ra[1024], rb[1024];
-  load_f32(ra, a, t, d);
-  load_f32(rb, b, t, d);
-  float s = 0.0f;
-  for (int64_t c = 0; c < d; ++c) s += ra[c] * rb[c];
-  return s;
-}
-
 std::vector<int64_t> local_positions(int64_t rank, int64_t rows) {
   std::vector<int64_t> p(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) p[i] = rank * rows + i;

@@ -48,10 +48,6 @@ F32View as_f32(Device& dev, const Tensor& t, const char* what);
 // acc[i] += src[i] for n elements of storage t (f32 or bf16).
 void add_to_f32(float* acc, const void* src, DType t, int64_t n);
 
-// sum_c a[c] * b[c] over one head vector (D <= 1024) of storage t, fp32, c in order: the same
-// arithmetic as the attention kernel's own D_i = rowsum(dO * O).
-float head_dot(const void* a, const void* b, DType t, int64_t d);
-
 // Global positions of this rank's tokens: rank * rows + [0, rows).
 std::vector<int64_t> local_positions(int64_t rank, int64_t rows);
 

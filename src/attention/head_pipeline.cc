@@ -189,7 +189,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
           for (int64_t i = 0; i < L; ++i)
             for (int64_t j = 0; j < u; ++j)
               delta_send.as<float>()[(p * L + i) * u + j] =
-                  head_dot(saved.attn_out.as<char>() + (i * H + sched_.q_head(s, p, j)) * D * es,
+                  dot_f32(saved.attn_out.as<char>() + (i * H + sched_.q_head(s, p, j)) * D * es,
                            do_send.as<char>() + ((p * L + i) * u + j) * D * es, t, D);
       exchange(dev_, comm_, do_send.data(), do_recv.data(), L * u * D * es);
       exchange(dev_, comm_, delta_send.data(), delta_recv.data(), L * u * 4);

@@ -2,7 +2,6 @@
 // on C ranks (mpirun -np C, or --ranks C in-process). Prints time per phase and peak bytes per
 // tag (max over ranks); --json prints one object; --dump DIR writes the global tensors as .npy.
 #include <cstdio>
-#include <thread>
 
 #include "cli/args.h"
 #include "cli/attn_runner.h"
@@ -60,17 +59,6 @@ Status attention_config_from_flags(const FlagSet& f, AttentionConfig* cfg) {
   if (cfg->upipe_heads != 0 && cfg->strategy != Strategy::kUPipe)
     return Status::invalid_argument("--upipe-heads applies to --strategy upipe only");
   return Status::ok_status();
-}
-
-int default_threads_per_rank(int ranks_here) {
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, cores / std::max(1, ranks_here));
-}
-
-int local_ranks_under_mpirun() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
-  return 1;
 }
 
 int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {

@@ -13,9 +13,6 @@
 
 namespace untied::cli {
 
-int default_threads_per_rank(int ranks_here);
-int local_ranks_under_mpirun();
-
 namespace {
 
 struct BenchRow {

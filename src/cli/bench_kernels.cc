@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
-#include <thread>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -196,17 +195,6 @@ void print_rows(const std::vector<Row>& rows, bool json, const std::string& head
                 (long long)ratio_seq, attn_rate, 100.0 * attn_rate / gemm_rate, gemm_rate);
 }
 
-int default_threads() {
-  int cores = static_cast<int>(std::thread::hardware_concurrency());
-  int local = 1;
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
-    if (const char* v = std::getenv(var)) {
-      local = std::max(1, std::atoi(v));
-      break;
-    }
-  return std::max(1, cores / local);
-}
-
 }  // namespace
 
 int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& args) {
@@ -237,7 +225,9 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
   const int64_t H = flags.get_int("heads"), G = flags.get_int("kv-heads"), D = flags.get_int("head-dim");
   const std::vector<int64_t> seqs = flags.get_int_list("seqs");
   const int repeat = static_cast<int>(flags.get_int("repeat"));
-  const int threads = flags.get_string("threads").empty() ? default_threads() : static_cast<int>(flags.get_int("threads"));
+  const int threads = flags.get_string("threads").empty()
+                          ? default_threads_per_rank(launch_info().mpi ? local_ranks_under_mpirun() : 1)
+                          : static_cast<int>(flags.get_int("threads"));
   if (!dtype.ok()) bad = "--dtype: " + dtype.status().message();
   else if (H < 1 || G < 1 || H % G != 0) bad = "--heads must be a positive multiple of --kv-heads (got " + std::to_string(H) + " and " + std::to_string(G) + ")";
   else if (D < 2 || D > 1024) bad = "--head-dim must be in [2, 1024]";

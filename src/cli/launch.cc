@@ -1,6 +1,8 @@
 #include "cli/launch.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <thread>
 #include <cstdio>
 #include <string>
 #include <cstdlib>
@@ -22,6 +24,17 @@ LaunchInfo launch_info() {
     }
   }
   return info;
+}
+
+int local_ranks_under_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+int default_threads_per_rank(int ranks_here) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_here));
 }
 
 namespace {

@@ -21,6 +21,11 @@ struct LaunchInfo {
 // Rank of this process as mpirun reports it (0 when not under mpirun); valid before MPI init.
 LaunchInfo launch_info();
 
+// Ranks of this job on this machine (mpirun's local size; 1 when not under mpirun).
+int local_ranks_under_mpirun();
+// BLAS/OpenMP threads per rank so that ranks x threads fills the cores: cores / ranks_here, >= 1.
+int default_threads_per_rank(int ranks_here);
+
 // Collective agreement on a check made before any compute: when `s` is not ok on any rank, the
 // lowest failing rank prints its message, and every rank throws RefusedOnAllRanks, which
 // run_ranks turns into exit code 2 without aborting (every rank stops together, none hangs).

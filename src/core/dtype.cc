@@ -55,4 +55,14 @@ void store_f32(void* dst, DType t, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
 }
 
+float dot_f32(const void* a, const void* b, DType t, int64_t n) {
+  UNTIED_CHECK(n >= 0 && n <= 1024, "dot_f32 takes at most 1024 elements, got ", n);
+  float ra[1024], rb[1024];
+  load_f32(ra, a, t, n);
+  load_f32(rb, b, t, n);
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += ra[i] * rb[i];
+  return s;
+}
+
 }  // namespace untied

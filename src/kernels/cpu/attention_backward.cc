@@ -63,7 +63,7 @@ void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void
   for (int64_t i = 0; i < a.sq; ++i) {
     for (int64_t h = 0; own_delta && h < a.h; ++h)
       delta_buf.as<float>()[h * a.sq + i] =
-          row_dot(at(out, a.dtype, i, a.q_rs, h, a.d), at(dout, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
+          dot_f32(at(out, a.dtype, i, a.q_rs, h, a.d), at(dout, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
     for (int t = 0; t < threads; ++t) {
       int64_t rs;
       float* acc = dq_acc(t, rs);

@@ -63,16 +63,6 @@ inline F32Rows f32_rows(const void* src, DType t, int64_t rows, int64_t cols, in
   return {scratch, cols};
 }
 
-// sum_c a[c] * b[c] over one head row of storage t, in fp32, c in order (D <= 1024).
-inline float row_dot(const void* a, const void* b, DType t, int64_t d) {
-  float ra[1024], rb[1024];
-  load_f32(ra, a, t, d);
-  load_f32(rb, b, t, d);
-  float s = 0.0f;
-  for (int64_t c = 0; c < d; ++c) s += ra[c] * rb[c];
-  return s;
-}
-
 // Element pointer (token row, head) in a (rows, heads, D) tensor of storage t.
 inline const void* at(const void* base, DType t, int64_t row, int64_t row_stride, int64_t head, int64_t d) {
   return static_cast<const char*>(base) + (row * row_stride + head * d) * dtype_size(t);
