@@ -4,7 +4,8 @@
 # Runs apt-get as root, or through sudo.
 set -euo pipefail
 
-packages=(g++ make cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin libgtest-dev)
+packages=(g++ make cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin libgtest-dev
+          python3 python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,86 @@
+// Token files: pre-tokenized training data with a small header, read a range at a time.
+//
+// Byte layout (every integer little-endian, whatever the host):
+//     offset  size  field
+//          0     8  magic, the ASCII bytes "UNTIEDTK"
+//          8     4  u32 format version (kTokenFileVersion = 1)
+//         12     4  u32 token width in bytes: 2 (uint16 tokens) or 4 (uint32 tokens)
+//         16     8  u64 token count N
+//         24     8  u64 vocab size V (1 <= V <= 2^31 - 1; V <= 65536 when the width is 2)
+//         32  N*w   the N tokens, each w bytes, each < V
+// The file is exactly 32 + N*w bytes long; anything else is reported as corrupt.
+//
+// Writing is atomic: the bytes go to a temporary file next to the target, which is flushed
+// (fsync) and renamed over the target only when complete. A failed write returns a Status,
+// removes its temporary and leaves an existing file at the target untouched.
+//
+// Reading: TokenFile::open validates the header and the file size, and keeps the file open.
+// read() fetches one range with pread (only those bytes; never the whole file) and checks each
+// token against the vocab size. A TokenFile is immutable after open: read() may be called from
+// several threads at once (in-process ranks share one).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "untied/core/status.h"
+
+namespace untied {
+
+inline constexpr char kTokenFileMagic[8] = {'U', 'N', 'T', 'I', 'E', 'D', 'T', 'K'};
+inline constexpr uint32_t kTokenFileVersion = 1;
+inline constexpr int64_t kTokenFileHeaderBytes = 32;
+
+// The narrowest supported width for a vocab size: 2 when vocab <= 65536, else 4.
+int token_width_for_vocab(int64_t vocab_size);
+
+// Writes tokens to path in the format above, atomically.
+// Returns invalid_argument (and writes nothing) when width_bytes is not 2 or 4, vocab_size is
+// outside [1, 2^31 - 1] or does not fit the width, or a token is negative or >= vocab_size
+// (the message names its index). Returns io_error, with the target untouched, when the
+// temporary cannot be created, written, flushed or renamed.
+Status write_token_file(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size,
+                        int width_bytes);
+
+class TokenFile {
+ public:
+  // Opens and validates path. Errors (each message names the file and what to do):
+  //   not_found   the file cannot be opened;
+  //   corrupt     shorter than the header or bad magic ("not an untied token file"), width not
+  //               2 or 4, vocab size 0 or too large for the width, size not 32 + N*w
+  //               (truncated or corrupt);
+  //   unsupported a format version other than kTokenFileVersion.
+  static StatusOr<TokenFile> open(const std::string& path);
+
+  TokenFile(TokenFile&& other) noexcept;
+  TokenFile& operator=(TokenFile&& other) noexcept;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+  ~TokenFile();
+
+  const std::string& path() const { return path_; }
+  int64_t size() const { return count_; }  // N, tokens in the file
+  int64_t vocab_size() const { return vocab_; }
+  int width_bytes() const { return width_; }
+
+  // out[i] = token start + i, for i < count (overwrites out[0, count)). Reads count * width
+  // bytes at offset 32 + start * width and nothing else.
+  // REQUIRES: 0 <= start, 0 <= count, start + count <= size(); out holds count values.
+  // Returns corrupt when a token is >= vocab_size() (the message names its position) or the
+  // file has become shorter since open; io_error when the read itself fails.
+  Status read(int64_t start, int64_t count, int32_t* out) const;
+
+ private:
+  TokenFile(std::string path, int fd, int width, int64_t count, int64_t vocab)
+      : path_(std::move(path)), fd_(fd), width_(width), count_(count), vocab_(vocab) {}
+
+  std::string path_;
+  int fd_ = -1;
+  int width_ = 0;
+  int64_t count_ = 0;
+  int64_t vocab_ = 0;
+};
+
+}  // namespace untied

@@ -1,0 +1,75 @@
+#include "untied/kernels/lm_head_loss.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/model_kernels.h"
+#include "untied/core/check.h"
+
+namespace untied {
+
+namespace {
+constexpr int64_t kDefaultLogitsBytes = int64_t{64} << 20;  // 64 MiB of fp32 logits per chunk
+constexpr int64_t kWeightBlockBytes = int64_t{16} << 20;    // one widened block of a bf16 w
+}  // namespace
+
+void validate(const LmHeadLossShape& s) {
+  UNTIED_CHECK(s.tokens >= 0, "lm_head_loss: tokens must be >= 0, got ", s.tokens);
+  UNTIED_CHECK(s.dim >= 1, "lm_head_loss: dim (E) must be >= 1, got ", s.dim);
+  UNTIED_CHECK(s.vocab >= 1, "lm_head_loss: vocab must be >= 1, got ", s.vocab);
+  UNTIED_CHECK(s.vocab <= (int64_t{1} << 31) - 1, "lm_head_loss: vocab (", s.vocab,
+               ") must fit int32 labels");
+  UNTIED_CHECK(s.chunk_tokens >= 0, "lm_head_loss: chunk_tokens must be >= 0 (0 = default), got ",
+               s.chunk_tokens);
+  UNTIED_CHECK(s.ignore_index < 0 || s.ignore_index >= s.vocab, "lm_head_loss: ignore_index (",
+               s.ignore_index, ") must not be a valid class in [0, vocab = ", s.vocab, ")");
+  UNTIED_CHECK(std::isfinite(s.grad_scale), "lm_head_loss: grad_scale must be finite, got ", s.grad_scale);
+  UNTIED_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16,
+               "lm_head_loss: dtype (storage of h, dh) must be f32 or bf16, got ", dtype_name(s.dtype));
+  UNTIED_CHECK(s.weight_dtype == DType::kF32 || s.weight_dtype == DType::kBF16,
+               "lm_head_loss: weight_dtype must be f32 or bf16, got ", dtype_name(s.weight_dtype));
+}
+
+int64_t lm_head_loss_chunk(const LmHeadLossShape& s) {
+  const int64_t n = s.chunk_tokens > 0 ? s.chunk_tokens
+                                       : std::max<int64_t>(1, kDefaultLogitsBytes / (4 * s.vocab));
+  return std::min(n, s.tokens);
+}
+
+// The vocab rows of one widened block of a bf16 w (lm_head_loss.h).
+int64_t lm_head_loss_weight_block(const LmHeadLossShape& s) {
+  return std::clamp<int64_t>(kWeightBlockBytes / (4 * s.dim), 1, s.vocab);
+}
+
+int64_t lm_head_loss_workspace_bytes(const LmHeadLossShape& s, bool backward) {
+  const int64_t n = lm_head_loss_chunk(s);
+  if (n == 0) return 0;
+  int64_t bytes = n * s.vocab * 4 + n * 8;
+  if (s.dtype == DType::kBF16) bytes += n * s.dim * 4 * (backward ? 2 : 1);
+  if (s.weight_dtype == DType::kBF16) bytes += lm_head_loss_weight_block(s) * s.dim * 4;
+  return bytes;
+}
+
+void lm_head_loss_forward_backward(Device& dev, const LmHeadLossShape& s, LossSums* sums,
+                                   int32_t* argmax, void* dh, float* dw, const void* h,
+                                   const int32_t* labels, const void* w) {
+  validate(s);
+  UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::lm_head_loss(dev, s, sums, argmax, dh, dw, h, labels, w);
+    default: unsupported(dev, "lm_head_loss_forward_backward");
+  }
+}
+
+void lm_head_loss_forward(Device& dev, const LmHeadLossShape& s, LossSums* sums, int32_t* argmax,
+                          const void* h, const int32_t* labels, const void* w) {
+  validate(s);
+  UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
+  switch (dev.kind()) {
+    case DeviceKind::kCpu:
+      return cpu::lm_head_loss(dev, s, sums, argmax, nullptr, nullptr, h, labels, w);
+    default: unsupported(dev, "lm_head_loss_forward");
+  }
+}
+
+}  // namespace untied

@@ -1,0 +1,276 @@
+#include "untied/train/token_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace untied {
+namespace {
+
+constexpr int64_t kMaxVocab = std::numeric_limits<int32_t>::max();
+
+void put_u32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void put_u64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint32_t get_u32(const unsigned char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t get_u64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Writes all n bytes (retrying short writes and EINTR). Returns 0 or an errno value.
+int write_all(int fd, const unsigned char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return EIO;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return 0;
+}
+
+// Reads exactly n bytes at offset. Returns 0, an errno value, or -1 at end of file.
+int pread_all(int fd, unsigned char* p, size_t n, off_t offset) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, offset);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) return -1;
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += r;
+  }
+  return 0;
+}
+
+// The temporary file of one write: removed on destruction unless released by a rename.
+class TempFile {
+ public:
+  explicit TempFile(std::string target) : name_(std::move(target) + ".tmp.XXXXXX") {}
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (created_) ::unlink(name_.c_str());
+  }
+  // Returns 0 or an errno value.
+  int create() {
+    fd_ = ::mkstemp(name_.data());
+    if (fd_ < 0) return errno;
+    created_ = true;
+    ::fchmod(fd_, 0644);  // mkstemp's 0600 would make data files private to their writer
+    return 0;
+  }
+  int fd() const { return fd_; }
+  const std::string& name() const { return name_; }
+  // Closes the descriptor (reporting a delayed write error). Returns 0 or an errno value.
+  int close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc == 0 ? 0 : errno;
+  }
+  void renamed() { created_ = false; }
+
+ private:
+  std::string name_;
+  int fd_ = -1;
+  bool created_ = false;
+};
+
+}  // namespace
+
+int token_width_for_vocab(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+Status write_token_file(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size,
+                        int width_bytes) {
+  if (width_bytes != 2 && width_bytes != 4)
+    return Status::invalid_argument("token width " + std::to_string(width_bytes) + " bytes for " + path +
+                                    " is not supported: use 2 (uint16) or 4 (uint32)");
+  if (vocab_size < 1 || vocab_size > kMaxVocab)
+    return Status::invalid_argument("vocab size " + std::to_string(vocab_size) + " for " + path +
+                                    " is outside [1, 2^31 - 1]");
+  if (width_bytes == 2 && vocab_size > 65536)
+    return Status::invalid_argument("vocab size " + std::to_string(vocab_size) + " does not fit 2-byte tokens in " +
+                                    path + ": use width 4");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_size)
+      return Status::invalid_argument("token " + std::to_string(i) + " is " + std::to_string(tokens[i]) +
+                                      ", outside [0, " + std::to_string(vocab_size) + "); nothing was written to " +
+                                      path + ": fix the tokens or the vocab size");
+  }
+
+  const std::string keep = " (any existing " + path + " is unchanged)";
+  TempFile tmp(path);
+  if (const int err = tmp.create())
+    return Status::io_error("cannot create a temporary file next to " + path + ": " + errno_text(err) +
+                            "; check that the directory " + dir_of(path) + " exists and is writable");
+
+  unsigned char header[kTokenFileHeaderBytes] = {};
+  std::memcpy(header, kTokenFileMagic, 8);
+  put_u32(header + 8, kTokenFileVersion);
+  put_u32(header + 12, static_cast<uint32_t>(width_bytes));
+  put_u64(header + 16, tokens.size());
+  put_u64(header + 24, static_cast<uint64_t>(vocab_size));
+  int err = write_all(tmp.fd(), header, sizeof header);
+
+  // Tokens go out in chunks of little-endian bytes.
+  constexpr size_t kChunk = 1 << 16;
+  std::vector<unsigned char> buf(kChunk * static_cast<size_t>(width_bytes));
+  for (size_t done = 0; err == 0 && done < tokens.size(); done += kChunk) {
+    const size_t n = std::min(kChunk, tokens.size() - done);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t t = static_cast<uint32_t>(tokens[done + i]);
+      unsigned char* p = buf.data() + i * static_cast<size_t>(width_bytes);
+      for (int b = 0; b < width_bytes; ++b) p[b] = static_cast<unsigned char>(t >> (8 * b));
+    }
+    err = write_all(tmp.fd(), buf.data(), n * static_cast<size_t>(width_bytes));
+  }
+  if (err != 0)
+    return Status::io_error("writing " + tmp.name() + " failed: " + errno_text(err) +
+                            "; free disk space or write somewhere else" + keep);
+  if (::fsync(tmp.fd()) != 0)
+    return Status::io_error("flushing " + tmp.name() + " failed: " + errno_text(errno) + keep);
+  if (const int cerr = tmp.close())
+    return Status::io_error("closing " + tmp.name() + " failed: " + errno_text(cerr) + keep);
+  if (std::rename(tmp.name().c_str(), path.c_str()) != 0)
+    return Status::io_error("cannot rename " + tmp.name() + " to " + path + ": " + errno_text(errno) +
+                            "; check that " + path + " is not a directory" + keep);
+  tmp.renamed();
+  // Make the rename itself durable; a failure here loses nothing that was promised.
+  const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::ok_status();
+}
+
+StatusOr<TokenFile> TokenFile::open(const std::string& path) {
+  const std::string redo = "; re-create it (write_token_file, or convert text with text_files_to_token_file)";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status::not_found("cannot open token file " + path + ": " + errno_text(errno) + "; check the path");
+  // From here the TokenFile owns fd, so every early return closes it.
+  TokenFile file(path, fd, 0, 0, 0);
+
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Status::io_error("cannot stat " + path + ": " + errno_text(errno));
+  if (S_ISDIR(st.st_mode)) return Status::invalid_argument(path + " is a directory, not a token file; name the file");
+  const int64_t file_bytes = st.st_size;
+  const std::string not_ours = path + " is not an untied token file";
+  const std::string hint = "; pass a file written by write_token_file, or use data kind 'text' for plain text";
+  if (file_bytes < kTokenFileHeaderBytes)
+    return Status::corrupt(not_ours + " (" + std::to_string(file_bytes) + " bytes, shorter than the " +
+                           std::to_string(kTokenFileHeaderBytes) + "-byte header)" + hint);
+  unsigned char h[kTokenFileHeaderBytes];
+  if (const int err = pread_all(fd, h, sizeof h, 0))
+    return Status::io_error("cannot read the header of " + path + ": " +
+                            (err < 0 ? std::string("unexpected end of file") : errno_text(err)));
+  if (std::memcmp(h, kTokenFileMagic, 8) != 0) return Status::corrupt(not_ours + " (bad magic bytes)" + hint);
+
+  const uint32_t version = get_u32(h + 8);
+  if (version != kTokenFileVersion)
+    return Status::unsupported(path + " has token file format version " + std::to_string(version) +
+                               "; this build reads version " + std::to_string(kTokenFileVersion) +
+                               ": re-create the file with this build, or use the build that wrote it");
+  const uint32_t width = get_u32(h + 12);
+  if (width != 2 && width != 4)
+    return Status::corrupt(path + ": token width " + std::to_string(width) +
+                           " bytes in the header (must be 2 or 4); the file is corrupt" + redo);
+  const uint64_t count = get_u64(h + 16);
+  const uint64_t vocab = get_u64(h + 24);
+  if (vocab == 0) return Status::corrupt(path + ": vocab size 0 in the header; the file is corrupt" + redo);
+  if (vocab > static_cast<uint64_t>(kMaxVocab) || (width == 2 && vocab > 65536))
+    return Status::corrupt(path + ": vocab size " + std::to_string(vocab) + " does not fit " +
+                           std::to_string(width) + "-byte tokens (or exceeds 2^31 - 1); the file is corrupt" + redo);
+  const uint64_t payload = static_cast<uint64_t>(file_bytes - kTokenFileHeaderBytes);
+  if (count > payload / width || count * width != payload)
+    return Status::corrupt(path + ": the header says " + std::to_string(count) + " tokens of " +
+                           std::to_string(width) + " bytes (" + std::to_string(kTokenFileHeaderBytes) +
+                           " + " + std::to_string(count) + "*" + std::to_string(width) + " bytes) but the file has " +
+                           std::to_string(file_bytes) + " bytes; it is truncated or corrupt" + redo);
+  file.width_ = static_cast<int>(width);
+  file.count_ = static_cast<int64_t>(count);
+  file.vocab_ = static_cast<int64_t>(vocab);
+  return file;
+}
+
+TokenFile::TokenFile(TokenFile&& other) noexcept
+    : path_(std::move(other.path_)), fd_(other.fd_), width_(other.width_), count_(other.count_),
+      vocab_(other.vocab_) {
+  other.fd_ = -1;
+}
+
+TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = other.fd_;
+    width_ = other.width_;
+    count_ = other.count_;
+    vocab_ = other.vocab_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+TokenFile::~TokenFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status TokenFile::read(int64_t start, int64_t count, int32_t* out) const {
+  UNTIED_CHECK(start >= 0 && count >= 0 && start <= count_ - count, "read of tokens [", start, ", ", start + count,
+               ") is outside ", path_, " (", count_, " tokens)");
+  if (count == 0) return Status::ok_status();
+  UNTIED_CHECK(out != nullptr, "read into a null buffer");
+  // The raw bytes land in out itself and are widened in place: decoding from the last token
+  // down never overwrites bytes that are still to be read (token i's bytes start at i*w <= 4i).
+  unsigned char* raw = reinterpret_cast<unsigned char*>(out);
+  const off_t offset = static_cast<off_t>(kTokenFileHeaderBytes + start * width_);
+  if (const int err = pread_all(fd_, raw, static_cast<size_t>(count * width_), offset)) {
+    if (err < 0)
+      return Status::corrupt(path_ + " ended before token " + std::to_string(start + count - 1) +
+                             "; it was truncated after it was opened: re-create it");
+    return Status::io_error("reading tokens [" + std::to_string(start) + ", " + std::to_string(start + count) +
+                            ") of " + path_ + " failed: " + errno_text(err));
+  }
+  for (int64_t i = count - 1; i >= 0; --i) {
+    const unsigned char* p = raw + i * width_;
+    const uint32_t t = width_ == 2 ? static_cast<uint32_t>(p[0] | (p[1] << 8)) : get_u32(p);
+    out[i] = static_cast<int32_t>(t);  // t < vocab <= 2^31 - 1 once checked below
+    if (t >= static_cast<uint64_t>(vocab_))
+      return Status::corrupt(path_ + ": the token at position " + std::to_string(start + i) + " is " +
+                             std::to_string(t) + ", not below the vocab size " + std::to_string(vocab_) +
+                             "; the file is corrupt: re-create it");
+  }
+  return Status::ok_status();
+}
+
+}  // namespace untied
