@@ -89,16 +89,6 @@ F32View as_f32(Device& dev, const Tensor& t, const char* what) {
   return v;
 }
 
-void add_to_f32(float* acc, const void* src, DType t, int64_t n) {
-  if (t == DType::kF32) {
-    const float* s = static_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) acc[i] += s[i];
-    return;
-  }
-  const bf16* s = static_cast<const bf16*>(src);
-  for (int64_t i = 0; i < n; ++i) acc[i] += bf16_to_float(s[i]);
-}
-
 std::vector<int64_t> local_positions(int64_t rank, int64_t rows) {
   std::vector<int64_t> p(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) p[i] = rank * rows + i;

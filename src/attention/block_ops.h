@@ -45,9 +45,6 @@ struct F32View {
 };
 F32View as_f32(Device& dev, const Tensor& t, const char* what);
 
-// acc[i] += src[i] for n elements of storage t (f32 or bf16).
-void add_to_f32(float* acc, const void* src, DType t, int64_t n);
-
 // Global positions of this rank's tokens: rank * rows + [0, rows).
 std::vector<int64_t> local_positions(int64_t rank, int64_t rows);
 

@@ -209,8 +209,8 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
     st.q_recv.reset();
     st.o.reset();
     if (dev_.backed()) {
-      add_to_f32(dk_acc.as<float>(), dk.data(), t, C * L * wk * D);
-      add_to_f32(dv_acc.as<float>(), dv.data(), t, C * L * wk * D);
+      accumulate_f32(dk_acc.as<float>(), dk.data(), t, C * L * wk * D);
+      accumulate_f32(dv_acc.as<float>(), dv.data(), t, C * L * wk * D);
     }
     dk.reset();
     dv.reset();

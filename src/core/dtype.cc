@@ -55,6 +55,17 @@ void store_f32(void* dst, DType t, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
 }
 
+void accumulate_f32(float* acc, const void* src, DType t, int64_t n) {
+  if (t == DType::kF32) {
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) acc[i] += s[i];
+    return;
+  }
+  UNTIED_CHECK(t == DType::kBF16, "accumulate_f32 reads f32 or bf16, not ", dtype_name(t));
+  const bf16* s = static_cast<const bf16*>(src);
+  for (int64_t i = 0; i < n; ++i) acc[i] += bf16_to_float(s[i]);
+}
+
 float dot_f32(const void* a, const void* b, DType t, int64_t n) {
   UNTIED_CHECK(n >= 0 && n <= 1024, "dot_f32 takes at most 1024 elements, got ", n);
   float ra[1024], rb[1024];

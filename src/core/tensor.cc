@@ -80,4 +80,10 @@ TensorBuffer::TensorBuffer(Allocator& alloc, DType dtype, Shape shape, Tag tag, 
   view_ = Tensor(buffer_.data(), dtype, shape);
 }
 
+void TensorBuffer::reshape_view(Shape shape) {
+  UNTIED_CHECK(shape.numel() * dtype_size(view_.dtype()) <= buffer_.bytes(), "reshape_view ", shape.to_string(),
+               " needs more than the ", buffer_.bytes(), " bytes allocated");
+  view_ = Tensor(buffer_.data(), view_.dtype(), shape);
+}
+
 }  // namespace untied

@@ -47,6 +47,9 @@ inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 void load_f32(float* dst, const void* src, DType t, int64_t n);
 void store_f32(void* dst, DType t, const float* src, int64_t n);
 
+// acc[i] += src[i] for n elements of storage t (f32 or bf16).
+void accumulate_f32(float* acc, const void* src, DType t, int64_t n);
+
 // sum_i a[i] * b[i] for n <= 1024 elements of storage t (f32 or bf16), in fp32, i in order.
 float dot_f32(const void* a, const void* b, DType t, int64_t n);
 

@@ -78,6 +78,9 @@ class TensorBuffer {
   template <typename T>
   T* as() const { return view_.as<T>(); }
   void reset() { buffer_.reset(); view_ = Tensor(); }
+  // Views the first shape.numel() elements of the buffer with `shape` (a padded buffer seen with
+  // its logical shape). REQUIRES: shape.numel() <= the elements allocated.
+  void reshape_view(Shape shape);
 
  private:
   Buffer buffer_;

@@ -1,0 +1,79 @@
+// The decoder's training step on one rank: forward and backward of the whole model written out
+// per block over named buffers, with full recompute per block.
+//
+// Each rank holds L = S / C consecutive tokens (the attention block exchanges them). The step:
+//   h_0 = embed[tokens]
+//   for each block l:  save h_l (the only activation kept);  h_{l+1} = block_l(h_l)
+//   loss = cross_entropy(final_norm(h_N) lm_head^T, labels)  (fused, chunked: lm_head_loss.h)
+//   for each block l, last to first: recompute block_l from h_l keeping its intermediates,
+//     then its backward, giving dh_l and the block's weight gradients
+//   embedding backward
+// where block(x) = x + attn(rmsnorm(x)) + mlp(rmsnorm(x + attn(...))), the MLP run over tiles of
+// `mlp_tile` tokens (w_down(silu(w_gate b) * w_up b)), forward and backward, so its (L, F)
+// intermediates never exist at once.
+// Weights come from ShardedParams one group at a time (gathered before use, freed after); each
+// group's gradients are reduce-scattered into the shards right after its backward.
+//
+// Tags: saved block inputs kActivations; norms, residual and MLP tiles kOther; the attention
+// block's own buffers as attention_block.h says.
+#pragma once
+
+#include <memory>
+
+#include "untied/attention/attention_block.h"
+#include "untied/model/model_config.h"
+#include "untied/train/sharded_params.h"
+
+namespace untied {
+
+struct DecoderOptions {
+  int64_t seq = 0;  // S, global
+  Strategy strategy = Strategy::kUPipe;
+  int64_t upipe_heads = 0;  // 0 = C
+  DType dtype = DType::kF32;  // activations and gathered weights
+  int64_t mlp_tile = 0;       // tokens per MLP tile; 0 = min(L, max(E, 256))
+  int64_t loss_chunk = 0;     // tokens per LM-head loss chunk; 0 = the kernel's default
+};
+
+// Validates model + options for `ranks` ranks (including the attention block's rules).
+Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks);
+
+struct StepSums {
+  double loss_sum = 0;   // over this rank's labelled tokens
+  int64_t count = 0;     // labelled tokens on this rank
+  int64_t answers = 0;   // positions flagged is_answer on this rank
+  int64_t correct = 0;   // of those, predicted (argmax) right
+};
+
+class Decoder {
+ public:
+  // REQUIRES: validate(m, o, comm.size()).ok().
+  Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o);
+
+  // Forward and backward of one sequence; gradients are ADDED to the shards of `params`.
+  // tokens, labels, is_answer (nullable): this rank's L positions. global_count: labelled tokens
+  // over all ranks (the loss is their mean).
+  StepSums forward_backward(ShardedParams& params, const int32_t* tokens, const int32_t* labels,
+                            const uint8_t* is_answer, int64_t global_count);
+
+ private:
+  struct BlockActs;
+  // y (L, E) = block(x). With acts, keeps what backward needs.
+  void block_forward(int l, const ShardedParams::Gathered& w, const Tensor& x, const Tensor& y, BlockActs* acts);
+  // dx (L, E) from dy; block weight gradients (fp32, full local) into g.
+  void block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
+                      const Tensor& dy, const Tensor& dx, BlockActs& acts);
+  void mlp_forward(const ShardedParams::Gathered& w, const Tensor& b, const Tensor& out_add);
+  void mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& b,
+                    const Tensor& dy, const Tensor& db);
+
+  Device& dev_;
+  Communicator& comm_;
+  ModelConfig m_;
+  DecoderOptions o_;
+  int64_t rows_;  // L
+  int64_t tile_;
+  std::unique_ptr<AttentionBlock> attn_;
+};
+
+}  // namespace untied

@@ -1,0 +1,58 @@
+// The decoder's shapes, its presets, and its parameters as named descriptors.
+//
+// A Llama-3-family decoder: token embedding (V, E); N blocks of
+//   RMSNorm -> attention block (attention_block.h) -> residual -> RMSNorm -> SwiGLU MLP -> residual;
+// a final RMSNorm and an LM head (V, E). Qwen3 adds RMSNorm on q and k per head (qk_norm).
+//
+// Parameters are grouped for sharding and gathering: group 0 is the embedding, groups 1..N the
+// blocks, group N+1 the final norm and LM head. Each parameter has a descriptor (name, shape,
+// whether weight decay applies); code iterates descriptors instead of indices.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "untied/core/status.h"
+#include "untied/core/tensor.h"
+
+namespace untied {
+
+struct ModelConfig {
+  std::string name = "custom";
+  int64_t vocab = 0;     // V
+  int64_t hidden = 0;    // E
+  int64_t layers = 0;    // N
+  int64_t heads = 0;     // H
+  int64_t kv_heads = 0;  // G
+  int64_t head_dim = 0;  // D
+  int64_t ffn = 0;       // F, the SwiGLU intermediate size
+  double rope_theta = 500000.0;
+  float norm_eps = 1e-5f;
+  bool qk_norm = false;  // Qwen3
+};
+
+// Presets with the real shapes: llama3-8b, llama3-70b, qwen3-32b (for planning and benchmarks);
+// and small ones that train on a CPU: tiny, small. `vocab` 0 keeps the preset's vocabulary.
+StatusOr<ModelConfig> model_preset(const std::string& name);
+std::string model_preset_names();  // "tiny, small, llama3-8b, llama3-70b, qwen3-32b"
+
+// Checks shapes (positive, H % G == 0, D even); the message says which field to change.
+Status validate(const ModelConfig& m);
+
+enum class ParamKind { kEmbedding, kNorm, kAttention, kMlp, kLmHead };
+
+struct ParamDesc {
+  std::string name;  // "layers.3.wq"
+  int group;         // 0 embedding, 1..N blocks, N+1 final norm + LM head
+  ParamKind kind;
+  Shape shape;
+  bool decay;        // AdamW weight decay applies
+};
+
+// Every parameter, in a fixed order: embed; per block attn_norm, wq, wk, wv, wo, [q_norm, k_norm,]
+// mlp_norm, w_gate, w_up, w_down; final_norm, lm_head.
+std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m);
+int64_t parameter_count(const ModelConfig& m);
+
+}  // namespace untied

@@ -1,0 +1,82 @@
+// Parameters, gradients and optimizer state sharded over all ranks (ZeRO-3 / FSDP style).
+//
+// Every parameter tensor (model_config.h descriptors) of n elements is split into C equal shards
+// of s = ceil(n / C) elements (the last padded with zeros); rank r owns elements [r*s, r*s + s).
+// A rank keeps, per parameter, its shard of the fp32 master weights (Tag::kParameters), of the
+// fp32 gradient (kGradients) and of the two AdamW moments (kOptimizer).
+//
+// Use per group (one block, or the embedding, or the final norm + LM head):
+//   Gathered w = params.gather(g);       // all_gather: full weights in the compute dtype
+//   GradBuffers dw = params.grad_buffers(g);   // full-size fp32 local gradients, zeroed
+//   ... forward/backward with w, writing dw ...
+//   params.reduce_grads(dw);             // reduce_scatter (sum over ranks) into the grad shards (+=)
+// and both free their full-size buffers when they go out of scope, so only one group's full
+// weights and gradients are live at a time.
+//
+// Initialisation is counter-based (random.h): element k of parameter i has the same value for any
+// number of ranks, so runs on 1, 2 or 4 ranks start from identical weights.
+// All methods except the accessors are collective over the communicator.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "untied/comm/communicator.h"
+#include "untied/core/tensor.h"
+#include "untied/device/device.h"
+#include "untied/model/model_config.h"
+
+namespace untied {
+
+class ShardedParams {
+ public:
+  // Allocates the shards (zeroed). `compute` is the dtype gathered weights are delivered in.
+  ShardedParams(Device& dev, Communicator& comm, const ModelConfig& cfg, DType compute);
+
+  // Llama-style init: weights uniform with std 0.02 (wo and w_down scaled by 1/sqrt(2 N)),
+  // norm weights 1.
+  void init(uint64_t seed);
+
+  struct Gathered {
+    std::vector<int> ids;              // parameter indices of the group, descriptor order
+    std::vector<TensorBuffer> full;    // full weights, compute dtype, descriptor shapes
+    // The gathered tensor of the parameter whose name ends with `suffix` ("wq", "attn_norm").
+    const Tensor& operator[](const char* suffix) const;
+    const std::vector<ParamDesc>* descs = nullptr;
+  };
+  struct GradBuffers {
+    std::vector<int> ids;
+    std::vector<TensorBuffer> full;    // fp32, descriptor shapes (plus padding), zeroed
+    const Tensor& operator[](const char* suffix) const;
+    const std::vector<ParamDesc>* descs = nullptr;
+  };
+
+  Gathered gather(int group);
+  GradBuffers grad_buffers(int group);
+  // Sums each full gradient over ranks into this rank's gradient shard (+=) and frees `g`.
+  void reduce_grads(GradBuffers& g);
+  void zero_grads();
+
+  int num_params() const { return static_cast<int>(descs_.size()); }
+  const ParamDesc& desc(int i) const { return descs_[i]; }
+  const std::vector<ParamDesc>& descs() const { return descs_; }
+  int64_t shard_elems(int i) const { return shard_[i]; }
+  // Elements of parameter i this rank owns that are real (not padding).
+  int64_t owned_elems(int i) const;
+  float* master(int i) const { return master_[i].as<float>(); }
+  float* grad(int i) const { return grad_[i].as<float>(); }
+  float* moment1(int i) const { return m_[i].as<float>(); }
+  float* moment2(int i) const { return v_[i].as<float>(); }
+  DType compute_dtype() const { return compute_; }
+
+ private:
+  Device& dev_;
+  Communicator& comm_;
+  ModelConfig cfg_;
+  DType compute_;
+  std::vector<ParamDesc> descs_;
+  std::vector<int64_t> shard_;
+  std::vector<TensorBuffer> master_, grad_, m_, v_;
+};
+
+}  // namespace untied

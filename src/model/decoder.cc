@@ -1,0 +1,267 @@
+// The decoder's step: see decoder.h. Straight-line forward and backward per block.
+#include "untied/model/decoder.h"
+
+#include <algorithm>
+
+#include "untied/kernels/embedding.h"
+#include "untied/kernels/gemm.h"
+#include "untied/kernels/lm_head_loss.h"
+#include "untied/kernels/rmsnorm.h"
+#include "untied/kernels/swiglu.h"
+
+namespace untied {
+namespace {
+
+// dst (n) += src (n), storage t.
+void add_inplace(Device& dev, const Tensor& dst, const Tensor& src) {
+  UNTIED_ASSERT(dst.numel() == src.numel() && dst.dtype() == src.dtype(), "add_inplace: mismatched tensors");
+  if (!dev.backed()) return;
+  const int64_t n = dst.numel(), es = dtype_size(dst.dtype());
+  constexpr int64_t kChunk = 4096;
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    float a[kChunk], b[kChunk];
+    const int64_t m = std::min(kChunk, n - c0);
+    load_f32(a, static_cast<char*>(dst.data()) + c0 * es, dst.dtype(), m);
+    load_f32(b, static_cast<const char*>(src.data()) + c0 * es, src.dtype(), m);
+    for (int64_t i = 0; i < m; ++i) a[i] += b[i];
+    store_f32(static_cast<char*>(dst.data()) + c0 * es, dst.dtype(), a, m);
+  }
+}
+
+// Rows [r0, r0 + n) of a contiguous (rows, cols) tensor.
+Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); }
+
+}  // namespace
+
+Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
+  Status s = validate(m);
+  if (!s.ok()) return s;
+  if (m.qk_norm)
+    return Status::unsupported("model '" + m.name +
+                               "' uses QK-norm (Qwen3), which training does not support yet; use a Llama preset");
+  AttentionConfig a{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
+                    .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype, .strategy = o.strategy,
+                    .upipe_heads = o.upipe_heads};
+  s = validate(a, ranks);
+  if (!s.ok()) return s;
+  if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
+  return Status::ok_status();
+}
+
+struct Decoder::BlockActs {
+  TensorBuffer a, rstd1, hm, b, rstd2;  // attn_norm(x), its rstd, x + attn, mlp_norm(hm), its rstd
+  AttentionSaved saved;
+};
+
+Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o)
+    : dev_(dev), comm_(comm), m_(m), o_(o), rows_(o.seq / comm.size()) {
+  Status s = validate(m, o, comm.size());
+  UNTIED_CHECK(s.ok(), s.message());
+  tile_ = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows_) : std::min(rows_, std::max<int64_t>(m.hidden, 256));
+  AttentionConfig a{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
+                    .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype, .strategy = o.strategy,
+                    .upipe_heads = o.upipe_heads};
+  attn_ = make_attention_block(dev, comm, a);
+}
+
+void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& b, const Tensor& out_add) {
+  const int64_t E = m_.hidden, F = m_.ffn;
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
+    const int64_t n = std::min(tile_, rows_ - r0);
+    const Tensor bt = rows_of(b, r0, n), ot = rows_of(out_add, r0, n);
+    TensorBuffer gate(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)"), up(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
+    // gate, up (n, F) = b_t w_gate^T, b_t w_up^T
+    for (auto [dst, wt] : {std::pair{&gate, &w["w_gate"]}, {&up, &w["w_up"]}})
+      gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = F, .k = E, .a = bt.data(), .lda = E, .a_dtype = t,
+                            .b = wt->data(), .ldb = E, .b_dtype = t, .c = dst->data(), .ldc = F, .c_dtype = t});
+    swiglu_forward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, gate.data(), gate.data(), up.data());
+    // out_t (n, E) += s w_down^T   (s written over gate: swiglu reads each element before writing)
+    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = F, .beta = 1.0f, .a = gate.data(), .lda = F,
+                          .a_dtype = t, .b = w["w_down"].data(), .ldb = F, .b_dtype = t, .c = ot.data(), .ldc = E,
+                          .c_dtype = t});
+  }
+}
+
+void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& b,
+                           const Tensor& dy, const Tensor& db) {
+  const int64_t E = m_.hidden, F = m_.ffn;
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
+    const int64_t n = std::min(tile_, rows_ - r0);
+    const Tensor bt = rows_of(b, r0, n), dyt = rows_of(dy, r0, n), dbt = rows_of(db, r0, n);
+    TensorBuffer gate(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)"), up(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
+    TensorBuffer s(alloc, t, {n, F}, Tag::kOther, "mlp swiglu (tile)"), ds(alloc, t, {n, F}, Tag::kOther, "mlp dswiglu (tile)");
+    for (auto [dst, wt] : {std::pair{&gate, &w["w_gate"]}, {&up, &w["w_up"]}})
+      gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = F, .k = E, .a = bt.data(), .lda = E, .a_dtype = t,
+                            .b = wt->data(), .ldb = E, .b_dtype = t, .c = dst->data(), .ldc = F, .c_dtype = t});
+    swiglu_forward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, s.data(), gate.data(), up.data());
+    // dw_down (E, F) += dy_t^T s;  ds (n, F) = dy_t w_down
+    gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = F, .k = n, .beta = 1.0f, .a = dyt.data(), .lda = E,
+                          .a_dtype = t, .b = s.data(), .ldb = F, .b_dtype = t, .c = g["w_down"].data(), .ldc = F});
+    gemm(dev_, GemmParams{.m = n, .n = F, .k = E, .a = dyt.data(), .lda = E, .a_dtype = t, .b = w["w_down"].data(),
+                          .ldb = F, .b_dtype = t, .c = ds.data(), .ldc = F, .c_dtype = t});
+    s.reset();
+    // dgate, dup written over gate, up.
+    swiglu_backward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, gate.data(), up.data(), gate.data(),
+                    up.data(), ds.data());
+    ds.reset();
+    // dw_gate, dw_up (F, E) += d^T b_t;  db_t (n, E) = dgate w_gate + dup w_up
+    float beta = 0.0f;
+    for (auto [d, name] : {std::pair{&gate, "w_gate"}, {&up, "w_up"}}) {
+      gemm(dev_, GemmParams{.trans_a = true, .m = F, .n = E, .k = n, .beta = 1.0f, .a = d->data(), .lda = F,
+                            .a_dtype = t, .b = bt.data(), .ldb = E, .b_dtype = t, .c = g[name].data(), .ldc = E});
+      gemm(dev_, GemmParams{.m = n, .n = E, .k = F, .beta = beta, .a = d->data(), .lda = F, .a_dtype = t,
+                            .b = w[name].data(), .ldb = E, .b_dtype = t, .c = dbt.data(), .ldc = E, .c_dtype = t});
+      beta = 1.0f;
+    }
+  }
+}
+
+void Decoder::block_forward(int l, const ShardedParams::Gathered& w, const Tensor& x, const Tensor& y,
+                            BlockActs* acts) {
+  const int64_t L = rows_, E = m_.hidden;
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  const RmsNormShape norm{.rows = L, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
+  BlockActs local;
+  BlockActs& A = acts != nullptr ? *acts : local;
+  // a = attn_norm(x);  hm = x + attn(a)
+  A.a = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "attn_norm output");
+  A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
+  rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w["attn_norm"].data());
+  A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
+  attn_->forward(A.hm, A.a, AttentionWeights{w["wq"], w["wk"], w["wv"], w["wo"]}, A.saved);
+  add_inplace(dev_, A.hm, x);
+  // b = mlp_norm(hm)
+  A.b = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "mlp_norm output");
+  A.rstd2 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "mlp_norm rstd");
+  rmsnorm_forward(dev_, norm, A.b.data(), A.rstd2.as<float>(), A.hm.data(), w["mlp_norm"].data());
+  if (acts != nullptr) return;  // recompute for backward: the MLP is recomputed tile by tile there
+  A.saved.reset();
+  // y = hm + mlp(b)
+  dev_.copy(y.data(), A.hm.data(), y.bytes());
+  mlp_forward(w, A.b, y);
+  (void)l;
+}
+
+void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
+                             const Tensor& dy, const Tensor& dx, BlockActs& A) {
+  const int64_t L = rows_, E = m_.hidden;
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  const RmsNormShape norm{.rows = L, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
+  // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy))
+  TensorBuffer db(alloc, t, {L, E}, Tag::kOther, "d mlp_norm output");
+  mlp_backward(w, g, A.b, dy, db);
+  A.b.reset();
+  TensorBuffer dhm(alloc, t, {L, E}, Tag::kOther, "d residual after attention");
+  rmsnorm_backward(dev_, norm, dhm.data(), g["mlp_norm"].as<float>(), A.hm.data(), A.rstd2.as<float>(),
+                   w["mlp_norm"].data(), db.data());
+  db.reset();
+  add_inplace(dev_, dhm, dy);
+  A.hm.reset();
+  // hm = x + attn(attn_norm(x)):  dx = dhm + attn_norm'(attn'(dhm))
+  std::vector<TensorBuffer> tmp;  // bf16 attention gradients, added into the fp32 buffers after
+  AttentionGrads ag{g["wq"], g["wk"], g["wv"], g["wo"]};
+  if (t != DType::kF32) {
+    for (const char* name : {"wq", "wk", "wv", "wo"})
+      tmp.emplace_back(alloc, t, g[name].shape(), Tag::kGradients, std::string("d") + name + " (compute dtype)");
+    ag = AttentionGrads{tmp[0], tmp[1], tmp[2], tmp[3]};
+  }
+  TensorBuffer da(alloc, t, {L, E}, Tag::kOther, "d attn_norm output");
+  attn_->backward(da, ag, dhm, A.a, AttentionWeights{w["wq"], w["wk"], w["wv"], w["wo"]}, A.saved);
+  if (t != DType::kF32 && dev_.backed()) {
+    int k = 0;
+    for (const char* name : {"wq", "wk", "wv", "wo"}) accumulate_f32(g[name].as<float>(), tmp[k++].data(), t, g[name].numel());
+  }
+  tmp.clear();
+  A.a.reset();
+  rmsnorm_backward(dev_, norm, dx.data(), g["attn_norm"].as<float>(), x.data(), A.rstd1.as<float>(),
+                   w["attn_norm"].data(), da.data());
+  add_inplace(dev_, dx, dhm);
+  (void)l;
+}
+
+StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens, const int32_t* labels,
+                                   const uint8_t* is_answer, int64_t global_count) {
+  const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
+  const int N = static_cast<int>(m_.layers);
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  const EmbeddingShape emb{.tokens = L, .vocab = V, .dim = E, .dtype = t, .table_dtype = t};
+
+  // Forward: keep only each block's input.
+  alloc.set_phase(Phase::kForward);
+  TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
+  {
+    auto w = params.gather(0);
+    embedding_forward(dev_, emb, h.data(), tokens, w["embed"].data());
+  }
+  std::vector<TensorBuffer> inputs;
+  for (int l = 0; l < N; ++l) {
+    auto w = params.gather(l + 1);
+    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
+    block_forward(l, w, h, y, nullptr);
+    inputs.push_back(std::move(h));
+    h = std::move(y);
+  }
+
+  // Loss, fused with its backward.
+  alloc.set_phase(Phase::kBackward);
+  StepSums sums;
+  TensorBuffer dh(alloc, t, {L, E}, Tag::kOther, "dh");
+  {
+    auto w = params.gather(N + 1);
+    auto g = params.grad_buffers(N + 1);
+    TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
+    TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
+    const RmsNormShape norm{.rows = L, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
+    rmsnorm_forward(dev_, norm, hn.data(), rstd.as<float>(), h.data(), w["final_norm"].data());
+    TensorBuffer dhn(alloc, t, {L, E}, Tag::kOther, "d final_norm output");
+    TensorBuffer argmax(alloc, DType::kI32, {L}, Tag::kOther, "predictions");
+    LossSums ls;
+    const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = V, .chunk_tokens = o_.loss_chunk,
+                             .grad_scale = global_count > 0 ? 1.0f / static_cast<float>(global_count) : 0.0f,
+                             .dtype = t, .weight_dtype = t};
+    lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>(), dhn.data(), g["lm_head"].as<float>(),
+                                  hn.data(), labels, w["lm_head"].data());
+    rmsnorm_backward(dev_, norm, dh.data(), g["final_norm"].as<float>(), h.data(), rstd.as<float>(),
+                     w["final_norm"].data(), dhn.data());
+    params.reduce_grads(g);
+    sums.loss_sum = ls.loss_sum;
+    sums.count = ls.count;
+    if (dev_.backed() && is_answer != nullptr)
+      for (int64_t i = 0; i < L; ++i)
+        if (is_answer[i]) {
+          sums.answers += 1;
+          sums.correct += argmax.as<int32_t>()[i] == labels[i];
+        }
+  }
+  h.reset();
+
+  // Backward, last block first: recompute the block from its input, then its backward.
+  for (int l = N - 1; l >= 0; --l) {
+    auto w = params.gather(l + 1);
+    auto g = params.grad_buffers(l + 1);
+    BlockActs acts;
+    block_forward(l, w, inputs[l], Tensor(), &acts);
+    TensorBuffer dx(alloc, t, {L, E}, Tag::kOther, "dh");
+    block_backward(l, w, g, inputs[l], dh, dx, acts);
+    params.reduce_grads(g);
+    inputs[l].reset();
+    dh = std::move(dx);
+  }
+  {
+    auto g = params.grad_buffers(0);
+    embedding_backward(dev_, emb, g["embed"].as<float>(), tokens, dh.data());
+    params.reduce_grads(g);
+  }
+  alloc.set_phase(Phase::kSetup);
+  return sums;
+}
+
+}  // namespace untied

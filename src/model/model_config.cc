@@ -1,0 +1,78 @@
+#include "untied/model/model_config.h"
+
+namespace untied {
+
+StatusOr<ModelConfig> model_preset(const std::string& name) {
+  ModelConfig m;
+  m.name = name;
+  if (name == "tiny") {
+    m.vocab = 512, m.hidden = 64, m.layers = 2, m.heads = 8, m.kv_heads = 4, m.head_dim = 16, m.ffn = 192;
+    m.rope_theta = 10000.0;
+  } else if (name == "small") {
+    m.vocab = 512, m.hidden = 256, m.layers = 4, m.heads = 8, m.kv_heads = 4, m.head_dim = 32, m.ffn = 768;
+    m.rope_theta = 10000.0;
+  } else if (name == "llama3-8b") {
+    m.vocab = 128256, m.hidden = 4096, m.layers = 32, m.heads = 32, m.kv_heads = 8, m.head_dim = 128;
+    m.ffn = 14336, m.rope_theta = 500000.0;
+  } else if (name == "llama3-70b") {
+    m.vocab = 128256, m.hidden = 8192, m.layers = 80, m.heads = 64, m.kv_heads = 8, m.head_dim = 128;
+    m.ffn = 28672, m.rope_theta = 500000.0;
+  } else if (name == "qwen3-32b") {
+    m.vocab = 151936, m.hidden = 5120, m.layers = 64, m.heads = 64, m.kv_heads = 8, m.head_dim = 128;
+    m.ffn = 25600, m.rope_theta = 1000000.0, m.norm_eps = 1e-6f, m.qk_norm = true;
+  } else {
+    return Status::invalid_argument("unknown model preset '" + name + "': use one of " + model_preset_names());
+  }
+  return m;
+}
+
+std::string model_preset_names() { return "tiny, small, llama3-8b, llama3-70b, qwen3-32b"; }
+
+Status validate(const ModelConfig& m) {
+  auto bad = [](const std::string& s) { return Status::invalid_argument(s); };
+  if (m.vocab < 2) return bad("vocab must be >= 2");
+  if (m.hidden < 1 || m.layers < 1 || m.ffn < 1) return bad("hidden, layers and ffn must be >= 1");
+  if (m.heads < 1 || m.kv_heads < 1 || m.heads % m.kv_heads != 0)
+    return bad("heads (" + std::to_string(m.heads) + ") must be a positive multiple of kv_heads (" +
+               std::to_string(m.kv_heads) + ")");
+  if (m.head_dim < 2 || m.head_dim % 2 != 0 || m.head_dim > 1024) return bad("head_dim must be even and in [2, 1024]");
+  if (!(m.norm_eps > 0)) return bad("norm_eps must be > 0");
+  if (!(m.rope_theta > 0)) return bad("rope_theta must be > 0");
+  if (m.vocab > INT32_MAX) return bad("vocab must fit in int32 token ids");
+  return Status::ok_status();
+}
+
+std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m) {
+  const int64_t E = m.hidden, HD = m.heads * m.head_dim, GD = m.kv_heads * m.head_dim, F = m.ffn, V = m.vocab;
+  std::vector<ParamDesc> p;
+  p.push_back({"embed", 0, ParamKind::kEmbedding, {V, E}, false});
+  for (int l = 0; l < m.layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    const int g = l + 1;
+    p.push_back({pre + "attn_norm", g, ParamKind::kNorm, {E}, false});
+    p.push_back({pre + "wq", g, ParamKind::kAttention, {HD, E}, true});
+    p.push_back({pre + "wk", g, ParamKind::kAttention, {GD, E}, true});
+    p.push_back({pre + "wv", g, ParamKind::kAttention, {GD, E}, true});
+    p.push_back({pre + "wo", g, ParamKind::kAttention, {E, HD}, true});
+    if (m.qk_norm) {
+      p.push_back({pre + "q_norm", g, ParamKind::kNorm, {m.head_dim}, false});
+      p.push_back({pre + "k_norm", g, ParamKind::kNorm, {m.head_dim}, false});
+    }
+    p.push_back({pre + "mlp_norm", g, ParamKind::kNorm, {E}, false});
+    p.push_back({pre + "w_gate", g, ParamKind::kMlp, {F, E}, true});
+    p.push_back({pre + "w_up", g, ParamKind::kMlp, {F, E}, true});
+    p.push_back({pre + "w_down", g, ParamKind::kMlp, {E, F}, true});
+  }
+  const int last = static_cast<int>(m.layers) + 1;
+  p.push_back({"final_norm", last, ParamKind::kNorm, {E}, false});
+  p.push_back({"lm_head", last, ParamKind::kLmHead, {V, E}, true});
+  return p;
+}
+
+int64_t parameter_count(const ModelConfig& m) {
+  int64_t n = 0;
+  for (const auto& d : parameter_descriptors(m)) n += d.shape.numel();
+  return n;
+}
+
+}  // namespace untied
