@@ -9,6 +9,7 @@ namespace untied::cli {
 
 int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& args);
+int train_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int attn_main(int* argc, char*** argv, const std::vector<std::string>& args);
 
 }  // namespace untied::cli

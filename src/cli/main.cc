@@ -15,6 +15,7 @@ const char* kUsage =
     "usage: untied <command> [flags]        (multi-rank: mpirun -np N untied <command> ...)\n"
     "\n"
     "commands:\n"
+    "  train           train a decoder with context parallelism (main job; built-in kv task)\n"
     "  attn            one attention block forward+backward (local, ulysses, upipe): time, memory\n"
     "  bench kernels   benchmark the CPU kernels (flash attention forward/backward, GEMM)\n"
     "  bench attn      Ulysses vs UPipe for real head shapes: time and attention-layer memory\n"
@@ -32,6 +33,10 @@ int main(int argc, char** argv) {
   if (cmd == "--version") {
     std::printf("untied 0.1.0\n");
     return 0;
+  }
+  if (cmd == "train") {
+    std::vector<std::string> args(argv + 2, argv + argc);
+    return untied::cli::train_main(&argc, &argv, args);
   }
   if (cmd == "attn") {
     std::vector<std::string> args(argv + 2, argv + argc);

@@ -56,7 +56,7 @@ void lm_head_loss_forward_backward(Device& dev, const LmHeadLossShape& s, LossSu
   validate(s);
   UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
   switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::lm_head_loss(dev, s, sums, argmax, dh, dw, h, labels, w);
+    case DeviceKind::kCpu: return cpu::lm_head_loss(dev, s, /*backward=*/true, sums, argmax, dh, dw, h, labels, w);
     default: unsupported(dev, "lm_head_loss_forward_backward");
   }
 }
@@ -67,7 +67,8 @@ void lm_head_loss_forward(Device& dev, const LmHeadLossShape& s, LossSums* sums,
   UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
   switch (dev.kind()) {
     case DeviceKind::kCpu:
-      return cpu::lm_head_loss(dev, s, sums, argmax, nullptr, nullptr, h, labels, w);
+      return cpu::lm_head_loss(dev, s, /*backward=*/false, sums, argmax, nullptr, nullptr, h, labels,
+                               w);
     default: unsupported(dev, "lm_head_loss_forward");
   }
 }

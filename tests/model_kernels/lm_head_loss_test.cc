@@ -209,14 +209,16 @@ TEST_P(LmHeadLossTest, ForwardBackwardMatchesUnfusedReference) {
   EXPECT_TRUE(expect_close("loss_sum", {k.sums.loss_sum}, {R.r64.loss_sum}, R.loss, {1}));
   check_argmax(p, R, k.argmax);
   EXPECT_TRUE(expect_close("loss dh", k.dh, R.r64.dh, R.dh, {s.tokens, s.dim}));
-  if (s.dtype == DType::kBF16)
+  if (s.dtype == DType::kBF16) {
     EXPECT_TRUE(test::expect_rounded_once("loss dh", k.dh, R.r64.dh, R.dh_f32, {s.tokens, s.dim}));
+  }
   EXPECT_TRUE(expect_close("loss dw (+=)", k.dw, R.dw64, R.dw, {s.vocab, s.dim}));
   EXPECT_EQ(k.dh_padding_changed, 0);
   // Rows without a label have exactly zero gradient.
-  for (int64_t t = 0; t < s.tokens; ++t)
-    if (p.labels[t] == kIgnore)
-      for (int64_t i = 0; i < s.dim; ++i) ASSERT_EQ(k.dh[t * s.dim + i], 0.0) << "dh[" << t << "," << i << "]";
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    if (p.labels[t] != kIgnore) continue;
+    for (int64_t i = 0; i < s.dim; ++i) ASSERT_EQ(k.dh[t * s.dim + i], 0.0) << "dh[" << t << "," << i << "]";
+  }
   if (p.labelled == 0) {
     EXPECT_EQ(k.sums.loss_sum, 0.0);
     EXPECT_EQ(k.dw, test::stored_as(p.dw0, DType::kF32)) << "dw changed without any label";
@@ -256,8 +258,8 @@ TEST(LmHeadLoss, SumsAndDwAccumulateAcrossCalls) {
     lm_head_loss_forward_backward(*dev, half, &sums, nullptr, dh.data() + t0 * s.dim, dw.data(),
                                   h.data() + t0 * s.dim, p.labels.data() + t0, w.data());
   EXPECT_EQ(sums.count, whole.sums.count);
-  EXPECT_NEAR(sums.loss_sum, whole.sums.loss_sum, 1e-12 * std::fabs(whole.sums.loss_sum));
-  const Reference R = reference(p);
+  const Reference R = reference(p);  // other chunk boundaries: other GEMM shapes, other roundings
+  EXPECT_TRUE(expect_close("loss_sum over two calls", {sums.loss_sum}, {R.r64.loss_sum}, R.loss, {1}));
   EXPECT_TRUE(expect_close("dw over two calls", to_double(dw), R.dw64, R.dw, {s.vocab, s.dim}));
   EXPECT_TRUE(expect_close("dh over two calls", to_double(dh), R.r64.dh, R.dh, {s.tokens, s.dim}));
 }

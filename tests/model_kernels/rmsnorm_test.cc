@@ -139,9 +139,10 @@ TEST_P(RmsNormTest, ForwardMatchesReference) {
   std::vector<float> y32, rstd32;
   ref::rmsnorm_forward<float>(to_float(p.x), to_float(p.w), s.rows, s.dim, s.eps, y32, rstd32);
   EXPECT_TRUE(expect_close("rmsnorm y", k.y, y64, make_budget(y64, to_double(y32), s.dtype), p.dims()));
-  if (s.dtype == DType::kBF16)
+  if (s.dtype == DType::kBF16) {
     EXPECT_TRUE(test::expect_rounded_once("rmsnorm y", k.y, y64,
                                           make_budget(y64, to_double(y32), DType::kF32), p.dims()));
+  }
   EXPECT_TRUE(expect_close("rmsnorm rstd", k.rstd, rstd64,
                            make_budget(rstd64, to_double(rstd32), DType::kF32), {s.rows}));
   EXPECT_EQ(k.padding_changed, 0) << "rmsnorm_forward wrote into the row padding";
@@ -180,9 +181,10 @@ TEST_P(RmsNormTest, BackwardMatchesReference) {
 
   EXPECT_TRUE(expect_close("rmsnorm dx", k.dx, dx64, make_budget(dx64, to_double(dx32), s.dtype, dx_mag),
                            p.dims()));
-  if (s.dtype == DType::kBF16)
+  if (s.dtype == DType::kBF16) {
     EXPECT_TRUE(test::expect_rounded_once("rmsnorm dx", k.dx, dx64,
                                           make_budget(dx64, to_double(dx32), DType::kF32, dx_mag), p.dims()));
+  }
   EXPECT_TRUE(expect_close("rmsnorm dw (+=)", k.dw, dw64,
                            make_budget(dw64, to_double(dw32), DType::kF32, dw_mag_max), {s.dim}));
   EXPECT_EQ(k.padding_changed, 0) << "rmsnorm_backward wrote into the row padding";

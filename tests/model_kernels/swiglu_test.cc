@@ -147,10 +147,27 @@ TEST_P(SwigluTest, ForwardMatchesReference) {
   std::vector<float> o32;
   ref::swiglu_forward<float>(to_float(p.gate), to_float(p.up), o32);
   EXPECT_TRUE(expect_close("swiglu out", out.get(), o64, make_budget(o64, to_double(o32), t), p.dims()));
-  if (t == DType::kBF16)
+  if (t == DType::kBF16) {
     EXPECT_TRUE(test::expect_rounded_once("swiglu out", out.get(), o64,
                                           make_budget(o64, to_double(o32), DType::kF32), p.dims()));
+  }
   EXPECT_EQ(out.padding_changed(), 0);
+}
+
+// out may alias gate (equal strides, swiglu.h): the same values as into a separate buffer.
+TEST_P(SwigluTest, ForwardInPlaceOverGateMatchesReference) {
+  const Problem p = make_problem(GetParam(), 34);
+  if (p.c.fused || p.l.in_stride != p.l.out_stride) GTEST_SKIP() << "in place needs equal strides";
+  auto dev = test::cpu();
+  Inputs in(p.c, p.l, Stored::Pad::kNaN);
+  in.set(p.gate, p.up);
+  swiglu_forward(*dev, p.l.shape, in.gate(), in.gate(), in.up());
+  std::vector<double> o64;
+  ref::swiglu_forward<double>(p.gate, p.up, o64);
+  std::vector<float> o32;
+  ref::swiglu_forward<float>(to_float(p.gate), to_float(p.up), o32);
+  EXPECT_TRUE(expect_close("swiglu out over gate", in.gate_values(), o64,
+                           make_budget(o64, to_double(o32), p.c.dtype), p.dims()));
 }
 
 // Reference gradients and their budgets for a problem.

@@ -109,8 +109,9 @@ void check_sample(const KvTask& task, const Sample& s, int64_t seq_len, int64_t*
   std::set<int64_t> queried;
   for (int64_t p = l.query_begin; p < seq_len; ++p) {
     const int64_t r = (p - l.query_begin) % 3;
-    if (r == 0) ASSERT_EQ(s.tokens[p], kKvQuery) << "p " << p;
-    if (r == 1) {
+    if (r == 0) {
+      ASSERT_EQ(s.tokens[p], kKvQuery) << "p " << p;
+    } else if (r == 1) {
       ASSERT_TRUE(is_key(s.tokens[p])) << "p " << p;
       // The answer: recoverable from the earlier pair with this key, which was never queried before.
       const int64_t at = key_pos[s.tokens[p] - kKvFirstKey];

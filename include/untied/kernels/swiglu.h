@@ -7,9 +7,11 @@
 //
 // Backward (both overwritten, =):
 //   dgate = dout * up * s * (1 + g (1 - s)),  s = sigmoid(g);   dup = dout * silu(g).
-// dgate may alias gate and dup may alias up (same pointer, same stride): every element is read
-// before it is written, so the fused gate_up buffer can receive its own gradient. No other
-// overlap is allowed.
+// In place: every element is read before it is written, so (same pointer, equal strides)
+//   forward:  out may alias gate or up (when out_row_stride == in_row_stride);
+//   backward: dgate may alias gate and dup may alias up (the fused gate_up buffer receives its
+//             own gradient).
+// No other overlap is allowed.
 //
 // Workspace: none.
 // REQUIRES: rows >= 0, F >= 1, strides >= F.

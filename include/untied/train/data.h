@@ -28,7 +28,7 @@
 namespace untied {
 
 struct DataOptions {
-  KvTaskOptions kv;                                      // kind "kv"
+  KvTaskOptions kv = {};                                 // kind "kv"
   DocumentSplit text_split = DocumentSplit::kBlankLines;  // kind "text"
 };
 

@@ -71,9 +71,9 @@ double row_softmax(float* row, int64_t v, int32_t label, bool labelled, bool gra
 
 }  // namespace
 
-void lm_head_loss(Device& dev, const LmHeadLossShape& s, LossSums* sums, int32_t* argmax, void* dh,
-                  float* dw, const void* h, const int32_t* labels, const void* w) {
-  const bool backward = dh != nullptr;
+void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums* sums,
+                  int32_t* argmax, void* dh, float* dw, const void* h, const int32_t* labels,
+                  const void* w) {
   const int64_t chunk = lm_head_loss_chunk(s);
   if (chunk == 0) return;  // no tokens
   const int64_t V = s.vocab, E = s.dim;

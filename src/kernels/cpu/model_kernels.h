@@ -34,9 +34,11 @@ void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const in
 void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, const int32_t* ids,
                         const void* dout);
 
-// dh and dw null: forward only.
-void lm_head_loss(Device& dev, const LmHeadLossShape& s, LossSums* sums, int32_t* argmax, void* dh,
-                  float* dw, const void* h, const int32_t* labels, const void* w);
+// backward = false: forward only (dh and dw unused). Not inferred from the pointers, which are
+// null in rehearsal.
+void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums* sums,
+                  int32_t* argmax, void* dh, float* dw, const void* h, const int32_t* labels,
+                  const void* w);
 
 void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64_t n,
                 const AdamWParams& a);

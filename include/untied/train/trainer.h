@@ -1,0 +1,61 @@
+// The training loop: data -> decoder forward/backward -> gradient clipping -> AdamW on the
+// shards -> metrics, checkpoints. Collective over the communicator; every rank runs it.
+//
+// Per step s (0-based): samples s*batch .. s*batch + batch - 1 of the data source, this rank's
+// L = S / C positions of each, run one after the other with their gradients added; the loss is
+// the mean over all labelled tokens of the step (every rank, every sequence); the learning rate warms up linearly for
+// `warmup` steps to `lr` and then follows a cosine to `lr * min_lr_ratio` at the last step;
+// gradients are clipped to global norm `clip` (0 = off) before AdamW (beta1, beta2, eps,
+// weight_decay on matrices only).
+// Rank 0 prints a progress bar with ETA (stderr) and appends one JSON line per step to the
+// metrics file. With a checkpoint directory, the state is saved every `save_every` steps and at
+// the end; `resume` continues from the newest checkpoint there, exactly (the step, the data and
+// the arithmetic are deterministic).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "untied/comm/communicator.h"
+#include "untied/model/decoder.h"
+#include "untied/train/data.h"
+
+namespace untied {
+
+struct TrainOptions {
+  ModelConfig model;
+  DecoderOptions decoder;
+  int64_t steps = 100;
+  int64_t batch = 1;  // sequences per step (micro-batches whose gradients add up)
+  float lr = 3e-3f, min_lr_ratio = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
+  int64_t warmup = 10;
+  uint64_t seed = 0;
+  int threads = 1;
+  int64_t budget_bytes = 0;
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int64_t save_every = 0;      // 0: only at the end (when checkpoint_dir is set)
+  bool resume = false;
+  std::string metrics_path;    // empty: no metrics file
+  bool progress = true;
+  int64_t stop_after = 0;      // > 0: stop (and save) after this step, as if interrupted
+};
+
+struct TrainSummary {
+  int64_t first_step = 0, last_step = 0;   // steps run: [first_step, last_step)
+  double first_loss = 0, last_loss = 0;
+  double last_accuracy = -1;               // -1 when the data has no answers
+  std::vector<double> losses;              // every step run, in order
+};
+
+// Checks the options for `ranks` ranks (model, decoder, optimizer settings); the message says
+// which flag to change.
+Status validate(const TrainOptions& o, int ranks);
+
+// Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
+// a Status that is the same on every rank; budget overruns and bugs throw untied::Error.
+StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o);
+
+// The learning rate at 0-based step s.
+float learning_rate(const TrainOptions& o, int64_t s);
+
+}  // namespace untied

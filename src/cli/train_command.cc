@@ -1,0 +1,184 @@
+// `untied train`: the main job. Flags and config files use the same names: a config file holds
+// `name = value` lines (# starts a comment) and the command line overrides it.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/launch.h"
+#include "untied/train/trainer.h"
+
+namespace untied::cli {
+namespace {
+
+void add_train_flags(FlagSet& f) {
+  f.add("config", FlagKind::kString, "", "config file of `name = value` lines (flags override it)");
+  f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
+  f.add("vocab", FlagKind::kInt, "0", "vocabulary size (0 = the data's vocabulary)");
+  f.add("data", FlagKind::kString, "kv", "data: kv (built-in key-value retrieval task), tokens or text");
+  f.add("data-path", FlagKind::kString, "", "token file (--data tokens) or UTF-8 text file (--data text)");
+  f.add("kv-keys", FlagKind::kInt, "16", "kv task: distinct keys");
+  f.add("kv-values", FlagKind::kInt, "16", "kv task: distinct values (chance accuracy 1/values)");
+  f.add("kv-pairs", FlagKind::kInt, "0", "kv task: pairs per sequence (0 = as many as fit)");
+  f.add("seq", FlagKind::kInt, "512", "sequence length S (divisible by the ranks)");
+  f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses or upipe");
+  f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks)");
+  f.add("dtype", FlagKind::kString, "f32", "activation and compute-weight storage: f32 or bf16");
+  f.add("steps", FlagKind::kInt, "300", "optimizer steps");
+  f.add("batch", FlagKind::kInt, "1", "sequences per step (their gradients add up)");
+  f.add("lr", FlagKind::kString, "0.003", "peak learning rate");
+  f.add("min-lr-ratio", FlagKind::kString, "0.1", "final learning rate as a fraction of --lr (cosine)");
+  f.add("warmup", FlagKind::kInt, "20", "warm-up steps");
+  f.add("weight-decay", FlagKind::kString, "0.1", "AdamW weight decay (matrices only)");
+  f.add("clip", FlagKind::kString, "1.0", "clip the global gradient norm to this (0 = off)");
+  f.add("seed", FlagKind::kInt, "0", "seed of the weights and of the kv task");
+  f.add("mlp-tile", FlagKind::kInt, "0", "tokens per MLP tile (0 = automatic)");
+  f.add("loss-chunk", FlagKind::kInt, "0", "tokens per LM-head loss chunk (0 = automatic)");
+  f.add("ranks", FlagKind::kInt, "1", "in-process ranks when not launched by mpirun");
+  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank (default: cores / ranks)");
+  f.add("mem-budget", FlagKind::kBytes, "", "per-rank memory budget, e.g. 2G (default: none)");
+  f.add("checkpoint-dir", FlagKind::kString, "", "save checkpoints here (per-rank shards)");
+  f.add("save-every", FlagKind::kInt, "0", "save every N steps (0 = at the end only)");
+  f.add("resume", FlagKind::kBool, "false", "continue from the newest checkpoint in --checkpoint-dir");
+  f.add("stop-after", FlagKind::kInt, "0", "stop (and save) after this step, as an interrupted run would");
+  f.add("metrics", FlagKind::kString, "", "append one JSON line per step to this file");
+  f.add("progress", FlagKind::kBool, "true", "progress bar on rank 0 (--no-progress to turn off)");
+}
+
+// "name = value" lines into flag arguments.
+Status read_config(const std::string& path, std::vector<std::string>* out) {
+  std::ifstream f(path);
+  if (!f) return Status::not_found("--config " + path + ": cannot open the file");
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
+    std::istringstream is(line);
+    std::string name, eq, value;
+    if (!(is >> name)) continue;
+    if (auto e = name.find('='); e != std::string::npos) {
+      value = name.substr(e + 1);
+      name.resize(e);
+    } else {
+      is >> eq;
+      if (eq.starts_with("=")) eq = eq.substr(1);
+      value = eq;
+    }
+    std::string rest;
+    if (value.empty()) is >> value;
+    if (is >> rest) return Status::invalid_argument(path + ":" + std::to_string(n) + ": expected `name = value`");
+    if (name == "config") return Status::invalid_argument(path + ":" + std::to_string(n) + ": config files do not nest");
+    out->push_back("--" + name + "=" + value);
+  }
+  return Status::ok_status();
+}
+
+Status parse_float(const FlagSet& f, const char* name, float* out) {
+  try {
+    size_t pos;
+    *out = std::stof(f.get_string(name), &pos);
+    if (pos != f.get_string(name).size()) throw 0;
+  } catch (...) {
+    return Status::invalid_argument(std::string("--") + name + ": '" + f.get_string(name) + "' is not a number");
+  }
+  return Status::ok_status();
+}
+
+Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOptions* d) {
+  auto m = model_preset(f.get_string("preset"));
+  if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
+  o->model = m.value();
+  if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
+  auto st = parse_strategy(f.get_string("strategy"));
+  if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());
+  auto dt = parse_dtype(f.get_string("dtype"));
+  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
+  o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
+                              .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"), .loss_chunk = f.get_int("loss-chunk")};
+  o->steps = f.get_int("steps");
+  o->batch = f.get_int("batch");
+  o->warmup = f.get_int("warmup");
+  for (auto [name, dst] : {std::pair{"lr", &o->lr}, {"min-lr-ratio", &o->min_lr_ratio},
+                           {"weight-decay", &o->weight_decay}, {"clip", &o->clip}}) {
+    Status s = parse_float(f, name, dst);
+    if (!s.ok()) return s;
+  }
+  o->seed = static_cast<uint64_t>(f.get_int("seed"));
+  o->threads = f.get_string("threads").empty() ? default_threads_per_rank(ranks) : static_cast<int>(f.get_int("threads"));
+  o->budget_bytes = f.get_bytes("mem-budget");
+  o->checkpoint_dir = f.get_string("checkpoint-dir");
+  o->save_every = f.get_int("save-every");
+  o->resume = f.get_bool("resume");
+  o->stop_after = f.get_int("stop-after");
+  o->metrics_path = f.get_string("metrics");
+  o->progress = f.get_bool("progress");
+  d->kv.seed = 1234 + o->seed;
+  d->kv.num_keys = f.get_int("kv-keys");
+  d->kv.num_values = f.get_int("kv-values");
+  d->kv.num_pairs = f.get_int("kv-pairs");
+  return Status::ok_status();
+}
+
+}  // namespace
+
+int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
+  FlagSet flags("untied train",
+                "Trains a decoder with context parallelism (the sequence split over the ranks).\n"
+                "Launch on N ranks with `mpirun -np N untied train ...` or in one process with --ranks N.");
+  add_train_flags(flags);
+  const LaunchInfo li = launch_info();
+  const bool root = li.world_rank == 0;
+  auto refuse = [&](const Status& s) {
+    if (root) std::fprintf(stderr, "untied train: %s\n", s.message().c_str());
+    return 2;
+  };
+  Status st = flags.parse(args);
+  if (!st.ok()) return refuse(st);
+  if (flags.wants_help()) {
+    if (root) std::printf("%s", flags.usage().c_str());
+    return 0;
+  }
+  if (!flags.get_string("config").empty()) {
+    std::vector<std::string> all;
+    st = read_config(flags.get_string("config"), &all);
+    if (!st.ok()) return refuse(st);
+    all.insert(all.end(), args.begin(), args.end());  // the command line wins
+    FlagSet again("untied train", "");
+    add_train_flags(again);
+    st = again.parse(all);
+    if (!st.ok()) return refuse(Status::invalid_argument(st.message() + " (in --config or on the command line)"));
+    flags = again;
+  }
+  const int inproc = static_cast<int>(flags.get_int("ranks"));
+  if (!li.mpi && (inproc < 1 || inproc > 1024)) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));
+  TrainOptions opts;
+  DataOptions dopts;
+  st = options_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : inproc, &opts, &dopts);
+  if (!st.ok()) return refuse(st);
+  // The data source is built once per process and shared by its in-process ranks (fill is const).
+  auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
+  if (!data.ok()) return refuse(data.status());
+  if (flags.get_int("vocab") == 0) opts.model.vocab = data.value()->vocab_size();
+
+  return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
+    check_all_ranks(comm, validate(opts, comm.size()));
+    if (comm.rank() == 0 && opts.progress)
+      std::fprintf(stderr, "untied train | %s (%lld parameters) | %s on %d ranks | S=%lld (%lld per rank) | %s | data %s\n",
+                   opts.model.name.c_str(), (long long)parameter_count(opts.model),
+                   std::string(strategy_name(opts.decoder.strategy)).c_str(), comm.size(), (long long)opts.decoder.seq,
+                   (long long)(opts.decoder.seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),
+                   flags.get_string("data").c_str());
+    auto r = train(comm, *data.value(), opts);
+    check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
+    if (comm.rank() != 0) return;
+    const TrainSummary& s = r.value();
+    std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,
+                s.first_loss, s.last_loss);
+    if (s.last_accuracy >= 0) std::printf(", answer accuracy %.1f%%", 100.0 * s.last_accuracy);
+    std::printf("\n");
+  });
+}
+
+}  // namespace untied::cli

@@ -1,0 +1,218 @@
+#include "untied/train/checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace untied {
+namespace {
+
+constexpr char kMagic[8] = {'U', 'N', 'T', 'I', 'E', 'D', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
+
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void add(const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+};
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+std::string rank_file(const std::string& dir, const std::string& step, int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d.bin", rank);
+  return dir + "/" + step + "/" + buf;
+}
+
+// Writes and checksums in one pass.
+class Writer {
+ public:
+  explicit Writer(const std::string& path) : f_(path, std::ios::binary | std::ios::trunc) {}
+  bool ok() const { return static_cast<bool>(f_); }
+  void put(const void* p, size_t n) {
+    fnv_.add(p, n);
+    f_.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+  }
+  template <typename T>
+  void put(T v) { put(&v, sizeof v); }
+  void put_str(const std::string& s) {
+    put<uint64_t>(s.size());
+    put(s.data(), s.size());
+  }
+  void finish() {
+    const uint64_t sum = fnv_.h;
+    f_.write(reinterpret_cast<const char*>(&sum), sizeof sum);
+    f_.flush();
+  }
+
+ private:
+  std::ofstream f_;
+  Fnv fnv_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& path) : f_(path, std::ios::binary) {}
+  bool open() const { return f_.is_open(); }
+  bool get(void* p, size_t n) {
+    f_.read(static_cast<char*>(p), static_cast<std::streamsize>(n));
+    if (!f_) return false;
+    fnv_.add(p, n);
+    return true;
+  }
+  template <typename T>
+  bool get(T* v) { return get(v, sizeof *v); }
+  bool get_str(std::string* s, uint64_t max) {
+    uint64_t n;
+    if (!get(&n) || n > max) return false;
+    s->resize(n);
+    return get(s->data(), n);
+  }
+  bool checksum_ok() {
+    uint64_t sum;
+    const uint64_t want = fnv_.h;
+    f_.read(reinterpret_cast<char*>(&sum), sizeof sum);
+    return f_ && sum == want;
+  }
+
+ private:
+  std::ifstream f_;
+  Fnv fnv_;
+};
+
+// Reads this rank's file fully into staging buffers, checking everything.
+Status read_rank(const std::string& path, int world, int rank, const std::string& identity,
+                 const ShardedParams& params, int64_t* step, std::vector<std::vector<float>>* staged) {
+  Reader r(path);
+  if (!r.open()) return Status::not_found(path + " is missing: the checkpoint is incomplete");
+  auto corrupt = [&](const std::string& what) {
+    return Status::corrupt(path + ": " + what + "; the file is damaged or not an untied checkpoint");
+  };
+  char magic[8];
+  uint32_t version, w, rk;
+  if (!r.get(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return corrupt("bad magic");
+  if (!r.get(&version) || version != kVersion)
+    return Status::corrupt(path + ": format version " + std::to_string(version) + ", this untied reads " +
+                           std::to_string(kVersion));
+  if (!r.get(&w) || !r.get(&rk) || !r.get(step)) return corrupt("truncated header");
+  if (static_cast<int>(w) != world)
+    return Status::invalid_argument(path + " was written by a run on " + std::to_string(w) + " ranks; resume with " +
+                                    std::to_string(w) + " ranks (this run has " + std::to_string(world) + ")");
+  if (static_cast<int>(rk) != rank) return corrupt("rank field " + std::to_string(rk) + " in rank " + std::to_string(rank) + "'s file");
+  std::string id;
+  if (!r.get_str(&id, 1 << 20)) return corrupt("truncated identity");
+  if (id != identity)
+    return Status::invalid_argument("checkpoint " + path + " is from another configuration:\n  checkpoint: " + id +
+                                    "\n  this run:   " + identity + "\nresume with the same model, sequence and dtype, or use a new --checkpoint-dir");
+  uint64_t count;
+  if (!r.get(&count) || count != static_cast<uint64_t>(params.num_params()))
+    return Status::invalid_argument(path + ": parameter count differs from this model");
+  staged->assign(params.num_params(), {});
+  for (int i = 0; i < params.num_params(); ++i) {
+    std::string name;
+    int64_t n;
+    if (!r.get_str(&name, 4096) || !r.get(&n)) return corrupt("truncated parameter header");
+    if (name != params.desc(i).name || n != params.shard_elems(i))
+      return Status::invalid_argument(path + ": parameter " + std::to_string(i) + " is '" + name + "' (" +
+                                      std::to_string(n) + " elements), this model has '" + params.desc(i).name + "' (" +
+                                      std::to_string(params.shard_elems(i)) + ")");
+    auto& s = (*staged)[i];
+    s.resize(static_cast<size_t>(3 * n));
+    if (!r.get(s.data(), s.size() * 4)) return corrupt("truncated data of " + name);
+  }
+  if (!r.checksum_ok()) return corrupt("checksum mismatch");
+  return Status::ok_status();
+}
+
+}  // namespace
+
+bool checkpoint_exists(const std::string& dir) {
+  struct stat st;
+  return ::stat((dir + "/latest").c_str(), &st) == 0;
+}
+
+Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step, const std::string& identity,
+                       const ShardedParams& params) {
+  const std::string sname = step_name(step);
+  Status st;
+  if (comm.rank() == 0) {
+    ::mkdir(dir.c_str(), 0755);
+    ::mkdir((dir + "/" + sname).c_str(), 0755);
+  }
+  comm.barrier();
+  const std::string path = rank_file(dir, sname, comm.rank()), tmp = path + ".tmp";
+  {
+    Writer w(tmp);
+    if (!w.ok()) {
+      st = Status::io_error("cannot write " + tmp + ": check that --checkpoint-dir is writable");
+    } else {
+      w.put(kMagic, 8);
+      w.put<uint32_t>(kVersion);
+      w.put<uint32_t>(static_cast<uint32_t>(comm.size()));
+      w.put<uint32_t>(static_cast<uint32_t>(comm.rank()));
+      w.put<int64_t>(step);
+      w.put_str(identity);
+      w.put<uint64_t>(static_cast<uint64_t>(params.num_params()));
+      for (int i = 0; i < params.num_params(); ++i) {
+        w.put_str(params.desc(i).name);
+        w.put<int64_t>(params.shard_elems(i));
+        for (const float* p : {params.master(i), params.moment1(i), params.moment2(i)})
+          w.put(p, static_cast<size_t>(params.shard_elems(i)) * 4);
+      }
+      w.finish();
+      if (!w.ok()) st = Status::io_error("short write to " + tmp + " (disk full?)");
+    }
+  }
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) st = Status::io_error("cannot rename " + tmp);
+  if (!all_ranks_ok(comm, st.ok()))
+    return st.ok() ? Status::io_error("another rank failed to write its checkpoint file; `latest` was not updated") : st;
+  if (comm.rank() == 0) {
+    const std::string latest = dir + "/latest", ltmp = latest + ".tmp";
+    std::ofstream f(ltmp, std::ios::trunc);
+    f << sname << "\n";
+    f.close();
+    if (!f || std::rename(ltmp.c_str(), latest.c_str()) != 0) st = Status::io_error("cannot update " + latest);
+  }
+  if (!all_ranks_ok(comm, st.ok())) return st.ok() ? Status::io_error("rank 0 could not update " + dir + "/latest") : st;
+  return Status::ok_status();
+}
+
+StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, const std::string& identity,
+                                  ShardedParams& params) {
+  std::string sname;
+  {
+    std::ifstream f(dir + "/latest");
+    if (!f) return Status::not_found(dir + "/latest is missing: no checkpoint to resume from in " + dir);
+    f >> sname;
+  }
+  int64_t step = -1;
+  std::vector<std::vector<float>> staged;
+  Status st = read_rank(rank_file(dir, sname, comm.rank()), comm.size(), comm.rank(), identity, params, &step, &staged);
+  // Every rank must have read a good file of the same step before anything changes.
+  int64_t lo = st.ok() ? step : -1, hi = lo;
+  comm.all_reduce(&lo, &lo, 1, DType::kI64, ReduceOp::kMin);
+  comm.all_reduce(&hi, &hi, 1, DType::kI64, ReduceOp::kMax);
+  if (!all_ranks_ok(comm, st.ok()) || lo != hi) {
+    if (!st.ok()) return st;
+    return Status::corrupt("checkpoint " + dir + "/" + sname + ": another rank's file is missing, damaged or of another step");
+  }
+  for (int i = 0; i < params.num_params(); ++i) {
+    const int64_t n = params.shard_elems(i);
+    const float* s = staged[i].data();
+    std::memcpy(params.master(i), s, n * 4);
+    std::memcpy(params.moment1(i), s + n, n * 4);
+    std::memcpy(params.moment2(i), s + 2 * n, n * 4);
+  }
+  return step;
+}
+
+}  // namespace untied

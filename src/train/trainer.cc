@@ -1,0 +1,205 @@
+// The training loop: see trainer.h.
+#include "untied/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "untied/kernels/adamw.h"
+#include "untied/train/checkpoint.h"
+#include "untied/train/sharded_params.h"
+
+namespace untied {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// What must match for a checkpoint to be resumed.
+std::string identity(const TrainOptions& o, int ranks) {
+  const ModelConfig& m = o.model;
+  return str_cat("batch=", o.batch, " model ", m.name, " V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads,
+                 " D=", m.head_dim, " F=", m.ffn, " theta=", m.rope_theta, " seq=", o.decoder.seq, " ranks=", ranks,
+                 " dtype=", dtype_name(o.decoder.dtype));
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%.0fs", s);
+  return buf;
+}
+
+std::string tags_json(const MemoryStats& m) {
+  std::string out = "{";
+  for (int t = 0; t < kNumTags; ++t)
+    out += (t ? ", \"" : "\"") + std::string(tag_name(static_cast<Tag>(t))) + "\": " + std::to_string(m.peak[t]);
+  return out + "}";
+}
+
+}  // namespace
+
+float learning_rate(const TrainOptions& o, int64_t s) {
+  if (o.warmup > 0 && s < o.warmup) return o.lr * static_cast<float>(s + 1) / static_cast<float>(o.warmup);
+  const int64_t span = std::max<int64_t>(1, o.steps - o.warmup);
+  const double p = std::min(1.0, static_cast<double>(s - o.warmup) / static_cast<double>(span));
+  const double min_lr = o.lr * o.min_lr_ratio;
+  return static_cast<float>(min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(M_PI * p)));
+}
+
+Status validate(const TrainOptions& o, int ranks) {
+  Status s = validate(o.model, o.decoder, ranks);
+  if (!s.ok()) return s;
+  if (o.steps < 1) return Status::invalid_argument("--steps must be >= 1");
+  if (o.batch < 1) return Status::invalid_argument("--batch must be >= 1");
+  if (!(o.lr > 0) || !(o.min_lr_ratio >= 0) || o.min_lr_ratio > 1)
+    return Status::invalid_argument("--lr must be > 0 and --min-lr-ratio in [0, 1]");
+  if (o.warmup < 0 || o.save_every < 0 || o.stop_after < 0) return Status::invalid_argument("--warmup, --save-every and --stop-after must be >= 0");
+  if (!(o.clip >= 0) || !(o.weight_decay >= 0)) return Status::invalid_argument("--clip and --weight-decay must be >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0))
+    return Status::invalid_argument("AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
+  if (o.resume && o.checkpoint_dir.empty()) return Status::invalid_argument("--resume needs --checkpoint-dir");
+  if (o.threads < 1) return Status::invalid_argument("--threads must be >= 1");
+  return Status::ok_status();
+}
+
+StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
+  Status vs = validate(o, comm.size());
+  if (!vs.ok()) return vs;
+  if (data.vocab_size() > o.model.vocab)
+    return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
+                                    ") is larger than the model's (" + std::to_string(o.model.vocab) + ")");
+  auto dev = make_cpu_device(CpuDeviceOptions{.threads = o.threads, .budget_bytes = o.budget_bytes});
+  Allocator& alloc = dev->allocator();
+  ShardedParams params(*dev, comm, o.model, o.decoder.dtype);
+  params.init(o.seed);
+  Decoder decoder(*dev, comm, o.model, o.decoder);
+  const std::string id = identity(o, comm.size());
+
+  int64_t start = 0;
+  if (o.resume) {
+    auto step = load_checkpoint(comm, o.checkpoint_dir, id, params);
+    if (!step.ok()) return step.status();
+    start = step.value();
+  } else if (!o.checkpoint_dir.empty() && checkpoint_exists(o.checkpoint_dir)) {
+    return Status::invalid_argument("--checkpoint-dir " + o.checkpoint_dir +
+                                    " already holds a checkpoint: pass --resume to continue it, or choose a new directory");
+  }
+
+  FILE* metrics = nullptr;
+  if (comm.rank() == 0 && !o.metrics_path.empty()) {
+    metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
+    if (metrics == nullptr) return Status::io_error("cannot write the metrics file " + o.metrics_path);
+  }
+  if (!all_ranks_ok(comm, comm.rank() != 0 || o.metrics_path.empty() || metrics != nullptr))
+    return Status::io_error("cannot write the metrics file " + o.metrics_path);
+
+  const int64_t S = o.decoder.seq, L = S / comm.size(), r0 = comm.rank() * L;
+  const int64_t B = o.batch;
+  TensorBuffer tokens(alloc, DType::kI32, {B, L}, Tag::kOther, "tokens"), labels(alloc, DType::kI32, {B, L}, Tag::kOther, "labels");
+  Buffer answer = alloc.allocate(B * L, Tag::kOther, "is_answer flags");
+
+  TrainSummary sum;
+  sum.first_step = start;
+  const int64_t end = o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
+  const double t_begin = now_s();
+  for (int64_t s = start; s < end; ++s) {
+    const double t0 = now_s();
+    alloc.reset_peaks();
+    Status ds;
+    for (int64_t b = 0; b < B && ds.ok(); ++b)
+      ds = data.fill(s * B + b, S, r0, L, tokens.as<int32_t>() + b * L, labels.as<int32_t>() + b * L,
+                     answer.as<uint8_t>() + b * L);
+    if (!all_ranks_ok(comm, ds.ok())) {
+      if (metrics) std::fclose(metrics);
+      return ds.ok() ? Status::io_error("another rank failed to read its data shard at step " + std::to_string(s)) : ds;
+    }
+    int64_t count = 0;
+    for (int64_t i = 0; i < B * L; ++i) count += labels.as<int32_t>()[i] != kIgnoreIndex;
+    comm.all_reduce(&count, &count, 1, DType::kI64, ReduceOp::kSum);
+    const double t1 = now_s();
+
+    StepSums st;
+    for (int64_t b = 0; b < B; ++b) {
+      const StepSums one = decoder.forward_backward(params, tokens.as<int32_t>() + b * L, labels.as<int32_t>() + b * L,
+                                                    answer.as<uint8_t>() + b * L, count);
+      st.loss_sum += one.loss_sum;
+      st.answers += one.answers;
+      st.correct += one.correct;
+    }
+    const double t2 = now_s();
+
+    // Global gradient norm, clipping, AdamW.
+    alloc.set_phase(Phase::kOptimizer);
+    double sq = 0;
+    for (int i = 0; i < params.num_params(); ++i) sq += grad_sum_squares(*dev, params.grad(i), params.owned_elems(i));
+    comm.all_reduce(&sq, &sq, 1, DType::kF64, ReduceOp::kSum);
+    const double norm = std::sqrt(sq);
+    const float scale = o.clip > 0 && norm > o.clip ? static_cast<float>(o.clip / norm) : 1.0f;
+    const float lr = learning_rate(o, s);
+    for (int i = 0; i < params.num_params(); ++i) {
+      if (scale != 1.0f) scale_in_place(*dev, params.grad(i), params.owned_elems(i), scale);
+      adamw_step(*dev, params.master(i), params.moment1(i), params.moment2(i), params.grad(i), params.owned_elems(i),
+                 AdamWParams{.lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
+                             .weight_decay = o.weight_decay, .step = s + 1, .decay = params.desc(i).decay});
+    }
+    params.zero_grads();
+    alloc.set_phase(Phase::kSetup);
+    const double t3 = now_s();
+
+    double vals[4] = {st.loss_sum, static_cast<double>(st.answers), static_cast<double>(st.correct), 0};
+    comm.all_reduce(vals, vals, 3, DType::kF64, ReduceOp::kSum);
+    const double loss = count > 0 ? vals[0] / count : 0.0;
+    const double acc = vals[1] > 0 ? vals[2] / vals[1] : -1.0;
+    MemoryStats mem = alloc.stats();
+    for (auto& p : mem.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
+    double step_s = t3 - t0;
+    comm.all_reduce(&step_s, &step_s, 1, DType::kF64, ReduceOp::kMax);
+    sum.losses.push_back(loss);
+    if (s == start) sum.first_loss = loss;
+    sum.last_loss = loss;
+    sum.last_accuracy = acc;
+    sum.last_step = s + 1;
+
+    if (comm.rank() == 0) {
+      const double tps = static_cast<double>(S * B) / (step_s * comm.size());
+      if (metrics) {
+        std::fprintf(metrics,
+                     "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %s, \"lr\": %.6g, \"grad_norm\": %.6g, "
+                     "\"tokens_per_s_per_rank\": %.1f, \"step_ms\": %.2f, \"phase_ms\": {\"data\": %.2f, "
+                     "\"forward_backward\": %.2f, \"optimizer\": %.2f}, \"peak_bytes_by_tag\": %s}\n",
+                     (long long)(s + 1), loss, acc >= 0 ? std::to_string(acc).c_str() : "null", lr, norm, tps,
+                     step_s * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, tags_json(mem).c_str());
+        std::fflush(metrics);
+      }
+      // Progress: a bar redrawn in place on a terminal; otherwise about 20 plain lines per run.
+      const int64_t done = s + 1 - start, total = end - start;
+      const bool tty = ::isatty(2) != 0;
+      if (o.progress && (tty || done == total || done % std::max<int64_t>(1, total / 20) == 0)) {
+        const double eta = (now_s() - t_begin) / done * (total - done);
+        const int width = 24, fill = static_cast<int>(width * (s + 1) / o.steps);
+        std::fprintf(stderr, "%sstep %lld/%lld [%s%s] loss %.4f%s | %.0f tok/s/rank | ETA %s%s", tty ? "\r" : "",
+                     (long long)(s + 1), (long long)o.steps, std::string(fill, '=').c_str(),
+                     std::string(width - fill, ' ').c_str(), loss,
+                     acc >= 0 ? (" | answer acc " + std::to_string(acc).substr(0, 5)).c_str() : "", tps,
+                     format_duration(eta).c_str(), tty && done != total ? "   " : "\n");
+      }
+    }
+    const bool last = s + 1 == end;
+    if (!o.checkpoint_dir.empty() && (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
+      Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
+      if (!cs.ok()) {
+        if (metrics) std::fclose(metrics);
+        return cs;
+      }
+    }
+  }
+  if (metrics) std::fclose(metrics);
+  return sum;
+}
+
+}  // namespace untied
