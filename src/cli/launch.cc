@@ -43,12 +43,10 @@ struct RefusedOnAllRanks {};
 }  // namespace
 
 void check_all_ranks(Communicator& comm, const Status& s) {
-  int64_t first = s.ok() ? INT64_MAX : comm.rank();
-  comm.all_reduce(&first, &first, 1, DType::kI64, ReduceOp::kMin);
-  if (first == INT64_MAX) return;
-  if (first == comm.rank()) {
-    std::fprintf(stderr, "untied: %s%s\n",
-                 comm.size() > 1 ? ("rank " + std::to_string(comm.rank()) + ": ").c_str() : "", s.message().c_str());
+  const Status first = first_failure(comm, s);
+  if (first.ok()) return;
+  if (comm.rank() == 0) {
+    std::fprintf(stderr, "untied: %s\n", first.message().c_str());
     std::fflush(stderr);
   }
   throw RefusedOnAllRanks{};

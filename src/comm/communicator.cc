@@ -1,7 +1,9 @@
 // Backend-neutral helpers over the Communicator interface.
 #include "untied/comm/communicator.h"
 
+#include <climits>
 #include <cstdint>
+#include <string>
 
 namespace untied {
 
@@ -10,6 +12,26 @@ bool all_ranks_ok(Communicator& comm, bool ok) {
   int64_t v = ok ? 1 : 0;
   comm.all_reduce(&v, &v, 1, DType::kI64, ReduceOp::kMin);
   return v == 1;
+}
+
+Status first_failure(Communicator& comm, const Status& s) {
+  int64_t first = s.ok() ? INT64_MAX : comm.rank();
+  comm.all_reduce(&first, &first, 1, DType::kI64, ReduceOp::kMin);
+  if (first == INT64_MAX) return Status::ok_status();
+  const int root = static_cast<int>(first);
+  // The failing rank's code and message, broadcast to everyone.
+  int64_t head[2] = {static_cast<int64_t>(s.code()), static_cast<int64_t>(s.message().size())};
+  comm.broadcast(head, sizeof head, root);
+  std::string msg = comm.rank() == root ? s.message() : std::string(static_cast<size_t>(head[1]), '\0');
+  comm.broadcast(msg.data(), head[1], root);
+  if (comm.size() > 1) msg = "rank " + std::to_string(root) + ": " + msg;
+  switch (static_cast<Status::Code>(head[0])) {
+    case Status::Code::kNotFound: return Status::not_found(msg);
+    case Status::Code::kCorrupt: return Status::corrupt(msg);
+    case Status::Code::kIoError: return Status::io_error(msg);
+    case Status::Code::kUnsupported: return Status::unsupported(msg);
+    default: return Status::invalid_argument(msg);
+  }
 }
 
 }  // namespace untied

@@ -173,8 +173,8 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
     }
   }
   if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) st = Status::io_error("cannot rename " + tmp);
-  if (!all_ranks_ok(comm, st.ok()))
-    return st.ok() ? Status::io_error("another rank failed to write its checkpoint file; `latest` was not updated") : st;
+  st = first_failure(comm, st);
+  if (!st.ok()) return st;  // `latest` still names the previous checkpoint
   if (comm.rank() == 0) {
     const std::string latest = dir + "/latest", ltmp = latest + ".tmp";
     std::ofstream f(ltmp, std::ios::trunc);
@@ -182,8 +182,7 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
     f.close();
     if (!f || std::rename(ltmp.c_str(), latest.c_str()) != 0) st = Status::io_error("cannot update " + latest);
   }
-  if (!all_ranks_ok(comm, st.ok())) return st.ok() ? Status::io_error("rank 0 could not update " + dir + "/latest") : st;
-  return Status::ok_status();
+  return first_failure(comm, st);
 }
 
 StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, const std::string& identity,
@@ -198,13 +197,12 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
   std::vector<std::vector<float>> staged;
   Status st = read_rank(rank_file(dir, sname, comm.rank()), comm.size(), comm.rank(), identity, params, &step, &staged);
   // Every rank must have read a good file of the same step before anything changes.
-  int64_t lo = st.ok() ? step : -1, hi = lo;
+  st = first_failure(comm, st);
+  if (!st.ok()) return st;
+  int64_t lo = step, hi = step;
   comm.all_reduce(&lo, &lo, 1, DType::kI64, ReduceOp::kMin);
   comm.all_reduce(&hi, &hi, 1, DType::kI64, ReduceOp::kMax);
-  if (!all_ranks_ok(comm, st.ok()) || lo != hi) {
-    if (!st.ok()) return st;
-    return Status::corrupt("checkpoint " + dir + "/" + sname + ": another rank's file is missing, damaged or of another step");
-  }
+  if (lo != hi) return Status::corrupt("checkpoint " + dir + "/" + sname + ": the ranks' files are of different steps");
   for (int i = 0; i < params.num_params(); ++i) {
     const int64_t n = params.shard_elems(i);
     const float* s = staged[i].data();

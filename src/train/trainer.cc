@@ -95,8 +95,10 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
     metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
     if (metrics == nullptr) return Status::io_error("cannot write the metrics file " + o.metrics_path);
   }
-  if (!all_ranks_ok(comm, comm.rank() != 0 || o.metrics_path.empty() || metrics != nullptr))
-    return Status::io_error("cannot write the metrics file " + o.metrics_path);
+  Status ms = first_failure(comm, comm.rank() != 0 || o.metrics_path.empty() || metrics != nullptr
+                                       ? Status::ok_status()
+                                       : Status::io_error("cannot write the metrics file " + o.metrics_path));
+  if (!ms.ok()) return ms;
 
   const int64_t S = o.decoder.seq, L = S / comm.size(), r0 = comm.rank() * L;
   const int64_t B = o.batch;
@@ -114,9 +116,10 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
     for (int64_t b = 0; b < B && ds.ok(); ++b)
       ds = data.fill(s * B + b, S, r0, L, tokens.as<int32_t>() + b * L, labels.as<int32_t>() + b * L,
                      answer.as<uint8_t>() + b * L);
-    if (!all_ranks_ok(comm, ds.ok())) {
+    ds = first_failure(comm, ds);
+    if (!ds.ok()) {
       if (metrics) std::fclose(metrics);
-      return ds.ok() ? Status::io_error("another rank failed to read its data shard at step " + std::to_string(s)) : ds;
+      return ds;
     }
     int64_t count = 0;
     for (int64_t i = 0; i < B * L; ++i) count += labels.as<int32_t>()[i] != kIgnoreIndex;

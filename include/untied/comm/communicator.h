@@ -23,6 +23,7 @@
 #include <string>
 
 #include "untied/core/dtype.h"
+#include "untied/core/status.h"
 
 namespace untied {
 
@@ -62,5 +63,9 @@ class Communicator {
 // Result of an agreement over ranks: true on every rank iff `ok` is true on every rank.
 // Used so that a failure found by one rank makes every rank fail together.
 bool all_ranks_ok(Communicator& comm, bool ok);
+
+// Collective: ok on every rank when `s` is ok on every rank; otherwise, on every rank, the
+// Status of the lowest failing rank (its message prefixed with "rank r: " when size() > 1).
+Status first_failure(Communicator& comm, const Status& s);
 
 }  // namespace untied

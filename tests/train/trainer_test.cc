@@ -1,0 +1,147 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "untied/comm/inproc.h"
+#include "untied/train/checkpoint.h"
+#include "untied/train/trainer.h"
+
+namespace untied {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainOptions small_run(Strategy st) {
+  TrainOptions o;
+  o.model.name = "test";
+  o.model.vocab = 35, o.model.hidden = 32, o.model.layers = 2, o.model.heads = 4, o.model.kv_heads = 2;
+  o.model.head_dim = 8, o.model.ffn = 48, o.model.rope_theta = 10000.0;
+  o.decoder = DecoderOptions{.seq = 64, .strategy = st};
+  o.steps = 6;
+  o.warmup = 2;
+  o.lr = 1e-2f;
+  o.progress = false;
+  return o;
+}
+
+std::unique_ptr<DataSource> kv_data() {
+  DataOptions d;
+  d.kv.num_keys = 16, d.kv.num_values = 16;
+  return std::move(make_data_source("kv", "", d)).value();
+}
+
+// Runs train() on `ranks` in-process ranks; returns rank 0's result.
+StatusOr<TrainSummary> run(const TrainOptions& o, int ranks) {
+  auto data = kv_data();
+  std::mutex mu;
+  std::optional<StatusOr<TrainSummary>> out;
+  run_in_process(ranks, [&](Communicator& comm) {
+    auto r = train(comm, *data, o);
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm.rank() == 0) out.emplace(std::move(r));
+  });
+  return std::move(*out);
+}
+
+std::string temp_dir(const char* name) {
+  const fs::path p = fs::temp_directory_path() / (std::string("untied_train_test_") + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+TEST(Trainer, StrategiesGiveTheSameLossCurve) {
+  auto local = run(small_run(Strategy::kLocal), 1);
+  ASSERT_TRUE(local.ok()) << local.status().message();
+  for (Strategy st : {Strategy::kUlysses, Strategy::kUPipe})
+    for (int ranks : {2, 4}) {
+      auto r = run(small_run(st), ranks);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      ASSERT_EQ(r.value().losses.size(), local.value().losses.size());
+      // The same arithmetic up to summation order (fp32, ~1e-7 relative per op); six optimizer
+      // steps amplify that a little.
+      for (size_t i = 0; i < r.value().losses.size(); ++i)
+        EXPECT_NEAR(r.value().losses[i], local.value().losses[i], 1e-4 * local.value().losses[i])
+            << strategy_name(st) << " on " << ranks << " ranks, step " << i + 1;
+    }
+  // The loss moves: the optimizer does something.
+  EXPECT_NE(local.value().losses.front(), local.value().losses.back());
+}
+
+TEST(Trainer, ResumeReproducesTheUninterruptedRunExactly) {
+  const std::string dir = temp_dir("resume");
+  TrainOptions o = small_run(Strategy::kUPipe);
+  auto full = run(o, 2);
+  ASSERT_TRUE(full.ok()) << full.status().message();
+  o.checkpoint_dir = dir;
+  o.stop_after = 3;
+  auto first = run(o, 2);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  o.stop_after = 0;
+  o.resume = true;
+  auto second = run(o, 2);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  std::vector<double> joined = first.value().losses;
+  joined.insert(joined.end(), second.value().losses.begin(), second.value().losses.end());
+  ASSERT_EQ(joined.size(), full.value().losses.size());
+  for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], full.value().losses[i]) << "step " << i + 1;
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, RefusesBadCheckpointsWithoutChangingThem) {
+  const std::string dir = temp_dir("bad");
+  TrainOptions o = small_run(Strategy::kUPipe);
+  o.steps = 2;
+  o.checkpoint_dir = dir;
+  ASSERT_TRUE(run(o, 2).ok());
+  // A new run into the same directory without --resume is refused (nothing overwritten).
+  auto again = run(o, 2);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("--resume"), std::string::npos) << again.status().message();
+  o.resume = true;
+  o.steps = 3;
+  // Another model shape: refused, naming both configurations.
+  TrainOptions other = o;
+  other.model.ffn = 64;
+  auto mismatch = run(other, 2);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_NE(mismatch.status().message().find("another configuration"), std::string::npos) << mismatch.status().message();
+  // Another number of ranks: refused.
+  auto ranks = run(o, 4);
+  ASSERT_FALSE(ranks.ok());
+  EXPECT_NE(ranks.status().message().find("ranks"), std::string::npos) << ranks.status().message();
+  // A damaged rank file: refused by every rank, the file left as it was.
+  const std::string victim = dir + "/step_00000002/rank_00001.bin";
+  const auto size = fs::file_size(victim);
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.put('\x7f');
+  }
+  auto damaged = run(o, 2);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_NE(damaged.status().message().find("checksum"), std::string::npos) << damaged.status().message();
+  EXPECT_EQ(fs::file_size(victim), size);
+  // A missing rank file.
+  fs::remove(victim);
+  auto missing = run(o, 2);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("missing"), std::string::npos) << missing.status().message();
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, LearningRateWarmsUpThenDecays) {
+  TrainOptions o = small_run(Strategy::kLocal);
+  o.steps = 100, o.warmup = 10, o.lr = 1.0f, o.min_lr_ratio = 0.1f;
+  EXPECT_FLOAT_EQ(learning_rate(o, 0), 0.1f);
+  EXPECT_FLOAT_EQ(learning_rate(o, 9), 1.0f);
+  EXPECT_NEAR(learning_rate(o, 10), 1.0f, 1e-6);
+  EXPECT_NEAR(learning_rate(o, 55), 0.55f, 1e-3);  // halfway down the cosine
+  EXPECT_NEAR(learning_rate(o, 100), 0.1f, 1e-6);
+}
+
+}  // namespace
+}  // namespace untied
