@@ -73,7 +73,8 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
   if (data.vocab_size() > o.model.vocab)
     return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
                                     ") is larger than the model's (" + std::to_string(o.model.vocab) + ")");
-  auto dev = make_cpu_device(CpuDeviceOptions{.threads = o.threads, .budget_bytes = o.budget_bytes});
+  auto dev = make_cpu_device(
+      CpuDeviceOptions{.threads = o.threads, .budget_bytes = o.budget_bytes, .rehearsal = o.rehearsal});
   Allocator& alloc = dev->allocator();
   ShardedParams params(*dev, comm, o.model, o.decoder.dtype);
   params.init(o.seed);
@@ -111,9 +112,8 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
   const double t_begin = now_s();
   for (int64_t s = start; s < end; ++s) {
     const double t0 = now_s();
-    alloc.reset_peaks();
     Status ds;
-    for (int64_t b = 0; b < B && ds.ok(); ++b)
+    for (int64_t b = 0; b < B && ds.ok() && dev->backed(); ++b)
       ds = data.fill(s * B + b, S, r0, L, tokens.as<int32_t>() + b * L, labels.as<int32_t>() + b * L,
                      answer.as<uint8_t>() + b * L);
     ds = first_failure(comm, ds);
@@ -121,8 +121,8 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
       if (metrics) std::fclose(metrics);
       return ds;
     }
-    int64_t count = 0;
-    for (int64_t i = 0; i < B * L; ++i) count += labels.as<int32_t>()[i] != kIgnoreIndex;
+    int64_t count = dev->backed() ? 0 : B * L;  // rehearsal: no data, any positive count
+    for (int64_t i = 0; i < B * L && dev->backed(); ++i) count += labels.as<int32_t>()[i] != kIgnoreIndex;
     comm.all_reduce(&count, &count, 1, DType::kI64, ReduceOp::kSum);
     const double t1 = now_s();
 
@@ -158,8 +158,10 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
     comm.all_reduce(vals, vals, 3, DType::kF64, ReduceOp::kSum);
     const double loss = count > 0 ? vals[0] / count : 0.0;
     const double acc = vals[1] > 0 ? vals[2] / vals[1] : -1.0;
-    MemoryStats mem = alloc.stats();
+    MemoryStats mem = alloc.stats();  // peaks since the start of the run
     for (auto& p : mem.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
+    comm.all_reduce(&mem.peak_total, &mem.peak_total, 1, DType::kI64, ReduceOp::kMax);
+    sum.peak = mem;
     double step_s = t3 - t0;
     comm.all_reduce(&step_s, &step_s, 1, DType::kF64, ReduceOp::kMax);
     sum.losses.push_back(loss);

@@ -38,6 +38,7 @@ struct TrainOptions {
   std::string metrics_path;    // empty: no metrics file
   bool progress = true;
   int64_t stop_after = 0;      // > 0: stop (and save) after this step, as if interrupted
+  bool rehearsal = false;      // count every allocation of the real schedule, back none, skip compute
 };
 
 struct TrainSummary {
@@ -45,6 +46,7 @@ struct TrainSummary {
   double first_loss = 0, last_loss = 0;
   double last_accuracy = -1;               // -1 when the data has no answers
   std::vector<double> losses;              // every step run, in order
+  MemoryStats peak;                        // peaks over the run, max over ranks (per tag, total)
 };
 
 // Checks the options for `ranks` ranks (model, decoder, optimizer settings); the message says
