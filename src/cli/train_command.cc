@@ -2,7 +2,10 @@
 // `name = value` lines (# starts a comment) and the command line overrides it.
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+
+#include "untied/comm/inproc.h"
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -16,6 +19,7 @@ void add_train_flags(FlagSet& f) {
   f.add("config", FlagKind::kString, "", "config file of `name = value` lines (flags override it)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
   f.add("vocab", FlagKind::kInt, "0", "vocabulary size (0 = the data's vocabulary)");
+  f.add("layers", FlagKind::kInt, "0", "decoder blocks (0 = the preset's)");
   f.add("data", FlagKind::kString, "kv", "data: kv (built-in key-value retrieval task), tokens or text");
   f.add("data-path", FlagKind::kString, "", "token file (--data tokens) or UTF-8 text file (--data text)");
   f.add("kv-keys", FlagKind::kInt, "16", "kv task: distinct keys");
@@ -44,6 +48,8 @@ void add_train_flags(FlagSet& f) {
   f.add("stop-after", FlagKind::kInt, "0", "stop (and save) after this step, as an interrupted run would");
   f.add("metrics", FlagKind::kString, "", "append one JSON line per step to this file");
   f.add("progress", FlagKind::kBool, "true", "progress bar on rank 0 (--no-progress to turn off)");
+  f.add("rehearsal", FlagKind::kBool, "false", "run one step with every allocation counted, none backed, compute skipped; print peaks");
+  f.add("fit-seq", FlagKind::kBool, "false", "with --rehearsal and --mem-budget: find the longest --seq whose step fits the budget");
 }
 
 // "name = value" lines into flag arguments.
@@ -91,6 +97,14 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
   o->model = m.value();
   if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
+  if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
+  o->rehearsal = f.get_bool("rehearsal");
+  if (o->rehearsal) {
+    if (f.get_bool("resume") || !f.get_string("checkpoint-dir").empty() || !f.get_string("metrics").empty())
+      return Status::invalid_argument("--rehearsal runs one counted step: drop --resume, --checkpoint-dir and --metrics");
+  }
+  if (f.get_bool("fit-seq") && (!o->rehearsal || f.get_bytes("mem-budget") == 0))
+    return Status::invalid_argument("--fit-seq needs --rehearsal and --mem-budget");
   auto st = parse_strategy(f.get_string("strategy"));
   if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());
   auto dt = parse_dtype(f.get_string("dtype"));
@@ -119,6 +133,65 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   d->kv.num_values = f.get_int("kv-values");
   d->kv.num_pairs = f.get_int("kv-pairs");
   return Status::ok_status();
+}
+
+void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m) {
+  std::printf("one training step, rehearsal | %s, %lld layers | %s U=%lld on %d ranks | S=%lld | %s\n",
+              o.model.name.c_str(), (long long)o.model.layers, std::string(strategy_name(o.decoder.strategy)).c_str(),
+              (long long)(o.decoder.strategy != Strategy::kUPipe ? o.model.heads
+                          : o.decoder.upipe_heads > 0 ? o.decoder.upipe_heads : ranks),
+              ranks, (long long)o.decoder.seq,
+              std::string(dtype_name(o.decoder.dtype)).c_str());
+  std::printf("peak memory per rank (max over ranks):\n");
+  for (int t = 0; t < kNumTags; ++t)
+    std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
+  std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
+}
+
+// One rehearsed step at `seq` on `ranks` in-process ranks; true when it fits the budget.
+bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak) {
+  o.decoder.seq = seq;
+  if (!validate(o, ranks).ok()) return false;
+  try {
+    std::mutex mu;
+    run_in_process(ranks, [&](Communicator& comm) {
+      auto r = train(comm, data, o);
+      UNTIED_CHECK(r.ok(), r.status().message());
+      std::lock_guard<std::mutex> lock(mu);
+      if (comm.rank() == 0) *peak = r.value().peak;
+    });
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kOutOfBudget) return false;
+    throw;
+  }
+  return true;
+}
+
+// The longest S (a multiple of ranks * 1024) whose training step fits --mem-budget.
+int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
+  const int64_t grain = static_cast<int64_t>(ranks) * 1024;
+  MemoryStats peak, best_peak;
+  int64_t lo = 0, hi = 0;  // lo fits (0 = none yet), hi does not (0 = not found yet)
+  for (int64_t k = 1; hi == 0 && k <= (int64_t{1} << 24); k *= 2) {
+    if (fits(o, data, ranks, k * grain, &peak)) lo = k, best_peak = peak;
+    else hi = k;
+  }
+  if (lo == 0) {
+    std::fprintf(stderr, "untied train: not even S = %lld fits in %s per rank\n", (long long)grain,
+                 format_bytes(o.budget_bytes).c_str());
+    return 1;
+  }
+  while (hi != 0 && hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (fits(o, data, ranks, mid * grain, &peak)) lo = mid, best_peak = peak;
+    else hi = mid;
+  }
+  TrainOptions best = o;
+  best.decoder.seq = lo * grain;
+  std::printf("longest sequence whose training step fits %s per rank: S = %lld (%lld tokens per rank)\n",
+              format_bytes(o.budget_bytes).c_str(), (long long)(lo * grain), (long long)(lo * 1024));
+  print_peaks(best, ranks, best_peak);
+  return 0;
 }
 
 }  // namespace
@@ -162,6 +235,14 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (!data.ok()) return refuse(data.status());
   if (flags.get_int("vocab") == 0) opts.model.vocab = data.value()->vocab_size();
 
+  if (opts.rehearsal) {
+    opts.steps = 1, opts.warmup = 0, opts.progress = false;
+    if (flags.get_bool("fit-seq")) {
+      if (li.mpi) return refuse(Status::invalid_argument("--fit-seq runs in one process: use --ranks instead of mpirun"));
+      return fit_seq(opts, *data.value(), inproc);
+    }
+  }
+
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
     if (comm.rank() == 0 && opts.progress)
@@ -174,6 +255,10 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
     if (comm.rank() != 0) return;
     const TrainSummary& s = r.value();
+    if (opts.rehearsal) {
+      print_peaks(opts, comm.size(), s.peak);
+      return;
+    }
     std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,
                 s.first_loss, s.last_loss);
     if (s.last_accuracy >= 0) std::printf(", answer accuracy %.1f%%", 100.0 * s.last_accuracy);
