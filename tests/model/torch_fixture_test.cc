@@ -1,0 +1,118 @@
+// The whole decoder against PyTorch: reference/make_decoder_fixtures.py wrote a small model's
+// weights, tokens and labels with its float64 loss and every parameter's gradient; untied must
+// reproduce them with every strategy and rank count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "untied/comm/inproc.h"
+#include "untied/core/npy.h"
+#include "untied/model/decoder.h"
+
+#ifndef UNTIED_FIXTURES
+#error "UNTIED_FIXTURES must name the fixture directory"
+#endif
+
+namespace untied {
+namespace {
+
+const std::string kDir = std::string(UNTIED_FIXTURES) + "/decoder_small";
+
+double json_number(const std::string& text, const std::string& key) {
+  const auto k = text.find("\"" + key + "\"");
+  EXPECT_NE(k, std::string::npos) << key;
+  return std::stod(text.substr(text.find(':', k) + 1));
+}
+
+std::vector<float> load(const std::string& name) {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  Status s = read_npy(kDir + "/" + name + ".npy", &shape, &data);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return data;
+}
+
+struct Fixture {
+  ModelConfig m;
+  int64_t seq = 0;
+  double loss = 0;
+  std::vector<int32_t> tokens, labels;
+};
+
+Fixture read_fixture() {
+  std::ifstream f(kDir + "/config.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string t = ss.str();
+  Fixture fx;
+  fx.m.name = "fixture";
+  fx.m.vocab = json_number(t, "vocab"), fx.m.hidden = json_number(t, "hidden"), fx.m.layers = json_number(t, "layers");
+  fx.m.heads = json_number(t, "heads"), fx.m.kv_heads = json_number(t, "kv_heads");
+  fx.m.head_dim = json_number(t, "head_dim"), fx.m.ffn = json_number(t, "ffn");
+  fx.m.rope_theta = json_number(t, "rope_theta");
+  fx.m.norm_eps = static_cast<float>(json_number(t, "norm_eps"));
+  fx.seq = json_number(t, "seq");
+  fx.loss = json_number(t, "loss");
+  for (float v : load("tokens")) fx.tokens.push_back(static_cast<int32_t>(v));
+  for (float v : load("labels")) fx.labels.push_back(static_cast<int32_t>(v));
+  return fx;
+}
+
+TEST(DecoderVsPyTorch, LossAndEveryGradient) {
+  const Fixture fx = read_fixture();
+  ASSERT_EQ(static_cast<int64_t>(fx.tokens.size()), fx.seq);
+  int64_t global = 0;
+  for (int32_t l : fx.labels) global += l != -100;
+  const auto descs = parameter_descriptors(fx.m);
+  std::vector<std::vector<float>> weights, want;
+  for (const auto& d : descs) {
+    weights.push_back(load(d.name));
+    want.push_back(load("grad." + d.name));
+    ASSERT_EQ(static_cast<int64_t>(weights.back().size()), d.shape.numel()) << d.name;
+  }
+  for (auto [strategy, ranks] : {std::pair{Strategy::kLocal, 1}, {Strategy::kUlysses, 2}, {Strategy::kUPipe, 2},
+                                  {Strategy::kUPipe, 4}}) {
+    SCOPED_TRACE(std::string(strategy_name(strategy)) + " on " + std::to_string(ranks) + " ranks");
+    std::mutex mu;
+    double loss = 0;
+    std::vector<std::vector<float>> got(descs.size());
+    run_in_process(ranks, [&](Communicator& comm) {
+      auto dev = make_cpu_device({.threads = 1});
+      ShardedParams params(*dev, comm, fx.m, DType::kF32);
+      for (int i = 0; i < params.num_params(); ++i) {
+        const int64_t start = params.shard_elems(i) * comm.rank();
+        for (int64_t k = 0; k < params.owned_elems(i); ++k) params.master(i)[k] = weights[i][start + k];
+      }
+      Decoder dec(*dev, comm, fx.m, DecoderOptions{.seq = fx.seq, .strategy = strategy, .mlp_tile = 16});
+      const int64_t L = fx.seq / ranks, r0 = comm.rank() * L;
+      StepSums s = dec.forward_backward(params, fx.tokens.data() + r0, fx.labels.data() + r0, nullptr, global);
+      double ls = s.loss_sum;
+      comm.all_reduce(&ls, &ls, 1, DType::kF64, ReduceOp::kSum);
+      std::vector<std::vector<float>> full(params.num_params());
+      for (int i = 0; i < params.num_params(); ++i) {
+        full[i].resize(params.shard_elems(i) * ranks);
+        comm.all_gather(params.grad(i), full[i].data(), params.shard_elems(i) * 4);
+        full[i].resize(descs[i].shape.numel());
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (comm.rank() == 0) loss = ls / global, got = std::move(full);
+    });
+    // fp32 against float64: the loss to ~1e-7 relative; each gradient to 1e-4 of its largest
+    // element (fp32 sums over S*E terms, observed ~1e-6).
+    EXPECT_NEAR(loss, fx.loss, 1e-5 * fx.loss);
+    for (size_t i = 0; i < descs.size(); ++i) {
+      double mx = 0, err = 0;
+      for (size_t k = 0; k < want[i].size(); ++k) {
+        mx = std::max(mx, (double)std::fabs(want[i][k]));
+        err = std::max(err, (double)std::fabs(want[i][k] - got[i][k]));
+      }
+      EXPECT_LE(err, 1e-4 * mx) << descs[i].name << ": max |untied - torch| " << err << ", max |grad| " << mx;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace untied
