@@ -29,6 +29,12 @@ void add_inplace(Device& dev, const Tensor& dst, const Tensor& src) {
   }
 }
 
+AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
+  return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
+                         .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype,
+                         .strategy = o.strategy, .upipe_heads = o.upipe_heads};
+}
+
 // Rows [r0, r0 + n) of a contiguous (rows, cols) tensor.
 Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); }
 
@@ -40,10 +46,7 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   if (m.qk_norm)
     return Status::unsupported("model '" + m.name +
                                "' uses QK-norm (Qwen3), which training does not support yet; use a Llama preset");
-  AttentionConfig a{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
-                    .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype, .strategy = o.strategy,
-                    .upipe_heads = o.upipe_heads};
-  s = validate(a, ranks);
+  s = validate(attention_config(m, o), ranks);
   if (!s.ok()) return s;
   if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
   return Status::ok_status();
@@ -59,10 +62,7 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
   Status s = validate(m, o, comm.size());
   UNTIED_CHECK(s.ok(), s.message());
   tile_ = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows_) : std::min(rows_, std::max<int64_t>(m.hidden, 256));
-  AttentionConfig a{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
-                    .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype, .strategy = o.strategy,
-                    .upipe_heads = o.upipe_heads};
-  attn_ = make_attention_block(dev, comm, a);
+  attn_ = make_attention_block(dev, comm, attention_config(m, o));
 }
 
 void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& b, const Tensor& out_add) {
