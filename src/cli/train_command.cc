@@ -23,17 +23,18 @@ void add_train_flags(FlagSet& f) {
   f.add("data", FlagKind::kString, "kv", "data: kv (built-in key-value retrieval task), tokens or text");
   f.add("data-path", FlagKind::kString, "", "token file (--data tokens) or UTF-8 text file (--data text)");
   f.add("kv-keys", FlagKind::kInt, "16", "kv task: distinct keys");
-  f.add("kv-values", FlagKind::kInt, "16", "kv task: distinct values (chance accuracy 1/values)");
+  f.add("kv-values", FlagKind::kInt, "4", "kv task: distinct values (chance accuracy 1/values)");
   f.add("kv-pairs", FlagKind::kInt, "0", "kv task: pairs per sequence (0 = as many as fit)");
-  f.add("seq", FlagKind::kInt, "512", "sequence length S (divisible by the ranks)");
+  f.add("kv-fused", FlagKind::kBool, "true", "kv task: each pair one token (one-hop retrieval; --no-kv-fused: key then value, a two-hop task that learns far slower)");
+  f.add("seq", FlagKind::kInt, "256", "sequence length S (divisible by the ranks)");
   f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses or upipe");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks)");
   f.add("dtype", FlagKind::kString, "f32", "activation and compute-weight storage: f32 or bf16");
-  f.add("steps", FlagKind::kInt, "300", "optimizer steps");
-  f.add("batch", FlagKind::kInt, "1", "sequences per step (their gradients add up)");
+  f.add("steps", FlagKind::kInt, "1500", "optimizer steps");
+  f.add("batch", FlagKind::kInt, "4", "sequences per step (their gradients add up)");
   f.add("lr", FlagKind::kString, "0.003", "peak learning rate");
   f.add("min-lr-ratio", FlagKind::kString, "0.1", "final learning rate as a fraction of --lr (cosine)");
-  f.add("warmup", FlagKind::kInt, "20", "warm-up steps");
+  f.add("warmup", FlagKind::kInt, "50", "warm-up steps");
   f.add("weight-decay", FlagKind::kString, "0.1", "AdamW weight decay (matrices only)");
   f.add("clip", FlagKind::kString, "1.0", "clip the global gradient norm to this (0 = off)");
   f.add("seed", FlagKind::kInt, "0", "seed of the weights and of the kv task");
@@ -132,6 +133,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   d->kv.num_keys = f.get_int("kv-keys");
   d->kv.num_values = f.get_int("kv-values");
   d->kv.num_pairs = f.get_int("kv-pairs");
+  d->kv.fused_pairs = f.get_bool("kv-fused");
   return Status::ok_status();
 }
 

@@ -46,6 +46,8 @@ StatusOr<KvTask> KvTask::create(const KvTaskOptions& o) {
     return Status::invalid_argument("kv task: num_keys " + std::to_string(o.num_keys) + " is outside [1, 2^20]");
   if (o.num_values < 1 || o.num_values > kMaxSymbols)
     return Status::invalid_argument("kv task: num_values " + std::to_string(o.num_values) + " is outside [1, 2^20]");
+  if (o.fused_pairs && o.num_keys * o.num_values > kMaxSymbols)
+    return Status::invalid_argument("kv task: fused pairs need num_keys * num_values <= 2^20");
   if (o.num_pairs < 0 || o.num_pairs > o.num_keys)
     return Status::invalid_argument("kv task: num_pairs " + std::to_string(o.num_pairs) +
                                     " must be 0 (as many as fit) or 1..num_keys (" + std::to_string(o.num_keys) +
@@ -96,6 +98,7 @@ Status KvTask::fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_
     if (p < l.query_begin) {
       const int64_t j = l.slot_of(p);
       const int64_t off = p - l.slot_begin(j);
+      if (options_.fused_pairs) return off == 0 ? pair_token(keys[j], value_of_pair(j)) : kKvFill;
       if (off == 0) return key_token(keys[j]);
       if (off == 1) return value_token(value_of_pair(j));
       return kKvFill;

@@ -8,6 +8,7 @@
 //     [1, q0)                   the pair section, q0 = S - 3n, P = q0 - 1 positions, split into
 //                               n slots; slot j starts at s_j = 1 + floor(j*P/n) (slots are >= 2
 //                               long) and holds  key_j value_j FILL FILL ... FILL
+//                               (fused_pairs: pair(key_j, value_j) FILL ... FILL)
 //     [q0, S)                   the query section: n queries of 3 tokens,
 //                               query i = QUERY key_m value_m with m = order[i]
 // key_0..key_{n-1} are distinct (the first n entries of a random permutation of the K keys);
@@ -49,6 +50,11 @@ struct KvTaskOptions {
   int64_t num_values = 64;  // V, 1 .. 2^20 (chance accuracy 1/V)
   int64_t num_pairs = 0;    // n: 0 = as many as fit, min(K, (S-1)/5); else 1..K and 5n + 1 <= S
   bool label_structure = false;
+  // Each pair as ONE token pair(k, v) = 3 + K + V + k*V + v (then FILL) instead of key, value.
+  // Retrieval then takes one attention hop (match the queried key inside a pair token, copy its
+  // value) instead of the two-hop induction circuit key/value pairs need, so small models learn
+  // it quickly; it still needs attention across the whole sequence. Vocabulary 3 + K + V + K*V.
+  bool fused_pairs = false;
 };
 
 // Where things are in a sample of seq_len tokens.
@@ -74,13 +80,19 @@ class KvTask final : public DataSource {
   const KvTaskOptions& options() const { return options_; }
   int32_t key_token(int64_t k) const { return static_cast<int32_t>(kKvFirstKey + k); }
   int32_t value_token(int64_t v) const { return static_cast<int32_t>(kKvFirstKey + options_.num_keys + v); }
+  int32_t pair_token(int64_t k, int64_t v) const {
+    return static_cast<int32_t>(kKvFirstKey + options_.num_keys + options_.num_values + k * options_.num_values + v);
+  }
 
   // The layout for seq_len, or invalid_argument when seq_len is too short for one pair and its
   // query (6 tokens), or for the requested num_pairs (5n + 1 tokens).
   StatusOr<KvLayout> layout(int64_t seq_len) const;
 
   std::string_view kind() const override { return "kv"; }
-  int64_t vocab_size() const override { return kKvFirstKey + options_.num_keys + options_.num_values; }
+  int64_t vocab_size() const override {
+    return kKvFirstKey + options_.num_keys + options_.num_values +
+           (options_.fused_pairs ? options_.num_keys * options_.num_values : 0);
+  }
   // The layout and labels above. O(K + count) per call.
   Status fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens, int32_t* labels,
               uint8_t* is_answer) const override;
