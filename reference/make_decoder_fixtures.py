@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the PyTorch (float64) reference of a small decoder for tests/model/torch_fixture_test.cc:
+"""Writes the PyTorch (float64) reference of two small decoders (Llama 3 style, and Qwen3 style with QK-norm) for tests/model/torch_fixture_test.cc:
 the weights, tokens and labels it used, its loss and the gradient of every parameter.
 
 The model is written here independently of untied, from the Hugging Face Llama definitions:
@@ -7,7 +7,7 @@ embedding; per block RMSNorm -> attention (rotate_half RoPE at positions 0..S-1,
 with query head h reading KV head h // (H/G)) -> residual -> RMSNorm -> SwiGLU MLP -> residual;
 final RMSNorm; LM head; mean cross-entropy over labels != -100.
 
-usage: python3 reference/make_decoder_fixtures.py OUTDIR
+usage: python3 reference/make_decoder_fixtures.py OUTDIR   (writes OUTDIR/<config name>/)
 Needs PyTorch (any CPU build) and NumPy. The fixtures are committed; tests do not run this.
 """
 import json
@@ -17,8 +17,14 @@ import sys
 import numpy as np
 import torch
 
-CFG = dict(vocab=37, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, ffn=48, rope_theta=10000.0,
-           norm_eps=1e-5, seq=48, seed=5)
+CFGS = {
+    # Llama 3 style.
+    "decoder_small": dict(vocab=37, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, ffn=48,
+                          rope_theta=10000.0, norm_eps=1e-5, seq=48, seed=5, qk_norm=False),
+    # Qwen3 style: RMSNorm over each head of q and k (weights q_norm, k_norm) before RoPE.
+    "decoder_qknorm": dict(vocab=41, hidden=32, layers=2, heads=8, kv_heads=2, head_dim=8, ffn=40,
+                           rope_theta=1000000.0, norm_eps=1e-6, seq=48, seed=6, qk_norm=True),
+}
 
 
 def rms_norm(x, w, eps):
@@ -45,8 +51,12 @@ def forward(p, tokens, labels, c):
     for l in range(c["layers"]):
         w = lambda n: p[f"layers.{l}.{n}"]
         a = rms_norm(h, w("attn_norm"), c["norm_eps"])
-        q = rope((a @ w("wq").T).view(S, H, D), cos, sin)
-        k = rope((a @ w("wk").T).view(S, G, D), cos, sin)
+        q = (a @ w("wq").T).view(S, H, D)
+        k = (a @ w("wk").T).view(S, G, D)
+        if c["qk_norm"]:
+            q = rms_norm(q, w("q_norm"), c["norm_eps"])
+            k = rms_norm(k, w("k_norm"), c["norm_eps"])
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         v = (a @ w("wv").T).view(S, G, D)
         k = k.repeat_interleave(H // G, dim=1)
         v = v.repeat_interleave(H // G, dim=1)
@@ -61,16 +71,20 @@ def forward(p, tokens, labels, c):
 
 
 def main():
-    out = sys.argv[1]
+    for name, c in CFGS.items():
+        write(os.path.join(sys.argv[1], name), c)
+
+
+def write(out, c):
     os.makedirs(out, exist_ok=True)
-    c = CFG
     g = torch.Generator().manual_seed(c["seed"])
     E, HD, GD, F, V = c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"], c["ffn"], c["vocab"]
     shapes = {"embed": (V, E)}
     for l in range(c["layers"]):
         pre = f"layers.{l}."
         shapes.update({pre + "attn_norm": (E,), pre + "wq": (HD, E), pre + "wk": (GD, E), pre + "wv": (GD, E),
-                       pre + "wo": (E, HD), pre + "mlp_norm": (E,), pre + "w_gate": (F, E), pre + "w_up": (F, E),
+                       pre + "wo": (E, HD), **({pre + "q_norm": (c["head_dim"],), pre + "k_norm": (c["head_dim"],)}
+                                              if c["qk_norm"] else {}), pre + "mlp_norm": (E,), pre + "w_gate": (F, E), pre + "w_up": (F, E),
                        pre + "w_down": (E, F)})
     shapes.update({"final_norm": (E,), "lm_head": (V, E)})
     p = {}

@@ -41,6 +41,7 @@ Status validate(const AttentionConfig& c, int ranks) {
                std::to_string(ranks) + "): each rank holds S/C tokens; e.g. use --seq " +
                std::to_string((c.seq / ranks + 1) * ranks));
   if (c.upipe_heads < 0) return bad("upipe_heads must be >= 0 (0 = the number of ranks)");
+  if (c.qk_norm && !(c.norm_eps > 0)) return bad("norm_eps must be > 0 with qk_norm");
   switch (c.strategy) {
     case Strategy::kLocal:
       if (ranks != 1)

@@ -1,5 +1,7 @@
 #include "attention/block_ops.h"
 
+#include "untied/kernels/rmsnorm.h"
+
 namespace untied::attn {
 
 namespace {
@@ -20,6 +22,10 @@ void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, cons
   check_one(w.wk, {GD, E}, c.dtype, "wk (G*D, E)");
   check_one(w.wv, {GD, E}, c.dtype, "wv (G*D, E)");
   check_one(w.wo, {E, HD}, c.dtype, "wo (E, H*D)");
+  if (c.qk_norm) {
+    check_one(w.q_norm, {c.head_dim}, c.dtype, "q_norm (D)");
+    check_one(w.k_norm, {c.head_dim}, c.dtype, "k_norm (D)");
+  }
 }
 
 void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const AttentionGrads& g) {
@@ -29,6 +35,10 @@ void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const
   check_one(g.dwk, {GD, E}, c.dtype, "dwk (G*D, E)");
   check_one(g.dwv, {GD, E}, c.dtype, "dwv (G*D, E)");
   check_one(g.dwo, {E, HD}, c.dtype, "dwo (E, H*D)");
+  if (c.qk_norm) {
+    check_one(g.dq_norm, {c.head_dim}, c.dtype, "dq_norm (D)");
+    check_one(g.dk_norm, {c.head_dim}, c.dtype, "dk_norm (D)");
+  }
 }
 
 void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,
@@ -87,6 +97,38 @@ F32View as_f32(Device& dev, const Tensor& t, const char* what) {
   if (dev.backed()) load_f32(v.owned.as<float>(), t.data(), t.dtype(), t.numel());
   v.ptr = v.owned.as<float>();
   return v;
+}
+
+QkNorm::QkNorm(Device& dev, const AttentionConfig& c, bool grads)
+    : dev_(dev), on_(c.qk_norm), d_(c.head_dim), eps_(c.norm_eps), t_(c.dtype) {
+  if (!on_ || !grads) return;
+  dq_ = TensorBuffer(dev.allocator(), DType::kF32, {d_}, Tag::kGradients, "dq_norm fp32 accumulator");
+  dk_ = TensorBuffer(dev.allocator(), DType::kF32, {d_}, Tag::kGradients, "dk_norm fp32 accumulator");
+  dev.fill_zero(dq_.data(), d_ * 4);
+  dev.fill_zero(dk_.data(), d_ * 4);
+}
+
+TensorBuffer QkNorm::forward(const Tensor& x, const Tensor& w, TensorBuffer* rstd, const char* what) {
+  const int64_t rows = x.numel() / d_;
+  TensorBuffer y(dev_.allocator(), t_, x.shape(), Tag::kAttnWorkspace, what);
+  *rstd = TensorBuffer(dev_.allocator(), DType::kF32, {rows}, Tag::kAttnWorkspace, "q/k norm rstd");
+  rmsnorm_forward(dev_, RmsNormShape{.rows = rows, .dim = d_, .eps = eps_, .dtype = t_, .weight_dtype = t_}, y.data(),
+                  rstd->as<float>(), x.data(), w.data());
+  return y;
+}
+
+TensorBuffer QkNorm::backward(bool is_q, const Tensor& x, const Tensor& rstd, const Tensor& w, const Tensor& dy) {
+  const int64_t rows = x.numel() / d_;
+  TensorBuffer dx(dev_.allocator(), t_, x.shape(), Tag::kAttnWorkspace, "d pre-norm q/k");
+  rmsnorm_backward(dev_, RmsNormShape{.rows = rows, .dim = d_, .eps = eps_, .dtype = t_, .weight_dtype = t_},
+                   dx.data(), (is_q ? dq_ : dk_).as<float>(), x.data(), rstd.as<float>(), w.data(), dy.data());
+  return dx;
+}
+
+void QkNorm::store_grads(const AttentionGrads& g) {
+  if (!on_ || !dev_.backed() || dq_.data() == nullptr) return;
+  store_f32(g.dq_norm.data(), g.dq_norm.dtype(), dq_.as<float>(), d_);
+  store_f32(g.dk_norm.data(), g.dk_norm.dtype(), dk_.as<float>(), d_);
 }
 
 std::vector<int64_t> local_positions(int64_t rank, int64_t rows) {

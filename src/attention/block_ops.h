@@ -45,6 +45,29 @@ struct F32View {
 };
 F32View as_f32(Device& dev, const Tensor& t, const char* what);
 
+// Qwen3's per-head RMSNorm of q and k (cfg.qk_norm): forward into a new buffer, backward from
+// the saved pre-norm input and rstd, weight gradients accumulated in fp32 over every call of one
+// backward pass and stored (=) into the block's gradients at its end.
+class QkNorm {
+ public:
+  // grads: allocate the fp32 weight-gradient accumulators (backward passes).
+  QkNorm(Device& dev, const AttentionConfig& cfg, bool grads);
+  bool on() const { return on_; }
+  // y = rmsnorm(x) over each D-vector of x (any shape, numel % D == 0); rstd receives one per vector.
+  TensorBuffer forward(const Tensor& x, const Tensor& w, TensorBuffer* rstd, const char* what);
+  // dx from the saved x and rstd and dy; accumulates the q (is_q) or k weight gradient.
+  TensorBuffer backward(bool is_q, const Tensor& x, const Tensor& rstd, const Tensor& w, const Tensor& dy);
+  void store_grads(const AttentionGrads& g);
+
+ private:
+  Device& dev_;
+  bool on_;
+  int64_t d_;
+  float eps_;
+  DType t_;
+  TensorBuffer dq_, dk_;
+};
+
 // Global positions of this rank's tokens: rank * rows + [0, rows).
 std::vector<int64_t> local_positions(int64_t rank, int64_t rows);
 

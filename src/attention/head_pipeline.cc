@@ -34,18 +34,35 @@ HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfi
 // Per-stage buffers: projections in send layout, their exchange, the kernel's output.
 struct HeadPipeline::Stage {
   TensorBuffer q_recv, k_res, v_res, o;
+  // qk_norm, backward only: pre-norm projections (send layout) and their rstd, kept until the
+  // gradients come back (q for the stage, k for the round).
+  TensorBuffer q_pre, q_rstd, k_pre, k_rstd;
 };
 
-void HeadPipeline::project_exchange(const AttentionWeights& w, const float* x, int64_t s, bool kv, Stage& st) {
+void HeadPipeline::project_exchange(const AttentionWeights& w, const float* x, int64_t s, bool kv, Stage& st,
+                                    bool keep_pre) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
   const int64_t es = dtype_size(t);
+  QkNorm qk(dev_, cfg_, /*grads=*/false);
+  // With qk_norm the projection is normalised per head into a new send buffer; the pre-norm
+  // projection and rstd are kept for backward when asked.
+  auto normalise = [&](TensorBuffer& send, const Tensor& wn, TensorBuffer* pre, TensorBuffer* rstd) {
+    if (!qk.on()) return;
+    TensorBuffer r, normed = qk.forward(send, wn, &r, "q/k normed (send layout)");
+    if (keep_pre) {
+      *pre = std::move(send);
+      *rstd = std::move(r);
+    }
+    send = std::move(normed);
+  };
   {
     TensorBuffer q_send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
     for (int64_t p = 0; p < C; ++p)
       for (int64_t j = 0; j < u; ++j)
         project_head(dev_, q_send.as<char>() + (p * L * u + j) * D * es, u * D, t, x, DType::kF32, L, w.wq,
                      sched_.q_head(s, p, j), D);
+    normalise(q_send, w.q_norm, &st.q_pre, &st.q_rstd);
     rope_blocks(dev_, q_send.data(), t, C, L, u, D, cfg_.rope_theta, positions_.data(), false);
     st.q_recv = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
     exchange(dev_, comm_, q_send.data(), st.q_recv.data(), L * u * D * es);
@@ -60,7 +77,10 @@ void HeadPipeline::project_exchange(const AttentionWeights& w, const float* x, i
       for (int64_t i = 0; i < nkv; ++i)
         project_head(dev_, send.as<char>() + (p * L * nkv + i) * D * es, nkv * D, t, x, DType::kF32, L, wt,
                      sched_.kv_head(round, p, i), D);
-    if (which == 0) rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, positions_.data(), false);
+    if (which == 0) {
+      normalise(send, w.k_norm, &st.k_pre, &st.k_rstd);
+      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, positions_.data(), false);
+    }
     TensorBuffer& res = which == 0 ? st.k_res : st.v_res;
     res = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication,
                        which == 0 ? "k all-to-all receive (resident)" : "v all-to-all receive (resident)");
@@ -86,7 +106,7 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
 
   Stage st;
   for (int64_t s = 0; s < sched_.stages; ++s) {
-    project_exchange(w, xf.ptr, s, sched_.first_of_round(s), st);
+    project_exchange(w, xf.ptr, s, sched_.first_of_round(s), st, /*keep_pre=*/!recompute_);
     st.o = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "attention output (head-sharded)");
     saved.lse.emplace_back(alloc, DType::kF32, Shape{u, C * L}, Tag::kActivations, "attention LSE (saved)");
     attention_forward(dev_, kernel_shape(), st.o.data(), saved.lse.back().as<float>(), st.q_recv.data(),
@@ -115,6 +135,14 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
         saved.qkv_out.push_back(std::move(st.v_res));
       }
       saved.qkv_out.push_back(std::move(st.o));
+      if (cfg_.qk_norm) {
+        saved.qkv_out.push_back(std::move(st.q_pre));
+        saved.qkv_out.push_back(std::move(st.q_rstd));
+        if (sched_.first_of_round(s)) {
+          saved.qkv_out.push_back(std::move(st.k_pre));
+          saved.qkv_out.push_back(std::move(st.k_rstd));
+        }
+      }
     }
   }
   // y (L, E) = attn_out (L, H*D) wo^T
@@ -152,13 +180,14 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   dev_.fill_zero(g.dwk.data(), g.dwk.bytes());
   dev_.fill_zero(g.dwv.data(), g.dwv.bytes());
 
+  QkNorm qk(dev_, cfg_, /*grads=*/true);
   Stage st;
   size_t saved_idx = 0;
   TensorBuffer dk_acc, dv_acc;  // (S, w, D) fp32, per round
   for (int64_t s = 0; s < sched_.stages; ++s) {
     const int64_t round = sched_.round(s);
     if (recompute_) {
-      project_exchange(w, xf.ptr, s, sched_.first_of_round(s), st);
+      project_exchange(w, xf.ptr, s, sched_.first_of_round(s), st, /*keep_pre=*/true);
     } else {
       st.q_recv = std::move(saved.qkv_out[saved_idx++]);
       if (sched_.first_of_round(s)) {
@@ -166,6 +195,14 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
         st.v_res = std::move(saved.qkv_out[saved_idx++]);
       }
       st.o = std::move(saved.qkv_out[saved_idx++]);
+      if (cfg_.qk_norm) {
+        st.q_pre = std::move(saved.qkv_out[saved_idx++]);
+        st.q_rstd = std::move(saved.qkv_out[saved_idx++]);
+        if (sched_.first_of_round(s)) {
+          st.k_pre = std::move(saved.qkv_out[saved_idx++]);
+          st.k_rstd = std::move(saved.qkv_out[saved_idx++]);
+        }
+      }
     }
     if (sched_.first_of_round(s)) {
       dk_acc = TensorBuffer(alloc, DType::kF32, {C * L, wk, D}, Tag::kAttnWorkspace, "dk accumulator (round)");
@@ -220,6 +257,11 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       exchange(dev_, comm_, dq.data(), dq_recv.data(), L * u * D * es);
       dq.reset();
       rope_blocks(dev_, dq_recv.data(), t, C, L, u, D, cfg_.rope_theta, positions_.data(), true);
+      if (qk.on()) {  // through the per-head q norm
+        dq_recv = qk.backward(true, st.q_pre, st.q_rstd, w.q_norm, dq_recv);
+        st.q_pre.reset();
+        st.q_rstd.reset();
+      }
       for (int64_t p = 0; p < C; ++p)
         for (int64_t j = 0; j < u; ++j)
           project_head_backward(dev_, dx_acc, dq_recv.as<char>() + (p * L * u + j) * D * es, u * D, t, xf.ptr,
@@ -236,15 +278,29 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
         acc.reset();
         if (pass == 0)
           rope_blocks(dev_, recv.data(), DType::kF32, C, L, wk, D, cfg_.rope_theta, positions_.data(), true);
+        const void* grad = recv.data();
+        DType grad_t = DType::kF32;
+        TensorBuffer dk_pre;
+        if (pass == 0 && qk.on()) {  // through the per-head k norm, in the block's dtype
+          TensorBuffer dk_t(alloc, t, {C, L, wk, D}, Tag::kAttnWorkspace, "dk (block dtype)");
+          if (dev_.backed()) store_f32(dk_t.data(), t, recv.as<float>(), C * L * wk * D);
+          dk_pre = qk.backward(false, st.k_pre, st.k_rstd, w.k_norm, dk_t);
+          st.k_pre.reset();
+          st.k_rstd.reset();
+          grad = dk_pre.data();
+          grad_t = t;
+        }
+        const int64_t ges = dtype_size(grad_t);
         for (int64_t p = 0; p < C; ++p)
           for (int64_t i = 0; i < wk; ++i)
-            project_head_backward(dev_, dx_acc, recv.as<float>() + (p * L * wk + i) * D, wk * D, DType::kF32, xf.ptr,
-                                  DType::kF32, L, pass == 0 ? w.wk : w.wv, pass == 0 ? g.dwk : g.dwv,
+            project_head_backward(dev_, dx_acc, static_cast<const char*>(grad) + (p * L * wk + i) * D * ges, wk * D,
+                                  grad_t, xf.ptr, DType::kF32, L, pass == 0 ? w.wk : w.wv, pass == 0 ? g.dwk : g.dwv,
                                   sched_.kv_head(round, p, i), D, true);
       }
     }
   }
   if (dx.dtype() != DType::kF32 && dev_.backed()) store_f32(dx.data(), dx.dtype(), dx_acc, L * E);
+  qk.store_grads(g);
   saved.reset();
 }
 

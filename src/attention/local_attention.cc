@@ -28,6 +28,15 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
   for (auto [dst, wt, n] : {std::tuple{&q, &w.wq, H * D}, {&k, &w.wk, G * D}, {&v, &w.wv, G * D}})
     gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = n, .k = E, .a = x.data(), .lda = E, .a_dtype = x.dtype(),
                           .b = wt->data(), .ldb = E, .b_dtype = wt->dtype(), .c = dst->data(), .ldc = n, .c_dtype = t});
+  // Qwen3: per-head RMSNorm of q and k before RoPE; the pre-norm tensors are kept for backward.
+  TensorBuffer q_pre, k_pre, q_rstd, k_rstd;
+  if (cfg_.qk_norm) {
+    QkNorm qk(dev_, cfg_, /*grads=*/false);
+    q_pre = std::move(q);
+    k_pre = std::move(k);
+    q = qk.forward(q_pre, w.q_norm, &q_rstd, "q (normed, local)");
+    k = qk.forward(k_pre, w.k_norm, &k_rstd, "k (normed, local)");
+  }
   rope_forward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, q.data(),
                positions_.data());
   rope_forward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, k.data(),
@@ -43,6 +52,12 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
   saved.qkv_out.push_back(std::move(q));
   saved.qkv_out.push_back(std::move(k));
   saved.qkv_out.push_back(std::move(v));
+  if (cfg_.qk_norm) {
+    saved.qkv_out.push_back(std::move(q_pre));
+    saved.qkv_out.push_back(std::move(q_rstd));
+    saved.qkv_out.push_back(std::move(k_pre));
+    saved.qkv_out.push_back(std::move(k_rstd));
+  }
 }
 
 void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
@@ -52,7 +67,8 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
   const int64_t S = cfg_.seq, E = cfg_.hidden, H = cfg_.heads, G = cfg_.kv_heads, D = cfg_.head_dim;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
-  UNTIED_CHECK(saved.qkv_out.size() == 3 && saved.lse.size() == 1, "attention backward without a matching forward");
+  UNTIED_CHECK(saved.qkv_out.size() == (cfg_.qk_norm ? 7u : 3u) && saved.lse.size() == 1,
+               "attention backward without a matching forward");
   const Tensor& q = saved.qkv_out[0];
   const Tensor& k = saved.qkv_out[1];
   const Tensor& v = saved.qkv_out[2];
@@ -72,6 +88,11 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
                 dq.data(), positions_.data());
   rope_backward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
                 dk.data(), positions_.data());
+  QkNorm qk(dev_, cfg_, /*grads=*/true);
+  if (qk.on()) {
+    dq = qk.backward(true, saved.qkv_out[3], saved.qkv_out[4], w.q_norm, dq);
+    dk = qk.backward(false, saved.qkv_out[5], saved.qkv_out[6], w.k_norm, dk);
+  }
   // dx = dq wq + dk wk + dv wv (fp32 accumulation);  dw = d^T x
   Buffer dx_acc_buf;
   float* dx_acc = dx.as<float>();
@@ -90,6 +111,7 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
     beta = 1.0f;
   }
   if (dx.dtype() != DType::kF32 && dev_.backed()) store_f32(dx.data(), dx.dtype(), dx_acc, S * E);
+  qk.store_grads(g);
   saved.reset();
 }
 

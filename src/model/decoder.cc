@@ -32,7 +32,15 @@ void add_inplace(Device& dev, const Tensor& dst, const Tensor& src) {
 AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
   return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
                          .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype,
-                         .strategy = o.strategy, .upipe_heads = o.upipe_heads};
+                         .strategy = o.strategy, .upipe_heads = o.upipe_heads, .qk_norm = m.qk_norm,
+                         .norm_eps = m.norm_eps};
+}
+
+// The block's attention weights, with Qwen3's q/k norms when the model has them.
+AttentionWeights attention_weights(const ModelConfig& m, const ShardedParams::Gathered& w) {
+  AttentionWeights a{w["wq"], w["wk"], w["wv"], w["wo"], {}, {}};
+  if (m.qk_norm) a.q_norm = w["q_norm"], a.k_norm = w["k_norm"];
+  return a;
 }
 
 // Rows [r0, r0 + n) of a contiguous (rows, cols) tensor.
@@ -43,9 +51,6 @@ Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   Status s = validate(m);
   if (!s.ok()) return s;
-  if (m.qk_norm)
-    return Status::unsupported("model '" + m.name +
-                               "' uses QK-norm (Qwen3), which training does not support yet; use a Llama preset");
   s = validate(attention_config(m, o), ranks);
   if (!s.ok()) return s;
   if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
@@ -134,7 +139,7 @@ void Decoder::block_forward(int l, const ShardedParams::Gathered& w, const Tenso
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
   rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w["attn_norm"].data());
   A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
-  attn_->forward(A.hm, A.a, AttentionWeights{w["wq"], w["wk"], w["wv"], w["wo"]}, A.saved);
+  attn_->forward(A.hm, A.a, attention_weights(m_, w), A.saved);
   add_inplace(dev_, A.hm, x);
   // b = mlp_norm(hm)
   A.b = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "mlp_norm output");
@@ -165,19 +170,25 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
   add_inplace(dev_, dhm, dy);
   A.hm.reset();
   // hm = x + attn(attn_norm(x)):  dx = dhm + attn_norm'(attn'(dhm))
+  std::vector<const char*> names = {"wq", "wk", "wv", "wo"};
+  if (m_.qk_norm) names.insert(names.end(), {"q_norm", "k_norm"});
   std::vector<TensorBuffer> tmp;  // bf16 attention gradients, added into the fp32 buffers after
-  AttentionGrads ag{g["wq"], g["wk"], g["wv"], g["wo"]};
-  if (t != DType::kF32) {
-    for (const char* name : {"wq", "wk", "wv", "wo"})
+  std::vector<Tensor> grads;
+  for (const char* name : names) {
+    if (t == DType::kF32) {
+      grads.push_back(g[name]);
+    } else {
       tmp.emplace_back(alloc, t, g[name].shape(), Tag::kGradients, std::string("d") + name + " (compute dtype)");
-    ag = AttentionGrads{tmp[0], tmp[1], tmp[2], tmp[3]};
+      grads.push_back(tmp.back());
+    }
   }
+  AttentionGrads ag{grads[0], grads[1], grads[2], grads[3], {}, {}};
+  if (m_.qk_norm) ag.dq_norm = grads[4], ag.dk_norm = grads[5];
   TensorBuffer da(alloc, t, {L, E}, Tag::kOther, "d attn_norm output");
-  attn_->backward(da, ag, dhm, A.a, AttentionWeights{w["wq"], w["wk"], w["wv"], w["wo"]}, A.saved);
-  if (t != DType::kF32 && dev_.backed()) {
-    int k = 0;
-    for (const char* name : {"wq", "wk", "wv", "wo"}) accumulate_f32(g[name].as<float>(), tmp[k++].data(), t, g[name].numel());
-  }
+  attn_->backward(da, ag, dhm, A.a, attention_weights(m_, w), A.saved);
+  if (t != DType::kF32 && dev_.backed())
+    for (size_t k = 0; k < names.size(); ++k)
+      accumulate_f32(g[names[k]].as<float>(), tmp[k].data(), t, g[names[k]].numel());
   tmp.clear();
   A.a.reset();
   rmsnorm_backward(dev_, norm, dx.data(), g["attn_norm"].as<float>(), x.data(), A.rstd1.as<float>(),

@@ -108,6 +108,22 @@ TEST(Decoder, StrategiesAgreeWithLocal) {
   }
 }
 
+// Qwen3 style: RMSNorm on each q and k head, through every strategy.
+TEST(Decoder, QkNormStrategiesAgreeWithLocal) {
+  ModelConfig m = tiny_model();
+  m.qk_norm = true;
+  DecoderOptions o{.seq = 48, .strategy = Strategy::kLocal, .mlp_tile = 16};
+  const Result ref = run(m, o, 1);
+  for (int ranks : {2, 4})
+    for (Strategy st : {Strategy::kUlysses, Strategy::kUPipe}) {
+      SCOPED_TRACE(std::string(strategy_name(st)) + " on " + std::to_string(ranks) + " ranks");
+      o.strategy = st;
+      expect_close(ref, run(m, o, ranks), m, 2e-5);
+    }
+  o.dtype = DType::kBF16;  // the bf16 path of the k-norm backward
+  EXPECT_NEAR(run(m, o, 2).loss, ref.loss, 2e-2 * ref.loss);
+}
+
 TEST(Decoder, Bf16StaysCloseToF32) {
   const ModelConfig m = tiny_model();
   DecoderOptions o{.seq = 48, .strategy = Strategy::kUPipe};

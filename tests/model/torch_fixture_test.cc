@@ -19,7 +19,6 @@
 namespace untied {
 namespace {
 
-const std::string kDir = std::string(UNTIED_FIXTURES) + "/decoder_small";
 
 double json_number(const std::string& text, const std::string& key) {
   const auto k = text.find("\"" + key + "\"");
@@ -27,10 +26,15 @@ double json_number(const std::string& text, const std::string& key) {
   return std::stod(text.substr(text.find(':', k) + 1));
 }
 
-std::vector<float> load(const std::string& name) {
+bool json_bool(const std::string& text, const std::string& key) {
+  const auto k = text.find("\"" + key + "\"");
+  return k != std::string::npos && text.compare(text.find(':', k) + 1, 5, " true") == 0;
+}
+
+std::vector<float> load(const std::string& dir, const std::string& name) {
   std::vector<int64_t> shape;
   std::vector<float> data;
-  Status s = read_npy(kDir + "/" + name + ".npy", &shape, &data);
+  Status s = read_npy(dir + "/" + name + ".npy", &shape, &data);
   EXPECT_TRUE(s.ok()) << s.message();
   return data;
 }
@@ -42,8 +46,8 @@ struct Fixture {
   std::vector<int32_t> tokens, labels;
 };
 
-Fixture read_fixture() {
-  std::ifstream f(kDir + "/config.json");
+Fixture read_fixture(const std::string& dir) {
+  std::ifstream f(dir + "/config.json");
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string t = ss.str();
@@ -54,23 +58,31 @@ Fixture read_fixture() {
   fx.m.head_dim = json_number(t, "head_dim"), fx.m.ffn = json_number(t, "ffn");
   fx.m.rope_theta = json_number(t, "rope_theta");
   fx.m.norm_eps = static_cast<float>(json_number(t, "norm_eps"));
+  fx.m.qk_norm = json_bool(t, "qk_norm");
   fx.seq = json_number(t, "seq");
   fx.loss = json_number(t, "loss");
-  for (float v : load("tokens")) fx.tokens.push_back(static_cast<int32_t>(v));
-  for (float v : load("labels")) fx.labels.push_back(static_cast<int32_t>(v));
+  for (float v : load(dir, "tokens")) fx.tokens.push_back(static_cast<int32_t>(v));
+  for (float v : load(dir, "labels")) fx.labels.push_back(static_cast<int32_t>(v));
   return fx;
 }
 
-TEST(DecoderVsPyTorch, LossAndEveryGradient) {
-  const Fixture fx = read_fixture();
+class DecoderVsPyTorch : public ::testing::TestWithParam<const char*> {};
+
+// decoder_small: Llama 3 style; decoder_qknorm: Qwen3 style (RMSNorm on each q and k head).
+INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderVsPyTorch, ::testing::Values("decoder_small", "decoder_qknorm"));
+
+TEST_P(DecoderVsPyTorch, LossAndEveryGradient) {
+  const std::string dir = std::string(UNTIED_FIXTURES) + "/" + GetParam();
+  const Fixture fx = read_fixture(dir);
+  ASSERT_EQ(fx.m.qk_norm, std::string(GetParam()) == "decoder_qknorm");
   ASSERT_EQ(static_cast<int64_t>(fx.tokens.size()), fx.seq);
   int64_t global = 0;
   for (int32_t l : fx.labels) global += l != -100;
   const auto descs = parameter_descriptors(fx.m);
   std::vector<std::vector<float>> weights, want;
   for (const auto& d : descs) {
-    weights.push_back(load(d.name));
-    want.push_back(load("grad." + d.name));
+    weights.push_back(load(dir, d.name));
+    want.push_back(load(dir, "grad." + d.name));
     ASSERT_EQ(static_cast<int64_t>(weights.back().size()), d.shape.numel()) << d.name;
   }
   for (auto [strategy, ranks] : {std::pair{Strategy::kLocal, 1}, {Strategy::kUlysses, 2}, {Strategy::kUPipe, 2},

@@ -60,6 +60,10 @@ struct AttentionConfig {
   DType dtype = DType::kF32;
   Strategy strategy = Strategy::kUPipe;
   int64_t upipe_heads = 0;  // U; 0 = C (most memory saved). Ignored unless kUPipe.
+  // Qwen3: RMSNorm over each head's D values of q and of k (weights q_norm, k_norm (D)),
+  // after the projection and before RoPE.
+  bool qk_norm = false;
+  float norm_eps = 1e-6f;
 };
 
 // Checks that `cfg` can run on `ranks` ranks. The message says what to change. Pure: every rank
@@ -68,10 +72,12 @@ Status validate(const AttentionConfig& cfg, int ranks);
 
 struct AttentionWeights {
   Tensor wq, wk, wv, wo;  // (H*D, E), (G*D, E), (G*D, E), (E, H*D)
+  Tensor q_norm, k_norm;  // (D) each, with qk_norm only
 };
 
 struct AttentionGrads {
   Tensor dwq, dwk, dwv, dwo;  // shapes as the weights; overwritten with local partial sums
+  Tensor dq_norm, dk_norm;    // (D), with qk_norm only; overwritten with local partial sums
 };
 
 // What forward keeps for backward; owned by the caller between the two calls.
