@@ -87,18 +87,6 @@ void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int
   comm.all_to_all(send, recv, block_bytes);
 }
 
-F32View as_f32(Device& dev, const Tensor& t, const char* what) {
-  F32View v;
-  if (t.dtype() == DType::kF32) {
-    v.ptr = t.as<float>();
-    return v;
-  }
-  v.owned = dev.allocator().allocate(t.numel() * 4, Tag::kOther, what);
-  if (dev.backed()) load_f32(v.owned.as<float>(), t.data(), t.dtype(), t.numel());
-  v.ptr = v.owned.as<float>();
-  return v;
-}
-
 QkNorm::QkNorm(Device& dev, const AttentionConfig& c, bool grads)
     : dev_(dev), on_(c.qk_norm), d_(c.head_dim), eps_(c.norm_eps), t_(c.dtype) {
   if (!on_ || !grads) return;

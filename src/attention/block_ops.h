@@ -38,12 +38,6 @@ void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, 
 // all_to_all of equal blocks; skipped in rehearsal (unbacked buffers).
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes);
 
-// A contiguous f32 copy of t (tag kOther: CPU widening of bf16 storage), or t itself when f32.
-struct F32View {
-  Buffer owned;
-  const float* ptr = nullptr;
-};
-F32View as_f32(Device& dev, const Tensor& t, const char* what);
 
 // Qwen3's per-head RMSNorm of q and k (cfg.qk_norm): forward into a new buffer, backward from
 // the saved pre-norm input and rstd, weight gradients accumulated in fp32 over every call of one

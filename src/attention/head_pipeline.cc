@@ -39,7 +39,7 @@ struct HeadPipeline::Stage {
   TensorBuffer q_pre, q_rstd, k_pre, k_rstd;
 };
 
-void HeadPipeline::project_exchange(const AttentionWeights& w, const float* x, int64_t s, bool kv, Stage& st,
+void HeadPipeline::project_exchange(const AttentionWeights& w, const Tensor& x, int64_t s, bool kv, Stage& st,
                                     bool keep_pre) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
@@ -60,7 +60,7 @@ void HeadPipeline::project_exchange(const AttentionWeights& w, const float* x, i
     TensorBuffer q_send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
     for (int64_t p = 0; p < C; ++p)
       for (int64_t j = 0; j < u; ++j)
-        project_head(dev_, q_send.as<char>() + (p * L * u + j) * D * es, u * D, t, x, DType::kF32, L, w.wq,
+        project_head(dev_, q_send.as<char>() + (p * L * u + j) * D * es, u * D, t, x.data(), x.dtype(), L, w.wq,
                      sched_.q_head(s, p, j), D);
     normalise(q_send, w.q_norm, &st.q_pre, &st.q_rstd);
     rope_blocks(dev_, q_send.data(), t, C, L, u, D, cfg_.rope_theta, positions_.data(), false);
@@ -75,7 +75,7 @@ void HeadPipeline::project_exchange(const AttentionWeights& w, const float* x, i
                       which == 0 ? "k projection (send layout)" : "v projection (send layout)");
     for (int64_t p = 0; p < C; ++p)
       for (int64_t i = 0; i < nkv; ++i)
-        project_head(dev_, send.as<char>() + (p * L * nkv + i) * D * es, nkv * D, t, x, DType::kF32, L, wt,
+        project_head(dev_, send.as<char>() + (p * L * nkv + i) * D * es, nkv * D, t, x.data(), x.dtype(), L, wt,
                      sched_.kv_head(round, p, i), D);
     if (which == 0) {
       normalise(send, w.k_norm, &st.k_pre, &st.k_rstd);
@@ -102,11 +102,10 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
   Allocator& alloc = dev_.allocator();
   saved.reset();
   saved.attn_out = TensorBuffer(alloc, t, {L, H, D}, Tag::kActivations, "attention output (saved)");
-  F32View xf = as_f32(dev_, x, "x in fp32");
 
   Stage st;
   for (int64_t s = 0; s < sched_.stages; ++s) {
-    project_exchange(w, xf.ptr, s, sched_.first_of_round(s), st, /*keep_pre=*/!recompute_);
+    project_exchange(w, x, s, sched_.first_of_round(s), st, /*keep_pre=*/!recompute_);
     st.o = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "attention output (head-sharded)");
     saved.lse.emplace_back(alloc, DType::kF32, Shape{u, C * L}, Tag::kActivations, "attention LSE (saved)");
     attention_forward(dev_, kernel_shape(), st.o.data(), saved.lse.back().as<float>(), st.q_recv.data(),
@@ -163,11 +162,10 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   UNTIED_CHECK(static_cast<int64_t>(saved.lse.size()) == sched_.stages,
                "attention backward without a matching forward (", saved.lse.size(), " saved stages, expected ",
                sched_.stages, ")");
-  F32View xf = as_f32(dev_, x, "x in fp32");
-  F32View dyf = as_f32(dev_, dy, "dy in fp32");
 
   // dwo (E, H*D) = dy^T attn_out
-  gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = L, .a = dyf.ptr, .lda = E, .b = saved.attn_out.data(),
+  gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = L, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(),
+                        .b = saved.attn_out.data(),
                         .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D, .c_dtype = g.dwo.dtype()});
   // dx accumulates in fp32; dwk/dwv accumulate over KV replicas.
   Buffer dx_acc_buf;
@@ -187,7 +185,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   for (int64_t s = 0; s < sched_.stages; ++s) {
     const int64_t round = sched_.round(s);
     if (recompute_) {
-      project_exchange(w, xf.ptr, s, sched_.first_of_round(s), st, /*keep_pre=*/true);
+      project_exchange(w, x, s, sched_.first_of_round(s), st, /*keep_pre=*/true);
     } else {
       st.q_recv = std::move(saved.qkv_out[saved_idx++]);
       if (sched_.first_of_round(s)) {
@@ -219,7 +217,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       TensorBuffer delta_recv(alloc, DType::kF32, {C, L, u}, Tag::kCommunication, "attention D receive");
       for (int64_t p = 0; p < C; ++p)
         for (int64_t j = 0; j < u; ++j)
-          project_out_grad_head(dev_, do_send.as<char>() + (p * L * u + j) * D * es, u * D, t, dyf.ptr, DType::kF32,
+          project_out_grad_head(dev_, do_send.as<char>() + (p * L * u + j) * D * es, u * D, t, dy.data(), dy.dtype(),
                                 L, w.wo, sched_.q_head(s, p, j), D);
       if (dev_.backed())
         for (int64_t p = 0; p < C; ++p)
@@ -264,8 +262,8 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       }
       for (int64_t p = 0; p < C; ++p)
         for (int64_t j = 0; j < u; ++j)
-          project_head_backward(dev_, dx_acc, dq_recv.as<char>() + (p * L * u + j) * D * es, u * D, t, xf.ptr,
-                                DType::kF32, L, w.wq, g.dwq, sched_.q_head(s, p, j), D, false);
+          project_head_backward(dev_, dx_acc, dq_recv.as<char>() + (p * L * u + j) * D * es, u * D, t, x.data(),
+                                x.dtype(), L, w.wq, g.dwq, sched_.q_head(s, p, j), D, false);
     }
     if (sched_.last_of_round(s)) {
       st.k_res.reset();
@@ -294,7 +292,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
         for (int64_t p = 0; p < C; ++p)
           for (int64_t i = 0; i < wk; ++i)
             project_head_backward(dev_, dx_acc, static_cast<const char*>(grad) + (p * L * wk + i) * D * ges, wk * D,
-                                  grad_t, xf.ptr, DType::kF32, L, pass == 0 ? w.wk : w.wv, pass == 0 ? g.dwk : g.dwv,
+                                  grad_t, x.data(), x.dtype(), L, pass == 0 ? w.wk : w.wv, pass == 0 ? g.dwk : g.dwv,
                                   sched_.kv_head(round, p, i), D, true);
       }
     }

@@ -22,10 +22,10 @@ class HeadPipeline final : public AttentionBlock {
 
  private:
   struct Stage;
-  // Projects stage s's query heads (and, when kv, the round's K/V heads) from x (L, E) fp32 into
+  // Projects stage s's query heads (and, when kv, the round's K/V heads) from x (L, E) into
   // send layout, applies RoPE, exchanges into st.q_recv (and st.k_res, st.v_res).
   // keep_pre (qk_norm): keep the pre-norm projections and rstd in st for backward.
-  void project_exchange(const AttentionWeights& w, const float* x, int64_t s, bool kv, Stage& st, bool keep_pre);
+  void project_exchange(const AttentionWeights& w, const Tensor& x, int64_t s, bool kv, Stage& st, bool keep_pre);
   AttentionShape kernel_shape() const;
 
   Device& dev_;

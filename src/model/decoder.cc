@@ -154,7 +154,8 @@ void Decoder::block_forward(int l, const ShardedParams::Gathered& w, const Tenso
 }
 
 void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
-                             const Tensor& dy, const Tensor& dx, BlockActs& A) {
+                             const Tensor& dh, BlockActs& A) {
+  const Tensor& dy = dh;  // in: the gradient of the block's output; out (dx): of its input
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -191,6 +192,8 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
       accumulate_f32(g[names[k]].as<float>(), tmp[k].data(), t, g[names[k]].numel());
   tmp.clear();
   A.a.reset();
+  // dy is no longer needed: dx is written over it.
+  const Tensor& dx = dh;
   rmsnorm_backward(dev_, norm, dx.data(), g["attn_norm"].as<float>(), x.data(), A.rstd1.as<float>(),
                    w["attn_norm"].data(), da.data());
   add_inplace(dev_, dx, dhm);
@@ -260,11 +263,9 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
     auto g = params.grad_buffers(l + 1);
     BlockActs acts;
     block_forward(l, w, inputs[l], Tensor(), &acts);
-    TensorBuffer dx(alloc, t, {L, E}, Tag::kOther, "dh");
-    block_backward(l, w, g, inputs[l], dh, dx, acts);
+    block_backward(l, w, g, inputs[l], dh, acts);  // dh: d output in, d input out
     params.reduce_grads(g);
     inputs[l].reset();
-    dh = std::move(dx);
   }
   {
     auto g = params.grad_buffers(0);

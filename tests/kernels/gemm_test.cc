@@ -246,5 +246,35 @@ TEST(GemmValidate, RejectsBadParamsNamingTheField) {
   }
 }
 
+// bf16 operands are widened in row blocks (A and C rows, or the reduction's rows with
+// transposed A) of at most 16 MiB: shapes above that must give what fp32 operands holding the
+// same values give. Tolerance: the blocked reduction reassociates fp32 sums of k terms.
+TEST(Gemm, TiledWideningMatchesFp32Operands) {
+  auto dev = cpu();
+  for (bool trans_a : {false, true}) {
+    const int64_t big = 70000, small = 64, n = 16;  // big * small * 4 bytes > 16 MiB: two blocks
+    const int64_t m = trans_a ? small : big, k = trans_a ? big : small;
+    std::vector<float> a(m * k), b(k * n);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = round_to_bf16(std::sin(0.37 * i));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = round_to_bf16(std::cos(0.11 * i));
+    std::vector<bf16> a16(a.size()), b16(b.size());
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) b16[i] = float_to_bf16(b[i]);
+    std::vector<float> c32(m * n), c16(m * n);
+    const int64_t lda = trans_a ? m : k;
+    GemmParams p{.trans_a = trans_a, .m = m, .n = n, .k = k, .a = a.data(), .lda = lda, .b = b.data(), .ldb = n,
+                 .c = c32.data(), .ldc = n};
+    gemm(*dev, p);
+    p.a = a16.data(), p.a_dtype = DType::kBF16, p.b = b16.data(), p.b_dtype = DType::kBF16, p.c = c16.data();
+    gemm(*dev, p);
+    double err = 0, mx = 0;
+    for (size_t i = 0; i < c32.size(); ++i) {
+      err = std::max(err, (double)std::fabs(c32[i] - c16[i]));
+      mx = std::max(mx, (double)std::fabs(c32[i]));
+    }
+    EXPECT_LE(err, 1e-5 * mx + 1e-6) << (trans_a ? "transposed A" : "plain") << ": max diff " << err;
+  }
+}
+
 }  // namespace
 }  // namespace untied

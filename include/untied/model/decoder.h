@@ -60,9 +60,10 @@ class Decoder {
   struct BlockActs;
   // y (L, E) = block(x). With acts, keeps what backward needs.
   void block_forward(int l, const ShardedParams::Gathered& w, const Tensor& x, const Tensor& y, BlockActs* acts);
-  // dx (L, E) from dy; block weight gradients (fp32, full local) into g.
+  // dh (L, E): in, the gradient of the block's output; out, that of its input (overwritten in
+  // place). Block weight gradients (fp32, full local) into g.
   void block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
-                      const Tensor& dy, const Tensor& dx, BlockActs& acts);
+                      const Tensor& dh, BlockActs& acts);
   void mlp_forward(const ShardedParams::Gathered& w, const Tensor& b, const Tensor& out_add);
   void mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& b,
                     const Tensor& dy, const Tensor& db);

@@ -1,6 +1,14 @@
 // GEMM on the CPU: BLAS sgemm, with bf16 operands widened to fp32 scratch.
+//
+// Widening is tiled so that scratch does not grow with the long dimension of activations:
+// without transposed A, C is computed in blocks of rows (A's and C's rows widened per block);
+// with transposed A (weight gradients, C = A^T B with the sequence as the reduction), the
+// reduction is split into blocks of stored rows of A and B, accumulated into C. A block holds
+// at most kTileBytes of fp32 per operand (one row at least). B is widened whole when it is not
+// tiled with A (it is then a weight: its size does not depend on the sequence).
 #include "untied/kernels/gemm.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -9,56 +17,125 @@
 namespace untied::cpu {
 namespace {
 
-// Copies a stored (rows, cols) matrix with row stride ld into contiguous fp32.
-void widen(float* dst, const void* src, DType t, int64_t rows, int64_t cols, int64_t ld) {
+constexpr int64_t kTileBytes = int64_t{16} << 20;
+
+// Copies stored rows [r0, r0 + rows) of a matrix with `cols` columns and row stride ld into
+// contiguous fp32.
+void widen_rows(float* dst, const void* src, DType t, int64_t r0, int64_t rows, int64_t cols, int64_t ld) {
   const int64_t es = dtype_size(t);
   for (int64_t r = 0; r < rows; ++r)
-    load_f32(dst + r * cols, static_cast<const char*>(src) + r * ld * es, t, cols);
+    load_f32(dst + r * cols, static_cast<const char*>(src) + (r0 + r) * ld * es, t, cols);
+}
+
+int64_t tile_rows(int64_t total, int64_t row_elems) {
+  return std::clamp<int64_t>(kTileBytes / (4 * std::max<int64_t>(row_elems, 1)), 1, std::max<int64_t>(total, 1));
 }
 
 }  // namespace
 
 void gemm(Device& dev, const GemmParams& p) {
   if (p.m == 0 || p.n == 0) return;
+  const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
+  const bool backed = dev.backed();
   Allocator& alloc = dev.allocator();
-  const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
-  const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
-
-  Buffer a_buf, b_buf, c_buf;
-  const float* a = static_cast<const float*>(p.a);
-  const float* b = static_cast<const float*>(p.b);
-  float* c = static_cast<float*>(p.c);
-  int64_t lda = p.lda, ldb = p.ldb, ldc = p.ldc;
-  if (p.a_dtype != DType::kF32) {
-    a_buf = alloc.allocate(a_rows * a_cols * 4, p.scratch_tag, "gemm A in fp32");
-    a = a_buf.as<float>();
-    lda = a_cols;
-  }
-  if (p.b_dtype != DType::kF32) {
-    b_buf = alloc.allocate(b_rows * b_cols * 4, p.scratch_tag, "gemm B in fp32");
-    b = b_buf.as<float>();
-    ldb = b_cols;
-  }
-  if (p.c_dtype != DType::kF32) {
-    c_buf = alloc.allocate(p.m * p.n * 4, p.scratch_tag, "gemm C in fp32");
-    c = c_buf.as<float>();
-    ldc = p.n;
-  }
-  if (!dev.backed()) return;  // rehearsal: scratch counted, nothing computed
-
-  if (p.a_dtype != DType::kF32) widen(a_buf.as<float>(), p.a, p.a_dtype, a_rows, a_cols, p.lda);
-  if (p.b_dtype != DType::kF32) widen(b_buf.as<float>(), p.b, p.b_dtype, b_rows, b_cols, p.ldb);
-  if (p.c_dtype != DType::kF32 && p.beta != 0.0f)
-    widen(c_buf.as<float>(), p.c, p.c_dtype, p.m, p.n, p.ldc);
-
   if (p.k == 0) {
     // BLAS may skip C when k = 0; define it: C = beta * C (beta 0 clears, NaN included).
-    for (int64_t r = 0; r < p.m; ++r)
-      for (int64_t j = 0; j < p.n; ++j) c[r * ldc + j] = p.beta == 0.0f ? 0.0f : p.beta * c[r * ldc + j];
-  } else {
-    sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, lda, b, ldb, p.beta, c, ldc);
+    if (!backed) return;
+    std::vector<float> row(static_cast<size_t>(p.n));
+    const int64_t es = dtype_size(p.c_dtype);
+    for (int64_t r = 0; r < p.m; ++r) {
+      char* c = static_cast<char*>(p.c) + r * p.ldc * es;
+      load_f32(row.data(), c, p.c_dtype, p.n);
+      for (auto& v : row) v = p.beta == 0.0f ? 0.0f : p.beta * v;
+      store_f32(c, p.c_dtype, row.data(), p.n);
+    }
+    return;
   }
-  if (p.c_dtype != DType::kF32) {
+  if (!wa && !wb && !wc) {
+    if (backed)
+      sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, static_cast<const float*>(p.a), p.lda,
+            static_cast<const float*>(p.b), p.ldb, p.beta, static_cast<float*>(p.c), p.ldc);
+    return;
+  }
+  const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
+
+  if (!p.trans_a) {
+    // C rows [m0, m0 + t) = A rows [m0, m0 + t) op(B).
+    Buffer b_buf;
+    const float* b = static_cast<const float*>(p.b);
+    int64_t ldb = p.ldb;
+    if (wb) {
+      b_buf = alloc.allocate(b_rows * b_cols * 4, p.scratch_tag, "gemm B in fp32");
+      if (backed) widen_rows(b_buf.as<float>(), p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);
+      b = b_buf.as<float>(), ldb = b_cols;
+    }
+    const int64_t t = tile_rows(p.m, std::max(p.k, p.n));
+    Buffer a_buf = wa ? alloc.allocate(t * p.k * 4, p.scratch_tag, "gemm A rows in fp32") : Buffer();
+    Buffer c_buf = wc ? alloc.allocate(t * p.n * 4, p.scratch_tag, "gemm C rows in fp32") : Buffer();
+    if (!backed) return;
+    for (int64_t m0 = 0; m0 < p.m; m0 += t) {
+      const int64_t rows = std::min(t, p.m - m0);
+      const float* a = static_cast<const float*>(p.a) + m0 * p.lda;
+      int64_t lda = p.lda;
+      if (wa) {
+        widen_rows(a_buf.as<float>(), p.a, p.a_dtype, m0, rows, p.k, p.lda);
+        a = a_buf.as<float>(), lda = p.k;
+      }
+      float* c = static_cast<float*>(p.c) + m0 * p.ldc;
+      int64_t ldc = p.ldc;
+      if (wc) {
+        c = c_buf.as<float>(), ldc = p.n;
+        if (p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, m0, rows, p.n, p.ldc);
+      }
+      sgemm(false, p.trans_b, rows, p.n, p.k, p.alpha, a, lda, b, ldb, p.beta, c, ldc);
+      if (wc) {
+        const int64_t es = dtype_size(p.c_dtype);
+        for (int64_t r = 0; r < rows; ++r)
+          store_f32(static_cast<char*>(p.c) + (m0 + r) * p.ldc * es, p.c_dtype, c + r * p.n, p.n);
+      }
+    }
+    return;
+  }
+
+  // trans_a: C (m, n) = sum over blocks of stored rows [k0, k0 + t) of A^T B, accumulated.
+  Buffer c_buf, b_full;
+  float* c = static_cast<float*>(p.c);
+  int64_t ldc = p.ldc;
+  if (wc) {
+    c_buf = alloc.allocate(p.m * p.n * 4, p.scratch_tag, "gemm C in fp32");
+    c = c_buf.as<float>(), ldc = p.n;
+    if (backed && p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, 0, p.m, p.n, p.ldc);
+  }
+  if (wb && p.trans_b) {  // B stored (n, k): not tiled along k's rows; widen it whole
+    b_full = alloc.allocate(b_rows * b_cols * 4, p.scratch_tag, "gemm B in fp32");
+    if (backed) widen_rows(b_full.as<float>(), p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);
+  }
+  const int64_t t = tile_rows(p.k, std::max(p.m, p.n));
+  Buffer a_buf = wa ? alloc.allocate(t * p.m * 4, p.scratch_tag, "gemm A rows in fp32") : Buffer();
+  Buffer b_buf = wb && !p.trans_b ? alloc.allocate(t * p.n * 4, p.scratch_tag, "gemm B rows in fp32") : Buffer();
+  if (!backed) return;
+  for (int64_t k0 = 0; k0 < p.k; k0 += t) {
+    const int64_t kk = std::min(t, p.k - k0);
+    const float* a = static_cast<const float*>(p.a) + k0 * p.lda;
+    int64_t lda = p.lda;
+    if (wa) {
+      widen_rows(a_buf.as<float>(), p.a, p.a_dtype, k0, kk, p.m, p.lda);
+      a = a_buf.as<float>(), lda = p.m;
+    }
+    const float* b;
+    int64_t ldb;
+    if (p.trans_b) {
+      b = wb ? b_full.as<float>() + k0 : static_cast<const float*>(p.b) + k0;
+      ldb = wb ? b_cols : p.ldb;
+    } else if (wb) {
+      widen_rows(b_buf.as<float>(), p.b, p.b_dtype, k0, kk, p.n, p.ldb);
+      b = b_buf.as<float>(), ldb = p.n;
+    } else {
+      b = static_cast<const float*>(p.b) + k0 * p.ldb, ldb = p.ldb;
+    }
+    sgemm(true, p.trans_b, p.m, p.n, kk, p.alpha, a, lda, b, ldb, k0 == 0 ? p.beta : 1.0f, c, ldc);
+  }
+  if (wc) {
     const int64_t es = dtype_size(p.c_dtype);
     for (int64_t r = 0; r < p.m; ++r)
       store_f32(static_cast<char*>(p.c) + r * p.ldc * es, p.c_dtype, c + r * p.n, p.n);
