@@ -49,6 +49,7 @@ void add_train_flags(FlagSet& f) {
   f.add("stop-after", FlagKind::kInt, "0", "stop (and save) after this step, as an interrupted run would");
   f.add("metrics", FlagKind::kString, "", "append one JSON line per step to this file");
   f.add("progress", FlagKind::kBool, "true", "progress bar on rank 0 (--no-progress to turn off)");
+  f.add("offload-inputs", FlagKind::kBool, "false", "keep each block's saved input in host memory, outside --mem-budget");
   f.add("rehearsal", FlagKind::kBool, "false", "run one step with every allocation counted, none backed, compute skipped; print peaks");
   f.add("fit-seq", FlagKind::kBool, "false", "with --rehearsal and --mem-budget: find the longest --seq whose step fits the budget");
 }
@@ -100,6 +101,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
   if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
   o->rehearsal = f.get_bool("rehearsal");
+  o->offload_inputs = f.get_bool("offload-inputs");
   if (o->rehearsal) {
     if (f.get_bool("resume") || !f.get_string("checkpoint-dir").empty() || !f.get_string("metrics").empty())
       return Status::invalid_argument("--rehearsal runs one counted step: drop --resume, --checkpoint-dir and --metrics");
@@ -137,7 +139,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   return Status::ok_status();
 }
 
-void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m) {
+void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t host_peak) {
   std::printf("one training step, rehearsal | %s, %lld layers | %s U=%lld on %d ranks | S=%lld | %s\n",
               o.model.name.c_str(), (long long)o.model.layers, std::string(strategy_name(o.decoder.strategy)).c_str(),
               (long long)(o.decoder.strategy != Strategy::kUPipe ? o.model.heads
@@ -148,10 +150,11 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m) {
   for (int t = 0; t < kNumTags; ++t)
     std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
+  if (o.offload_inputs) std::printf("  %-16s %14s  (offloaded block inputs, outside the budget)\n", "host", format_bytes(host_peak).c_str());
 }
 
 // One rehearsed step at `seq` on `ranks` in-process ranks; true when it fits the budget.
-bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak) {
+bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak, int64_t* host) {
   o.decoder.seq = seq;
   if (!validate(o, ranks).ok()) return false;
   try {
@@ -160,7 +163,7 @@ bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, Memory
       auto r = train(comm, data, o);
       UNTIED_CHECK(r.ok(), r.status().message());
       std::lock_guard<std::mutex> lock(mu);
-      if (comm.rank() == 0) *peak = r.value().peak;
+      if (comm.rank() == 0) *peak = r.value().peak, *host = r.value().host_peak;
     });
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kOutOfBudget) return false;
@@ -173,9 +176,10 @@ bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, Memory
 int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   const int64_t grain = static_cast<int64_t>(ranks) * 1024;
   MemoryStats peak, best_peak;
+  int64_t host = 0, best_host = 0;
   int64_t lo = 0, hi = 0;  // lo fits (0 = none yet), hi does not (0 = not found yet)
   for (int64_t k = 1; hi == 0 && k <= (int64_t{1} << 24); k *= 2) {
-    if (fits(o, data, ranks, k * grain, &peak)) lo = k, best_peak = peak;
+    if (fits(o, data, ranks, k * grain, &peak, &host)) lo = k, best_peak = peak, best_host = host;
     else hi = k;
   }
   if (lo == 0) {
@@ -185,14 +189,14 @@ int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   }
   while (hi != 0 && hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
-    if (fits(o, data, ranks, mid * grain, &peak)) lo = mid, best_peak = peak;
+    if (fits(o, data, ranks, mid * grain, &peak, &host)) lo = mid, best_peak = peak, best_host = host;
     else hi = mid;
   }
   TrainOptions best = o;
   best.decoder.seq = lo * grain;
   std::printf("longest sequence whose training step fits %s per rank: S = %lld (%lld tokens per rank)\n",
               format_bytes(o.budget_bytes).c_str(), (long long)(lo * grain), (long long)(lo * 1024));
-  print_peaks(best, ranks, best_peak);
+  print_peaks(best, ranks, best_peak, best_host);
   return 0;
 }
 
@@ -258,7 +262,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     if (comm.rank() != 0) return;
     const TrainSummary& s = r.value();
     if (opts.rehearsal) {
-      print_peaks(opts, comm.size(), s.peak);
+      print_peaks(opts, comm.size(), s.peak, s.host_peak);
       return;
     }
     std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,

@@ -62,8 +62,8 @@ struct Decoder::BlockActs {
   AttentionSaved saved;
 };
 
-Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o)
-    : dev_(dev), comm_(comm), m_(m), o_(o), rows_(o.seq / comm.size()) {
+Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o, Allocator* host)
+    : dev_(dev), comm_(comm), m_(m), o_(o), rows_(o.seq / comm.size()), host_(host) {
   Status s = validate(m, o, comm.size());
   UNTIED_CHECK(s.ok(), s.message());
   tile_ = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows_) : std::min(rows_, std::max<int64_t>(m.hidden, 256));
@@ -215,12 +215,18 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
     auto w = params.gather(0);
     embedding_forward(dev_, emb, h.data(), tokens, w["embed"].data());
   }
-  std::vector<TensorBuffer> inputs;
+  std::vector<TensorBuffer> inputs;  // each block's input: on the device, or offloaded to host_
   for (int l = 0; l < N; ++l) {
     auto w = params.gather(l + 1);
     TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
     block_forward(l, w, h, y, nullptr);
-    inputs.push_back(std::move(h));
+    if (host_ != nullptr) {
+      TensorBuffer c(*host_, t, {L, E}, Tag::kActivations, "block " + std::to_string(l) + " input (offloaded)");
+      dev_.copy(c.data(), h.data(), h.view().bytes());
+      inputs.push_back(std::move(c));
+    } else {
+      inputs.push_back(std::move(h));
+    }
     h = std::move(y);
   }
 
@@ -261,9 +267,15 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
   for (int l = N - 1; l >= 0; --l) {
     auto w = params.gather(l + 1);
     auto g = params.grad_buffers(l + 1);
+    TensorBuffer fetched;  // the offloaded input, back on the device for the recompute
+    if (host_ != nullptr) {
+      fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched)");
+      dev_.copy(fetched.data(), inputs[l].data(), inputs[l].view().bytes());
+    }
+    const Tensor& x = host_ != nullptr ? fetched.view() : inputs[l].view();
     BlockActs acts;
-    block_forward(l, w, inputs[l], Tensor(), &acts);
-    block_backward(l, w, g, inputs[l], dh, acts);  // dh: d output in, d input out
+    block_forward(l, w, x, Tensor(), &acts);
+    block_backward(l, w, g, x, dh, acts);  // dh: d output in, d input out
     params.reduce_grads(g);
     inputs[l].reset();
   }

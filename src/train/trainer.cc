@@ -78,7 +78,9 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
   Allocator& alloc = dev->allocator();
   ShardedParams params(*dev, comm, o.model, o.decoder.dtype);
   params.init(o.seed);
-  Decoder decoder(*dev, comm, o.model, o.decoder);
+  // Offloaded block inputs live in host memory: counted apart from the device budget.
+  Allocator host(o.rehearsal ? make_counting_memory() : make_host_memory(), Allocator::Options{.name = "host"});
+  Decoder decoder(*dev, comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
   const std::string id = identity(o, comm.size());
 
   int64_t start = 0;
@@ -162,6 +164,8 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
     for (auto& p : mem.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
     comm.all_reduce(&mem.peak_total, &mem.peak_total, 1, DType::kI64, ReduceOp::kMax);
     sum.peak = mem;
+    sum.host_peak = host.stats().peak_total;
+    comm.all_reduce(&sum.host_peak, &sum.host_peak, 1, DType::kI64, ReduceOp::kMax);
     double step_s = t3 - t0;
     comm.all_reduce(&step_s, &step_s, 1, DType::kF64, ReduceOp::kMax);
     sum.losses.push_back(loss);

@@ -133,6 +133,20 @@ TEST(Trainer, RefusesBadCheckpointsWithoutChangingThem) {
   fs::remove_all(dir);
 }
 
+TEST(Trainer, OffloadedInputsChangeMemoryNotResults) {
+  TrainOptions o = small_run(Strategy::kUPipe);
+  auto kept = run(o, 2);
+  o.offload_inputs = true;
+  auto off = run(o, 2);
+  ASSERT_TRUE(kept.ok() && off.ok());
+  EXPECT_EQ(kept.value().losses, off.value().losses);  // a copy out and back changes no value
+  EXPECT_EQ(kept.value().host_peak, 0);
+  // Two blocks: the device keeps one input (plus the one being computed) instead of both.
+  const int act = static_cast<int>(Tag::kActivations);
+  EXPECT_GT(off.value().host_peak, 0);
+  EXPECT_LT(off.value().peak.peak[act], kept.value().peak.peak[act]);
+}
+
 TEST(Trainer, LearningRateWarmsUpThenDecays) {
   TrainOptions o = small_run(Strategy::kLocal);
   o.steps = 100, o.warmup = 10, o.lr = 1.0f, o.min_lr_ratio = 0.1f;

@@ -48,7 +48,9 @@ struct StepSums {
 class Decoder {
  public:
   // REQUIRES: validate(m, o, comm.size()).ok().
-  Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o);
+  // host: when set, each block's saved input is moved there after the block's forward and
+  // fetched back for its recompute (offload: the device holds one block input at a time).
+  Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o, Allocator* host = nullptr);
 
   // Forward and backward of one sequence; gradients are ADDED to the shards of `params`.
   // tokens, labels, is_answer (nullable): this rank's L positions. global_count: labelled tokens
@@ -75,6 +77,7 @@ class Decoder {
   int64_t rows_;  // L
   int64_t tile_;
   std::unique_ptr<AttentionBlock> attn_;
+  Allocator* host_;
 };
 
 }  // namespace untied

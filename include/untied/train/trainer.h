@@ -39,6 +39,7 @@ struct TrainOptions {
   bool progress = true;
   int64_t stop_after = 0;      // > 0: stop (and save) after this step, as if interrupted
   bool rehearsal = false;      // count every allocation of the real schedule, back none, skip compute
+  bool offload_inputs = false; // keep each block's saved input in host memory (outside the budget)
 };
 
 struct TrainSummary {
@@ -47,6 +48,7 @@ struct TrainSummary {
   double last_accuracy = -1;               // -1 when the data has no answers
   std::vector<double> losses;              // every step run, in order
   MemoryStats peak;                        // peaks over the run, max over ranks (per tag, total)
+  int64_t host_peak = 0;                   // offloaded block inputs, max over ranks
 };
 
 // Checks the options for `ranks` ranks (model, decoder, optimizer settings); the message says
