@@ -13,7 +13,8 @@
 //   kUlysses  all heads at once: project, all-to-all sequence->heads, attention on H/C heads
 //             over the whole sequence, all-to-all back, output projection. Saves the
 //             head-sharded q, k, v, attention output and LSE for backward.
-//   kUPipe    H/U stages of U heads (U a multiple of C dividing H; U = C by default). Each stage
+//   kUPipe    H/U stages of U heads (U a multiple of C dividing H, see head_schedule.h for the
+//             GQA condition; U = C by default). Each stage
 //             projects only its heads, exchanges them, runs attention and writes its output
 //             back into a preallocated (L, H, D) buffer. Stage buffers are reused; K/V heads are
 //             exchanged once and stay resident while their query heads are processed (the GQA
@@ -26,9 +27,10 @@
 // over this rank's tokens, overwritten (=): the full gradient is their sum over ranks (an
 // all_reduce, or a reduce_scatter when the trainer shards it).
 //
-// Memory: every buffer comes from the device allocator. Tags: the saved state (attention output,
-// LSE, and for ulysses q/k/v) kActivations... see AttentionSaved; projections, per-stage buffers
-// and kernel scratch kAttnWorkspace; all-to-all receive buffers kCommunication.
+// Memory: every buffer comes from the device allocator. Tags: the attention output and the LSE
+// kept for backward kActivations; projections (send buffers), per-stage buffers and kernel
+// scratch kAttnWorkspace; all-to-all receive buffers kCommunication (ulysses keeps its q/k/v/out
+// stage buffers, under those tags, until backward). The fp32 dx accumulator of bf16 runs is kOther.
 //
 // Storage: f32 or bf16 for x, weights, y and all gradients (the same dtype); compute in fp32.
 // Thread safety: one block per rank; forward/backward are collective over the communicator.
