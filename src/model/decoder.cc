@@ -58,7 +58,7 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
 }
 
 struct Decoder::BlockActs {
-  TensorBuffer a, rstd1, hm, b, rstd2;  // attn_norm(x), its rstd, x + attn, mlp_norm(hm), its rstd
+  TensorBuffer a, rstd1, hm;  // attn_norm(x), its rstd, x + attn (the MLP's norm is per tile)
   AttentionSaved saved;
 };
 
@@ -70,13 +70,18 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
   attn_ = make_attention_block(dev, comm, attention_config(m, o));
 }
 
-void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& b, const Tensor& out_add) {
+void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& hm, const Tensor& out_add) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
     const int64_t n = std::min(tile_, rows_ - r0);
-    const Tensor bt = rows_of(b, r0, n), ot = rows_of(out_add, r0, n);
+    const Tensor ot = rows_of(out_add, r0, n);
+    // b_t = mlp_norm(hm_t): the norm runs tile by tile too, so no (L, E) normed copy exists.
+    TensorBuffer bt(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
+    TensorBuffer rstd(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
+    rmsnorm_forward(dev_, RmsNormShape{.rows = n, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t}, bt.data(),
+                    rstd.as<float>(), rows_of(hm, r0, n).data(), w["mlp_norm"].data());
     TensorBuffer gate(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)"), up(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
     // gate, up (n, F) = b_t w_gate^T, b_t w_up^T
     for (auto [dst, wt] : {std::pair{&gate, &w["w_gate"]}, {&up, &w["w_up"]}})
@@ -90,14 +95,19 @@ void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& b, con
   }
 }
 
-void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& b,
-                           const Tensor& dy, const Tensor& db) {
+void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& hm,
+                           const Tensor& dy, const Tensor& dhm) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
     const int64_t n = std::min(tile_, rows_ - r0);
-    const Tensor bt = rows_of(b, r0, n), dyt = rows_of(dy, r0, n), dbt = rows_of(db, r0, n);
+    const RmsNormShape norm{.rows = n, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
+    const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n), dhmt = rows_of(dhm, r0, n);
+    TensorBuffer bt(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
+    TensorBuffer rstd(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
+    rmsnorm_forward(dev_, norm, bt.data(), rstd.as<float>(), hmt.data(), w["mlp_norm"].data());
+    TensorBuffer dbt(alloc, t, {n, E}, Tag::kOther, "d mlp_norm output (tile)");
     TensorBuffer gate(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)"), up(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
     TensorBuffer s(alloc, t, {n, F}, Tag::kOther, "mlp swiglu (tile)"), ds(alloc, t, {n, F}, Tag::kOther, "mlp dswiglu (tile)");
     for (auto [dst, wt] : {std::pair{&gate, &w["w_gate"]}, {&up, &w["w_up"]}})
@@ -123,6 +133,10 @@ void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::Grad
                             .b = w[name].data(), .ldb = E, .b_dtype = t, .c = dbt.data(), .ldc = E, .c_dtype = t});
       beta = 1.0f;
     }
+    // dhm_t = dy_t + mlp_norm'(db_t)
+    rmsnorm_backward(dev_, norm, dhmt.data(), g["mlp_norm"].as<float>(), hmt.data(), rstd.as<float>(),
+                     w["mlp_norm"].data(), dbt.data());
+    add_inplace(dev_, dhmt, dyt);
   }
 }
 
@@ -141,35 +155,26 @@ void Decoder::block_forward(int l, const ShardedParams::Gathered& w, const Tenso
   A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
   attn_->forward(A.hm, A.a, attention_weights(m_, w), A.saved);
   add_inplace(dev_, A.hm, x);
-  // b = mlp_norm(hm)
-  A.b = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "mlp_norm output");
-  A.rstd2 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "mlp_norm rstd");
-  rmsnorm_forward(dev_, norm, A.b.data(), A.rstd2.as<float>(), A.hm.data(), w["mlp_norm"].data());
   if (acts != nullptr) return;  // recompute for backward: the MLP is recomputed tile by tile there
   A.saved.reset();
-  // y = hm + mlp(b)
+  // y = hm + mlp(mlp_norm(hm)), tile by tile
   dev_.copy(y.data(), A.hm.data(), y.bytes());
-  mlp_forward(w, A.b, y);
+  mlp_forward(w, A.hm, y);
   (void)l;
 }
 
 void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
-                             const Tensor& dh, BlockActs& A) {
+                             TensorBuffer& dh, BlockActs& A) {
   const Tensor& dy = dh;  // in: the gradient of the block's output; out (dx): of its input
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   const RmsNormShape norm{.rows = L, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
-  // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy))
-  TensorBuffer db(alloc, t, {L, E}, Tag::kOther, "d mlp_norm output");
-  mlp_backward(w, g, A.b, dy, db);
-  A.b.reset();
+  // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy)), tile by tile
   TensorBuffer dhm(alloc, t, {L, E}, Tag::kOther, "d residual after attention");
-  rmsnorm_backward(dev_, norm, dhm.data(), g["mlp_norm"].as<float>(), A.hm.data(), A.rstd2.as<float>(),
-                   w["mlp_norm"].data(), db.data());
-  db.reset();
-  add_inplace(dev_, dhm, dy);
+  mlp_backward(w, g, A.hm, dy, dhm);
   A.hm.reset();
+  dh.reset();  // dy is folded into dhm; dx gets a new buffer at the end
   // hm = x + attn(attn_norm(x)):  dx = dhm + attn_norm'(attn'(dhm))
   std::vector<const char*> names = {"wq", "wk", "wv", "wo"};
   if (m_.qk_norm) names.insert(names.end(), {"q_norm", "k_norm"});
@@ -192,7 +197,7 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
       accumulate_f32(g[names[k]].as<float>(), tmp[k].data(), t, g[names[k]].numel());
   tmp.clear();
   A.a.reset();
-  // dy is no longer needed: dx is written over it.
+  dh = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "dh");
   const Tensor& dx = dh;
   rmsnorm_backward(dev_, norm, dx.data(), g["attn_norm"].as<float>(), x.data(), A.rstd1.as<float>(),
                    w["attn_norm"].data(), da.data());

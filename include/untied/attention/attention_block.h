@@ -74,12 +74,12 @@ Status validate(const AttentionConfig& cfg, int ranks);
 
 struct AttentionWeights {
   Tensor wq, wk, wv, wo;  // (H*D, E), (G*D, E), (G*D, E), (E, H*D)
-  Tensor q_norm, k_norm;  // (D) each, with qk_norm only
+  Tensor q_norm = {}, k_norm = {};  // (D) each, with qk_norm only
 };
 
 struct AttentionGrads {
   Tensor dwq, dwk, dwv, dwo;  // shapes as the weights; overwritten with local partial sums
-  Tensor dq_norm, dk_norm;    // (D), with qk_norm only; overwritten with local partial sums
+  Tensor dq_norm = {}, dk_norm = {};  // (D), with qk_norm only; overwritten with local partial sums
 };
 
 // What forward keeps for backward; owned by the caller between the two calls.

@@ -8,9 +8,9 @@
 //   for each block l, last to first: recompute block_l from h_l keeping its intermediates,
 //     then its backward, giving dh_l and the block's weight gradients
 //   embedding backward
-// where block(x) = x + attn(rmsnorm(x)) + mlp(rmsnorm(x + attn(...))), the MLP run over tiles of
-// `mlp_tile` tokens (w_down(silu(w_gate b) * w_up b)), forward and backward, so its (L, F)
-// intermediates never exist at once.
+// where block(x) = x + attn(rmsnorm(x)) + mlp(rmsnorm(x + attn(...))), the MLP and its RMSNorm
+// run over tiles of `mlp_tile` tokens (w_down(silu(w_gate b) * w_up b)), forward and backward,
+// so neither its (L, F) intermediates nor a normed (L, E) copy ever exist at once.
 // Weights come from ShardedParams one group at a time (gathered before use, freed after); each
 // group's gradients are reduce-scattered into the shards right after its backward.
 //
@@ -62,13 +62,16 @@ class Decoder {
   struct BlockActs;
   // y (L, E) = block(x). With acts, keeps what backward needs.
   void block_forward(int l, const ShardedParams::Gathered& w, const Tensor& x, const Tensor& y, BlockActs* acts);
-  // dh (L, E): in, the gradient of the block's output; out, that of its input (overwritten in
-  // place). Block weight gradients (fp32, full local) into g.
+  // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:
+  // the old one is freed as soon as it is folded in, before the attention backward). Block
+  // weight gradients (fp32, full local) into g.
   void block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
-                      const Tensor& dh, BlockActs& acts);
-  void mlp_forward(const ShardedParams::Gathered& w, const Tensor& b, const Tensor& out_add);
-  void mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& b,
-                    const Tensor& dy, const Tensor& db);
+                      TensorBuffer& dh, BlockActs& acts);
+  // out_add (L, E) += mlp(mlp_norm(hm)), norm and MLP tile by tile.
+  void mlp_forward(const ShardedParams::Gathered& w, const Tensor& hm, const Tensor& out_add);
+  // dhm (L, E) = dy + mlp_norm'(mlp'(dy)), tile by tile; MLP and mlp_norm gradients into g.
+  void mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& hm,
+                    const Tensor& dy, const Tensor& dhm);
 
   Device& dev_;
   Communicator& comm_;
