@@ -1,5 +1,7 @@
 #include "attention/block_ops.h"
 
+#include <string>
+
 #include "untied/kernels/rmsnorm.h"
 
 namespace untied::attn {
@@ -13,32 +15,24 @@ void check_one(const Tensor& t, const Shape& shape, DType dtype, const char* wha
 }
 }  // namespace
 
+// The four projections and the optional q/k norms, as weights (prefix "") or gradients ("d").
+void check_weight_set(const AttentionConfig& c, const Tensor* const (&t)[6], const std::string& prefix) {
+  const int64_t E = c.hidden, HD = c.heads * c.head_dim, GD = c.kv_heads * c.head_dim, D = c.head_dim;
+  const Shape shapes[6] = {{HD, E}, {GD, E}, {GD, E}, {E, HD}, {D}, {D}};
+  const char* names[6] = {"wq (H*D, E)", "wk (G*D, E)", "wv (G*D, E)", "wo (E, H*D)", "q_norm (D)", "k_norm (D)"};
+  for (int i = 0; i < (c.qk_norm ? 6 : 4); ++i) check_one(*t[i], shapes[i], c.dtype, (prefix + names[i]).c_str());
+}
+
 void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, const AttentionWeights& w,
                    const Tensor& y_or_dy) {
-  const int64_t E = c.hidden, HD = c.heads * c.head_dim, GD = c.kv_heads * c.head_dim;
-  check_one(x, {rows, E}, c.dtype, "x (L, E)");
-  check_one(y_or_dy, {rows, E}, c.dtype, "y/dy (L, E)");
-  check_one(w.wq, {HD, E}, c.dtype, "wq (H*D, E)");
-  check_one(w.wk, {GD, E}, c.dtype, "wk (G*D, E)");
-  check_one(w.wv, {GD, E}, c.dtype, "wv (G*D, E)");
-  check_one(w.wo, {E, HD}, c.dtype, "wo (E, H*D)");
-  if (c.qk_norm) {
-    check_one(w.q_norm, {c.head_dim}, c.dtype, "q_norm (D)");
-    check_one(w.k_norm, {c.head_dim}, c.dtype, "k_norm (D)");
-  }
+  check_one(x, {rows, c.hidden}, c.dtype, "x (L, E)");
+  check_one(y_or_dy, {rows, c.hidden}, c.dtype, "y/dy (L, E)");
+  check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm}, "");
 }
 
 void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const AttentionGrads& g) {
-  const int64_t E = c.hidden, HD = c.heads * c.head_dim, GD = c.kv_heads * c.head_dim;
-  check_one(dx, {rows, E}, c.dtype, "dx (L, E)");
-  check_one(g.dwq, {HD, E}, c.dtype, "dwq (H*D, E)");
-  check_one(g.dwk, {GD, E}, c.dtype, "dwk (G*D, E)");
-  check_one(g.dwv, {GD, E}, c.dtype, "dwv (G*D, E)");
-  check_one(g.dwo, {E, HD}, c.dtype, "dwo (E, H*D)");
-  if (c.qk_norm) {
-    check_one(g.dq_norm, {c.head_dim}, c.dtype, "dq_norm (D)");
-    check_one(g.dk_norm, {c.head_dim}, c.dtype, "dk_norm (D)");
-  }
+  check_one(dx, {rows, c.hidden}, c.dtype, "dx (L, E)");
+  check_weight_set(c, {&g.dwq, &g.dwk, &g.dwv, &g.dwo, &g.dq_norm, &g.dk_norm}, "d");
 }
 
 void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,
