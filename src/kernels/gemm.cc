@@ -1,6 +1,7 @@
 #include "untied/kernels/gemm.h"
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace untied {
 
@@ -16,7 +17,7 @@ void gemm(Device& dev, const GemmParams& p) {
                  dtype_name(t));
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::gemm(dev, p);
-    default: unsupported(dev, "gemm");
+    case DeviceKind::kCuda: return cuda::gemm(dev, p);
   }
 }
 

@@ -1,0 +1,33 @@
+// The CUDA Device's concrete type, for the CUDA kernels (its stream and cuBLAS handle).
+#pragma once
+
+#include <string>
+
+#include "device/cuda/cuda_check.h"
+#include "untied/device/device.h"
+
+namespace untied {
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int index, int64_t budget, std::string gpu_name);
+  ~CudaDevice() override;
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override;
+  Allocator& allocator() override { return alloc_; }
+  void copy(void* dst, const void* src, int64_t bytes) override;
+  void fill_zero(void* dst, int64_t bytes) override;
+  void synchronize() override;
+  int threads() const override { return 1; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+
+ private:
+  int index_;
+  std::string name_;
+  Allocator alloc_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+};
+
+}  // namespace untied

@@ -1,0 +1,14 @@
+// The answers of a build without the CUDA backend (compiled only then; see CMakeLists.txt).
+#include "untied/device/cuda.h"
+
+namespace untied {
+
+bool cuda_built() { return false; }
+int cuda_device_count() { return 0; }
+
+StatusOr<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions&) {
+  return Status::unsupported(
+      "this untied was built without CUDA: install the CUDA toolkit (nvcc) and rebuild, or use the CPU backend");
+}
+
+}  // namespace untied

@@ -1,0 +1,33 @@
+// GEMM on the GPU through cuBLAS (cublasGemmEx, fp32 accumulation): f32 x f32 -> f32, or
+// bf16 x bf16 -> bf16 / f32. Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
+// so cuBLAS is called with the operands swapped.
+#include "device/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace untied::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+}  // namespace
+
+void gemm(Device& dev, const GemmParams& p) {
+  UNTIED_CHECK_KIND(ErrorKind::kUnsupported, p.a_dtype == p.b_dtype,
+                    dev.name(), " does not support gemm with A ", dtype_name(p.a_dtype), " and B ",
+                    dtype_name(p.b_dtype), ": give both the same dtype");
+  UNTIED_CHECK_KIND(ErrorKind::kUnsupported, p.a_dtype == DType::kBF16 || p.c_dtype == DType::kF32,
+                    dev.name(), " does not support gemm with f32 inputs and ", dtype_name(p.c_dtype), " output");
+  if (p.m == 0 || p.n == 0) return;
+  UNTIED_CHECK(p.m <= INT32_MAX && p.n <= INT32_MAX && p.k <= INT32_MAX && p.lda <= INT32_MAX &&
+                   p.ldb <= INT32_MAX && p.ldc <= INT32_MAX,
+               "cuda gemm: a dimension exceeds 2^31-1 (m=", p.m, " n=", p.n, " k=", p.k, ")");
+  auto& cd = static_cast<CudaDevice&>(dev);
+  const float alpha = p.alpha, beta = p.beta;
+  UNTIED_CUBLAS_CHECK(cublasGemmEx(cd.cublas(), p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.b,
+                                   cuda_type(p.b_dtype), static_cast<int>(p.ldb), p.a, cuda_type(p.a_dtype),
+                                   static_cast<int>(p.lda), &beta, p.c, cuda_type(p.c_dtype), static_cast<int>(p.ldc),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace untied::cuda

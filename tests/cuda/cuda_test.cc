@@ -1,0 +1,92 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "untied/core/random.h"
+#include "untied/device/cuda.h"
+#include "untied/kernels/gemm.h"
+
+namespace untied {
+namespace {
+
+#define REQUIRE_GPU()                                                                  \
+  do {                                                                                 \
+    if (!cuda_built()) GTEST_SKIP() << "this build has no CUDA backend";               \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible: GPU cases skipped"; \
+  } while (0)
+
+TEST(Cuda, WithoutAGpuTheRefusalSaysWhatToDo) {
+  if (cuda_built() && cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible";
+  auto d = make_cuda_device({});
+  ASSERT_FALSE(d.ok());
+  const std::string m = d.status().message();
+  EXPECT_TRUE(m.find("no CUDA GPU is visible") != std::string::npos ||
+              m.find("built without CUDA") != std::string::npos)
+      << m;
+}
+
+TEST(Cuda, BudgetBeyondTheGpuIsRefused) {
+  REQUIRE_GPU();
+  auto d = make_cuda_device({.budget_bytes = int64_t{1} << 50});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("exceeds"), std::string::npos) << d.status().message();
+  EXPECT_FALSE(make_cuda_device({.index = 1 << 20}).ok());
+}
+
+// cuBLAS against the CPU GEMM on the same inputs: fp32 (true fp32, no TF32) to 1e-5 of the
+// largest |C|; bf16 output to one bf16 rounding (2^-8 relative) plus that.
+TEST(Cuda, GemmMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto gpu = std::move(make_cuda_device({})).value();
+  auto cpu = make_cpu_device({.threads = 1});
+  for (DType t : {DType::kF32, DType::kBF16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t m = 67, n = 45, k = 129;
+        const int64_t es = dtype_size(t);
+        TensorBuffer a(cpu->allocator(), t, {m * k}, Tag::kOther, "a"), b(cpu->allocator(), t, {k * n}, Tag::kOther, "b");
+        TensorBuffer c(cpu->allocator(), t, {m * n}, Tag::kOther, "c"), c2(cpu->allocator(), t, {m * n}, Tag::kOther, "c2");
+        fill_hash_uniform(a, 1, 1, 0, 1.0f);
+        fill_hash_uniform(b, 1, 2, 0, 1.0f);
+        GemmParams p{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .lda = ta ? m : k,
+                     .a_dtype = t, .b = b.data(), .ldb = tb ? k : n, .b_dtype = t, .c = c.data(), .ldc = n, .c_dtype = t};
+        gemm(*cpu, p);
+        Buffer da = gpu->allocator().allocate(m * k * es, Tag::kOther, "a"), db = gpu->allocator().allocate(k * n * es, Tag::kOther, "b");
+        Buffer dc = gpu->allocator().allocate(m * n * es, Tag::kOther, "c");
+        gpu->copy(da.data(), a.data(), m * k * es);
+        gpu->copy(db.data(), b.data(), k * n * es);
+        p.a = da.data(), p.b = db.data(), p.c = dc.data();
+        gemm(*gpu, p);
+        gpu->synchronize();
+        gpu->copy(c2.data(), dc.data(), m * n * es);
+        std::vector<float> x(m * n), y(m * n);
+        load_f32(x.data(), c.data(), t, m * n);
+        load_f32(y.data(), c2.data(), t, m * n);
+        double err = 0, mx = 0;
+        for (int64_t i = 0; i < m * n; ++i) {
+          err = std::max(err, (double)std::fabs(x[i] - y[i]));
+          mx = std::max(mx, (double)std::fabs(x[i]));
+        }
+        EXPECT_LE(err, (t == DType::kBF16 ? 1.0 / 128 : 1e-5) * mx)
+            << dtype_name(t) << " trans_a " << ta << " trans_b " << tb << ": max diff " << err;
+      }
+}
+
+TEST(Cuda, AllocatorCountsGpuBuffersAndReusesThem) {
+  REQUIRE_GPU();
+  auto gpu = std::move(make_cuda_device({})).value();
+  Allocator& alloc = gpu->allocator();
+  void* first;
+  {
+    Buffer b = alloc.allocate(1 << 20, Tag::kAttnWorkspace, "one");
+    first = b.data();
+    EXPECT_EQ(alloc.stats().live[static_cast<int>(Tag::kAttnWorkspace)], 1 << 20);
+  }
+  Buffer again = alloc.allocate(1 << 20, Tag::kAttnWorkspace, "two");
+  EXPECT_EQ(again.data(), first) << "a freed block of the same size is reused";
+  EXPECT_EQ(alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)], 1 << 20);
+}
+
+}  // namespace
+}  // namespace untied
