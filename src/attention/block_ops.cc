@@ -31,7 +31,8 @@ void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, cons
 }
 
 void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const AttentionGrads& g) {
-  check_one(dx, {rows, c.hidden}, c.dtype, "dx (L, E)");
+  // dx may be f32 in a bf16 block: it is then the fp32 accumulator itself (no extra copy).
+  check_one(dx, {rows, c.hidden}, dx.dtype() == DType::kF32 ? DType::kF32 : c.dtype, "dx (L, E)");
   check_weight_set(c, {&g.dwq, &g.dwk, &g.dwv, &g.dwo, &g.dq_norm, &g.dk_norm}, "d");
 }
 

@@ -169,7 +169,6 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
-  const RmsNormShape norm{.rows = L, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
   // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy)), tile by tile
   TensorBuffer dhm(alloc, t, {L, E}, Tag::kOther, "d residual after attention");
   mlp_backward(w, g, A.hm, dy, dhm);
@@ -190,18 +189,30 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
   }
   AttentionGrads ag{grads[0], grads[1], grads[2], grads[3], {}, {}};
   if (m_.qk_norm) ag.dq_norm = grads[4], ag.dk_norm = grads[5];
-  TensorBuffer da(alloc, t, {L, E}, Tag::kOther, "d attn_norm output");
+  // da (the attention's dx) in fp32: the attention block accumulates straight into it.
+  TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
   attn_->backward(da, ag, dhm, A.a, attention_weights(m_, w), A.saved);
   if (t != DType::kF32 && dev_.backed())
     for (size_t k = 0; k < names.size(); ++k)
       accumulate_f32(g[names[k]].as<float>(), tmp[k].data(), t, g[names[k]].numel());
   tmp.clear();
   A.a.reset();
+  // dx = dhm + attn_norm'(da), tile by tile (da is narrowed to the block dtype per tile).
   dh = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "dh");
-  const Tensor& dx = dh;
-  rmsnorm_backward(dev_, norm, dx.data(), g["attn_norm"].as<float>(), x.data(), A.rstd1.as<float>(),
-                   w["attn_norm"].data(), da.data());
-  add_inplace(dev_, dx, dhm);
+  for (int64_t r0 = 0; r0 < L; r0 += tile_) {
+    const int64_t n = std::min(tile_, L - r0);
+    const RmsNormShape tnorm{.rows = n, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
+    const Tensor dat = rows_of(da, r0, n);
+    TensorBuffer dat_t;
+    if (t != DType::kF32) {
+      dat_t = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "d attn_norm output (tile)");
+      if (dev_.backed()) store_f32(dat_t.data(), t, dat.as<float>(), n * E);
+    }
+    const Tensor dxt = rows_of(dh, r0, n);
+    rmsnorm_backward(dev_, tnorm, dxt.data(), g["attn_norm"].as<float>(), rows_of(x, r0, n).data(),
+                     A.rstd1.as<float>() + r0, w["attn_norm"].data(), t != DType::kF32 ? dat_t.data() : dat.data());
+    add_inplace(dev_, dxt, rows_of(dhm, r0, n));
+  }
   (void)l;
 }
 

@@ -100,6 +100,8 @@ class AttentionBlock {
   // y (L, E) =.  Collective.
   virtual void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) = 0;
   // dx (L, E) =; grads = (local partial sums). Collective. Frees `saved`.
+  // dx is in the block's dtype, or f32 (then it is the fp32 accumulator: in a bf16 block this
+  // saves the (L, E) fp32 scratch the block otherwise accumulates in).
   virtual void backward(const Tensor& dx, AttentionGrads& grads, const Tensor& dy, const Tensor& x,
                         const AttentionWeights& w, AttentionSaved& saved) = 0;
   virtual const AttentionConfig& config() const = 0;
