@@ -1,6 +1,7 @@
 #include "cli/launch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <thread>
 #include <cstdio>
@@ -68,7 +69,7 @@ int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<voi
     }
     return 0;
   }
-  bool refused = false;
+  std::atomic<bool> refused{false};
   try {
     run_in_process(inproc_ranks, [&](Communicator& comm) {
       try {

@@ -24,7 +24,9 @@ Status first_failure(Communicator& comm, const Status& s) {
   comm.broadcast(head, sizeof head, root);
   std::string msg = comm.rank() == root ? s.message() : std::string(static_cast<size_t>(head[1]), '\0');
   comm.broadcast(msg.data(), head[1], root);
-  if (comm.size() > 1) msg = "rank " + std::to_string(root) + ": " + msg;
+  // Name the failing rank once (a Status that already went through an agreement has it).
+  const std::string prefix = "rank " + std::to_string(root) + ": ";
+  if (comm.size() > 1 && msg.rfind(prefix, 0) != 0) msg = prefix + msg;
   switch (static_cast<Status::Code>(head[0])) {
     case Status::Code::kNotFound: return Status::not_found(msg);
     case Status::Code::kCorrupt: return Status::corrupt(msg);

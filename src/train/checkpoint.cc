@@ -1,8 +1,11 @@
 #include "untied/train/checkpoint.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -21,6 +24,16 @@ struct Fnv {
     for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
   }
 };
+
+// Flushes a file's (or a directory's) data to stable storage, so that a rename made after it
+// survives an OS crash with the contents it names.
+bool sync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -89,6 +102,27 @@ class Reader {
   Fnv fnv_;
 };
 
+// True when the file's trailing FNV-1a 64 matches everything before it: checked before any
+// field is interpreted, so that damage anywhere reads as damage, not as a different model.
+bool checksum_matches(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return false;
+  const std::streamoff size = f.tellg();
+  if (size < 8) return false;
+  f.seekg(0);
+  Fnv fnv;
+  std::vector<char> buf(1 << 20);
+  for (std::streamoff left = size - 8; left > 0;) {
+    const std::streamoff n = std::min<std::streamoff>(left, static_cast<std::streamoff>(buf.size()));
+    if (!f.read(buf.data(), n)) return false;
+    fnv.add(buf.data(), static_cast<size_t>(n));
+    left -= n;
+  }
+  uint64_t sum = 0;
+  f.read(reinterpret_cast<char*>(&sum), sizeof sum);
+  return f && sum == fnv.h;
+}
+
 // Reads this rank's file fully into staging buffers, checking everything.
 Status read_rank(const std::string& path, int world, int rank, const std::string& identity,
                  const ShardedParams& params, int64_t* step, std::vector<std::vector<float>>* staged) {
@@ -97,10 +131,12 @@ Status read_rank(const std::string& path, int world, int rank, const std::string
   auto corrupt = [&](const std::string& what) {
     return Status::corrupt(path + ": " + what + "; the file is damaged or not an untied checkpoint");
   };
+  if (!checksum_matches(path)) return corrupt("checksum mismatch (or truncated)");
   char magic[8];
   uint32_t version, w, rk;
   if (!r.get(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return corrupt("bad magic");
-  if (!r.get(&version) || version != kVersion)
+  if (!r.get(&version)) return corrupt("truncated header");
+  if (version != kVersion)
     return Status::corrupt(path + ": format version " + std::to_string(version) + ", this untied reads " +
                            std::to_string(kVersion));
   if (!r.get(&w) || !r.get(&rk) || !r.get(step)) return corrupt("truncated header");
@@ -172,7 +208,9 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
       if (!w.ok()) st = Status::io_error("short write to " + tmp + " (disk full?)");
     }
   }
+  if (st.ok() && !sync_path(tmp, false)) st = Status::io_error("cannot flush " + tmp + " to disk");
   if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) st = Status::io_error("cannot rename " + tmp);
+  if (st.ok() && !sync_path(dir + "/" + sname, true)) st = Status::io_error("cannot flush " + dir + "/" + sname);
   st = first_failure(comm, st);
   if (!st.ok()) return st;  // `latest` still names the previous checkpoint
   if (comm.rank() == 0) {
@@ -180,7 +218,8 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
     std::ofstream f(ltmp, std::ios::trunc);
     f << sname << "\n";
     f.close();
-    if (!f || std::rename(ltmp.c_str(), latest.c_str()) != 0) st = Status::io_error("cannot update " + latest);
+    if (!f || !sync_path(ltmp, false) || std::rename(ltmp.c_str(), latest.c_str()) != 0 || !sync_path(dir, true))
+      st = Status::io_error("cannot update " + latest);
   }
   return first_failure(comm, st);
 }
@@ -188,14 +227,16 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
 StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, const std::string& identity,
                                   ShardedParams& params) {
   std::string sname;
+  Status st;
   {
     std::ifstream f(dir + "/latest");
-    if (!f) return Status::not_found(dir + "/latest is missing: no checkpoint to resume from in " + dir);
-    f >> sname;
+    if (!f) st = Status::not_found(dir + "/latest is missing: no checkpoint to resume from in " + dir);
+    else f >> sname;
   }
   int64_t step = -1;
   std::vector<std::vector<float>> staged;
-  Status st = read_rank(rank_file(dir, sname, comm.rank()), comm.size(), comm.rank(), identity, params, &step, &staged);
+  if (st.ok())
+    st = read_rank(rank_file(dir, sname, comm.rank()), comm.size(), comm.rank(), identity, params, &step, &staged);
   // Every rank must have read a good file of the same step before anything changes.
   st = first_failure(comm, st);
   if (!st.ok()) return st;

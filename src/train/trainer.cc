@@ -19,11 +19,12 @@ double now_s() {
 }
 
 // What must match for a checkpoint to be resumed.
-std::string identity(const TrainOptions& o, int ranks) {
+std::string identity(const TrainOptions& o, int ranks, const DataSource& data) {
   const ModelConfig& m = o.model;
   return str_cat("batch=", o.batch, " model ", m.name, " V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads,
-                 " D=", m.head_dim, " F=", m.ffn, " theta=", m.rope_theta, " seq=", o.decoder.seq, " ranks=", ranks,
-                 " dtype=", dtype_name(o.decoder.dtype));
+                 " D=", m.head_dim, " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm,
+                 " seq=", o.decoder.seq, " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
+                 " data=", data.kind(), " data_vocab=", data.vocab_size());
 }
 
 std::string format_duration(double s) {
@@ -63,6 +64,8 @@ Status validate(const TrainOptions& o, int ranks) {
   if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0))
     return Status::invalid_argument("AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
   if (o.resume && o.checkpoint_dir.empty()) return Status::invalid_argument("--resume needs --checkpoint-dir");
+  if (o.rehearsal && (o.resume || !o.checkpoint_dir.empty()))
+    return Status::invalid_argument("a rehearsal has no weights to save or load: drop --checkpoint-dir and --resume");
   if (o.threads < 1) return Status::invalid_argument("--threads must be >= 1");
   return Status::ok_status();
 }
@@ -81,23 +84,26 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
   // Offloaded block inputs live in host memory: counted apart from the device budget.
   Allocator host(o.rehearsal ? make_counting_memory() : make_host_memory(), Allocator::Options{.name = "host"});
   Decoder decoder(*dev, comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
-  const std::string id = identity(o, comm.size());
+  const std::string id = identity(o, comm.size(), data);
 
   int64_t start = 0;
   if (o.resume) {
     auto step = load_checkpoint(comm, o.checkpoint_dir, id, params);
     if (!step.ok()) return step.status();
     start = step.value();
-  } else if (!o.checkpoint_dir.empty() && checkpoint_exists(o.checkpoint_dir)) {
-    return Status::invalid_argument("--checkpoint-dir " + o.checkpoint_dir +
-                                    " already holds a checkpoint: pass --resume to continue it, or choose a new directory");
+  } else if (!o.checkpoint_dir.empty()) {
+    // Any rank seeing a checkpoint there refuses for all (ranks may see different filesystems).
+    const Status es = checkpoint_exists(o.checkpoint_dir)
+                          ? Status::invalid_argument("--checkpoint-dir " + o.checkpoint_dir +
+                                                     " already holds a checkpoint: pass --resume to continue it, or "
+                                                     "choose a new directory")
+                          : Status::ok_status();
+    const Status all = first_failure(comm, es);
+    if (!all.ok()) return all;
   }
 
   FILE* metrics = nullptr;
-  if (comm.rank() == 0 && !o.metrics_path.empty()) {
-    metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
-    if (metrics == nullptr) return Status::io_error("cannot write the metrics file " + o.metrics_path);
-  }
+  if (comm.rank() == 0 && !o.metrics_path.empty()) metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
   Status ms = first_failure(comm, comm.rank() != 0 || o.metrics_path.empty() || metrics != nullptr
                                        ? Status::ok_status()
                                        : Status::io_error("cannot write the metrics file " + o.metrics_path));

@@ -4,9 +4,10 @@
 // A rank file is: magic "UNTIEDCK", format version, world size, rank, step, the run's identity
 // text (model shapes, sequence length, dtype: what must match to resume), then per parameter
 // its name, shard length and the master / m / v shards, and an FNV-1a 64 checksum of all that
-// precedes it. Every file is written to a temporary name and renamed; `latest` is replaced
-// (atomically) only after every rank has written its file, so a crash mid-save leaves the
-// previous checkpoint intact.
+// precedes it. Every file is written to a temporary name, flushed to disk (fsync) and renamed,
+// and its directory flushed; `latest` is replaced the same way only after every rank has
+// written its file, so a crash mid-save (process or OS) leaves the previous checkpoint intact.
+// The checksum is verified before any field is read, so damage reads as damage.
 // Loading checks everything (magic, version, world size, rank, identity, names, sizes,
 // checksum) and reports what differs; nothing is modified unless every rank's file is good.
 #pragma once

@@ -4,7 +4,8 @@
 // Per step s (0-based): samples s*batch .. s*batch + batch - 1 of the data source, this rank's
 // L = S / C positions of each, run one after the other with their gradients added; the loss is
 // the mean over all labelled tokens of the step (every rank, every sequence); the learning rate warms up linearly for
-// `warmup` steps to `lr` and then follows a cosine to `lr * min_lr_ratio` at the last step;
+// `warmup` steps to `lr` and then follows a cosine that would reach `lr * min_lr_ratio` at step
+// `steps` (one past the last);
 // gradients are clipped to global norm `clip` (0 = off) before AdamW (beta1, beta2, eps,
 // weight_decay on matrices only).
 // Rank 0 prints a progress bar with ETA (stderr) and appends one JSON line per step to the
