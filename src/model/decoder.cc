@@ -70,24 +70,44 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
   attn_ = make_attention_block(dev, comm, attention_config(m, o));
 }
 
+RmsNormShape Decoder::norm_shape(int64_t rows) const {
+  return RmsNormShape{.rows = rows, .dim = m_.hidden, .eps = m_.norm_eps, .dtype = o_.dtype, .weight_dtype = o_.dtype};
+}
+
+// What forward and backward both compute for an MLP tile of n rows of hm: the normed input,
+// its rstd, and the gate and up projections.
+struct Decoder::MlpTile {
+  TensorBuffer b, rstd, gate, up;
+};
+
+Decoder::MlpTile Decoder::mlp_tile_inputs(const ShardedParams::Gathered& w, const Tensor& hm_tile) {
+  const int64_t n = hm_tile.dim(0), E = m_.hidden, F = m_.ffn;
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  MlpTile m;
+  // b_t = mlp_norm(hm_t): the norm runs tile by tile too, so no (L, E) normed copy exists.
+  m.b = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
+  m.rstd = TensorBuffer(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
+  rmsnorm_forward(dev_, norm_shape(n), m.b.data(), m.rstd.as<float>(), hm_tile.data(), w["mlp_norm"].data());
+  m.gate = TensorBuffer(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)");
+  m.up = TensorBuffer(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
+  // gate, up (n, F) = b_t w_gate^T, b_t w_up^T
+  for (auto [dst, wt] : {std::pair{&m.gate, &w["w_gate"]}, {&m.up, &w["w_up"]}})
+    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = F, .k = E, .a = m.b.data(), .lda = E, .a_dtype = t,
+                          .b = wt->data(), .ldb = E, .b_dtype = t, .c = dst->data(), .ldc = F, .c_dtype = t});
+  return m;
+}
+
 void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& hm, const Tensor& out_add) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
-  Allocator& alloc = dev_.allocator();
   for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
     const int64_t n = std::min(tile_, rows_ - r0);
     const Tensor ot = rows_of(out_add, r0, n);
-    // b_t = mlp_norm(hm_t): the norm runs tile by tile too, so no (L, E) normed copy exists.
-    TensorBuffer bt(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
-    TensorBuffer rstd(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
-    rmsnorm_forward(dev_, RmsNormShape{.rows = n, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t}, bt.data(),
-                    rstd.as<float>(), rows_of(hm, r0, n).data(), w["mlp_norm"].data());
-    TensorBuffer gate(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)"), up(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
-    // gate, up (n, F) = b_t w_gate^T, b_t w_up^T
-    for (auto [dst, wt] : {std::pair{&gate, &w["w_gate"]}, {&up, &w["w_up"]}})
-      gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = F, .k = E, .a = bt.data(), .lda = E, .a_dtype = t,
-                            .b = wt->data(), .ldb = E, .b_dtype = t, .c = dst->data(), .ldc = F, .c_dtype = t});
-    swiglu_forward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, gate.data(), gate.data(), up.data());
+    MlpTile m = mlp_tile_inputs(w, rows_of(hm, r0, n));
+    m.b.reset();
+    TensorBuffer& gate = m.gate;
+    swiglu_forward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, gate.data(), gate.data(), m.up.data());
     // out_t (n, E) += s w_down^T   (s written over gate: swiglu reads each element before writing)
     gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = F, .beta = 1.0f, .a = gate.data(), .lda = F,
                           .a_dtype = t, .b = w["w_down"].data(), .ldb = F, .b_dtype = t, .c = ot.data(), .ldc = E,
@@ -102,17 +122,12 @@ void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::Grad
   Allocator& alloc = dev_.allocator();
   for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
     const int64_t n = std::min(tile_, rows_ - r0);
-    const RmsNormShape norm{.rows = n, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
     const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n), dhmt = rows_of(dhm, r0, n);
-    TensorBuffer bt(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
-    TensorBuffer rstd(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
-    rmsnorm_forward(dev_, norm, bt.data(), rstd.as<float>(), hmt.data(), w["mlp_norm"].data());
+    MlpTile m = mlp_tile_inputs(w, hmt);
+    const TensorBuffer& bt = m.b;
+    TensorBuffer &gate = m.gate, &up = m.up;
     TensorBuffer dbt(alloc, t, {n, E}, Tag::kOther, "d mlp_norm output (tile)");
-    TensorBuffer gate(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)"), up(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
     TensorBuffer s(alloc, t, {n, F}, Tag::kOther, "mlp swiglu (tile)"), ds(alloc, t, {n, F}, Tag::kOther, "mlp dswiglu (tile)");
-    for (auto [dst, wt] : {std::pair{&gate, &w["w_gate"]}, {&up, &w["w_up"]}})
-      gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = F, .k = E, .a = bt.data(), .lda = E, .a_dtype = t,
-                            .b = wt->data(), .ldb = E, .b_dtype = t, .c = dst->data(), .ldc = F, .c_dtype = t});
     swiglu_forward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, s.data(), gate.data(), up.data());
     // dw_down (E, F) += dy_t^T s;  ds (n, F) = dy_t w_down
     gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = F, .k = n, .beta = 1.0f, .a = dyt.data(), .lda = E,
@@ -134,7 +149,7 @@ void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::Grad
       beta = 1.0f;
     }
     // dhm_t = dy_t + mlp_norm'(db_t)
-    rmsnorm_backward(dev_, norm, dhmt.data(), g["mlp_norm"].as<float>(), hmt.data(), rstd.as<float>(),
+    rmsnorm_backward(dev_, norm_shape(n), dhmt.data(), g["mlp_norm"].as<float>(), hmt.data(), m.rstd.as<float>(),
                      w["mlp_norm"].data(), dbt.data());
     add_inplace(dev_, dhmt, dyt);
   }
@@ -145,7 +160,7 @@ void Decoder::block_forward(int l, const ShardedParams::Gathered& w, const Tenso
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
-  const RmsNormShape norm{.rows = L, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
+  const RmsNormShape norm = norm_shape(L);
   BlockActs local;
   BlockActs& A = acts != nullptr ? *acts : local;
   // a = attn_norm(x);  hm = x + attn(a)
@@ -201,7 +216,6 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
   dh = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "dh");
   for (int64_t r0 = 0; r0 < L; r0 += tile_) {
     const int64_t n = std::min(tile_, L - r0);
-    const RmsNormShape tnorm{.rows = n, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
     const Tensor dat = rows_of(da, r0, n);
     TensorBuffer dat_t;
     if (t != DType::kF32) {
@@ -209,7 +223,7 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
       if (dev_.backed()) store_f32(dat_t.data(), t, dat.as<float>(), n * E);
     }
     const Tensor dxt = rows_of(dh, r0, n);
-    rmsnorm_backward(dev_, tnorm, dxt.data(), g["attn_norm"].as<float>(), rows_of(x, r0, n).data(),
+    rmsnorm_backward(dev_, norm_shape(n), dxt.data(), g["attn_norm"].as<float>(), rows_of(x, r0, n).data(),
                      A.rstd1.as<float>() + r0, w["attn_norm"].data(), t != DType::kF32 ? dat_t.data() : dat.data());
     add_inplace(dev_, dxt, rows_of(dhm, r0, n));
   }
@@ -255,7 +269,7 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
     auto g = params.grad_buffers(N + 1);
     TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
     TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
-    const RmsNormShape norm{.rows = L, .dim = E, .eps = m_.norm_eps, .dtype = t, .weight_dtype = t};
+    const RmsNormShape norm = norm_shape(L);
     rmsnorm_forward(dev_, norm, hn.data(), rstd.as<float>(), h.data(), w["final_norm"].data());
     TensorBuffer dhn(alloc, t, {L, E}, Tag::kOther, "d final_norm output");
     TensorBuffer argmax(alloc, DType::kI32, {L}, Tag::kOther, "predictions");

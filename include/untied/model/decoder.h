@@ -21,6 +21,7 @@
 #include <memory>
 
 #include "untied/attention/attention_block.h"
+#include "untied/kernels/rmsnorm.h"
 #include "untied/model/model_config.h"
 #include "untied/train/sharded_params.h"
 
@@ -60,6 +61,9 @@ class Decoder {
 
  private:
   struct BlockActs;
+  struct MlpTile;
+  RmsNormShape norm_shape(int64_t rows) const;  // the block norms over (rows, E)
+  MlpTile mlp_tile_inputs(const ShardedParams::Gathered& w, const Tensor& hm_tile);
   // y (L, E) = block(x). With acts, keeps what backward needs.
   void block_forward(int l, const ShardedParams::Gathered& w, const Tensor& x, const Tensor& y, BlockActs* acts);
   // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:

@@ -27,6 +27,12 @@ void widen_rows(float* dst, const void* src, DType t, int64_t r0, int64_t rows, 
     load_f32(dst + r * cols, static_cast<const char*>(src) + (r0 + r) * ld * es, t, cols);
 }
 
+// The inverse: contiguous fp32 rows into stored rows [r0, r0 + rows) of storage t.
+void narrow_rows(void* dst, DType t, const float* src, int64_t r0, int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t es = dtype_size(t);
+  for (int64_t r = 0; r < rows; ++r) store_f32(static_cast<char*>(dst) + (r0 + r) * ld * es, t, src + r * cols, cols);
+}
+
 int64_t tile_rows(int64_t total, int64_t row_elems) {
   return std::clamp<int64_t>(kTileBytes / (4 * std::max<int64_t>(row_elems, 1)), 1, std::max<int64_t>(total, 1));
 }
@@ -88,11 +94,7 @@ void gemm(Device& dev, const GemmParams& p) {
         if (p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, m0, rows, p.n, p.ldc);
       }
       sgemm(false, p.trans_b, rows, p.n, p.k, p.alpha, a, lda, b, ldb, p.beta, c, ldc);
-      if (wc) {
-        const int64_t es = dtype_size(p.c_dtype);
-        for (int64_t r = 0; r < rows; ++r)
-          store_f32(static_cast<char*>(p.c) + (m0 + r) * p.ldc * es, p.c_dtype, c + r * p.n, p.n);
-      }
+      if (wc) narrow_rows(p.c, p.c_dtype, c, m0, rows, p.n, p.ldc);
     }
     return;
   }
@@ -135,11 +137,7 @@ void gemm(Device& dev, const GemmParams& p) {
     }
     sgemm(true, p.trans_b, p.m, p.n, kk, p.alpha, a, lda, b, ldb, k0 == 0 ? p.beta : 1.0f, c, ldc);
   }
-  if (wc) {
-    const int64_t es = dtype_size(p.c_dtype);
-    for (int64_t r = 0; r < p.m; ++r)
-      store_f32(static_cast<char*>(p.c) + r * p.ldc * es, p.c_dtype, c + r * p.n, p.n);
-  }
+  if (wc) narrow_rows(p.c, p.c_dtype, c, 0, p.m, p.n, p.ldc);
 }
 
 }  // namespace untied::cpu
