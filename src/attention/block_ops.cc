@@ -3,6 +3,7 @@
 #include <string>
 
 #include "untied/kernels/rmsnorm.h"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied::attn {
 
@@ -68,12 +69,12 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
 }
 
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, const int64_t* positions, bool inverse) {
-  RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t};
+                 double theta, int64_t first_position, bool inverse) {
+  RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t, .first_position = first_position};
   for (int64_t b = 0; b < blocks; ++b) {
     void* p = static_cast<char*>(buf) + b * rows * heads * d * dtype_size(t);
-    if (inverse) rope_backward(dev, s, p, positions);
-    else rope_forward(dev, s, p, positions);
+    if (inverse) rope_backward(dev, s, p, nullptr);
+    else rope_forward(dev, s, p, nullptr);
   }
 }
 
@@ -110,14 +111,8 @@ TensorBuffer QkNorm::backward(bool is_q, const Tensor& x, const Tensor& rstd, co
 
 void QkNorm::store_grads(const AttentionGrads& g) {
   if (!on_ || !dev_.backed() || dq_.data() == nullptr) return;
-  store_f32(g.dq_norm.data(), g.dq_norm.dtype(), dq_.as<float>(), d_);
-  store_f32(g.dk_norm.data(), g.dk_norm.dtype(), dk_.as<float>(), d_);
-}
-
-std::vector<int64_t> local_positions(int64_t rank, int64_t rows) {
-  std::vector<int64_t> p(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) p[i] = rank * rows + i;
-  return p;
+  convert(dev_, g.dq_norm.data(), g.dq_norm.dtype(), dq_.data(), DType::kF32, d_);
+  convert(dev_, g.dk_norm.data(), g.dk_norm.dtype(), dk_.data(), DType::kF32, d_);
 }
 
 }  // namespace untied::attn

@@ -31,9 +31,10 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
                            DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
                            int64_t d, bool accumulate_dw);
 
-// RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens.
+// RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens,
+// at positions first_position + [0, rows) (a rank's contiguous slice of the sequence).
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, const int64_t* positions, bool inverse);
+                 double theta, int64_t first_position, bool inverse);
 
 // all_to_all of equal blocks; skipped in rehearsal (unbacked buffers).
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes);
@@ -61,8 +62,5 @@ class QkNorm {
   DType t_;
   TensorBuffer dq_, dk_;
 };
-
-// Global positions of this rank's tokens: rank * rows + [0, rows).
-std::vector<int64_t> local_positions(int64_t rank, int64_t rows);
 
 }  // namespace untied::attn

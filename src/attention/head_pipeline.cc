@@ -15,10 +15,9 @@
 // dv; dq is exchanged back at once, dk/dv once per round.
 #include "attention/head_pipeline.h"
 
-#include <cstring>
-
 #include "attention/block_ops.h"
 #include "untied/kernels/attention.h"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied::attn {
 
@@ -28,7 +27,7 @@ HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfi
                                                      : cfg.heads;
   sched_ = make_head_schedule(cfg.heads, cfg.kv_heads, comm.size(), U).value();
   rows_ = cfg.seq / comm.size();
-  positions_ = local_positions(comm.rank(), rows_);
+  first_position_ = comm.rank() * rows_;
 }
 
 // Per-stage buffers: projections in send layout, their exchange, the kernel's output.
@@ -63,7 +62,7 @@ void HeadPipeline::project_exchange(const AttentionWeights& w, const Tensor& x, 
         project_head(dev_, q_send.as<char>() + (p * L * u + j) * D * es, u * D, t, x.data(), x.dtype(), L, w.wq,
                      sched_.q_head(s, p, j), D);
     normalise(q_send, w.q_norm, &st.q_pre, &st.q_rstd);
-    rope_blocks(dev_, q_send.data(), t, C, L, u, D, cfg_.rope_theta, positions_.data(), false);
+    rope_blocks(dev_, q_send.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, false);
     st.q_recv = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
     exchange(dev_, comm_, q_send.data(), st.q_recv.data(), L * u * D * es);
   }
@@ -79,7 +78,7 @@ void HeadPipeline::project_exchange(const AttentionWeights& w, const Tensor& x, 
                      sched_.kv_head(round, p, i), D);
     if (which == 0) {
       normalise(send, w.k_norm, &st.k_pre, &st.k_rstd);
-      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, positions_.data(), false);
+      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, first_position_, false);
     }
     TensorBuffer& res = which == 0 ? st.k_res : st.v_res;
     res = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication,
@@ -113,12 +112,10 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
     {
       TensorBuffer o_recv(alloc, t, {C, L, u, D}, Tag::kCommunication, "attention output all-to-all receive");
       exchange(dev_, comm_, st.o.data(), o_recv.data(), L * u * D * es);
-      if (dev_.backed())
-        for (int64_t p = 0; p < C; ++p)
-          for (int64_t i = 0; i < L; ++i)
-            for (int64_t j = 0; j < u; ++j)
-              std::memcpy(saved.attn_out.as<char>() + (i * H + sched_.q_head(s, p, j)) * D * es,
-                          o_recv.as<char>() + ((p * L + i) * u + j) * D * es, static_cast<size_t>(D * es));
+      for (int64_t p = 0; p < C; ++p)  // o_recv[p][:, j] -> attn_out[:, h(s, p, j)]
+        for (int64_t j = 0; j < u; ++j)
+          dev_.copy_2d(saved.attn_out.as<char>() + sched_.q_head(s, p, j) * D * es, H * D * es,
+                       o_recv.as<char>() + (p * L * u + j) * D * es, u * D * es, D * es, L);
     }
     if (recompute_) {
       st.q_recv.reset();
@@ -213,25 +210,22 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
     TensorBuffer delta(alloc, DType::kF32, {u, C * L}, Tag::kAttnWorkspace, "attention D (head-sharded)");
     {
       TensorBuffer do_send(alloc, t, {C, L, u, D}, Tag::kAttnWorkspace, "dO projection (send layout)");
-      TensorBuffer delta_send(alloc, DType::kF32, {C, L, u}, Tag::kAttnWorkspace, "attention D (send layout)");
-      TensorBuffer delta_recv(alloc, DType::kF32, {C, L, u}, Tag::kCommunication, "attention D receive");
+      TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
+      TensorBuffer delta_recv(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
       for (int64_t p = 0; p < C; ++p)
         for (int64_t j = 0; j < u; ++j)
           project_out_grad_head(dev_, do_send.as<char>() + (p * L * u + j) * D * es, u * D, t, dy.data(), dy.dtype(),
                                 L, w.wo, sched_.q_head(s, p, j), D);
-      if (dev_.backed())
-        for (int64_t p = 0; p < C; ++p)
-          for (int64_t i = 0; i < L; ++i)
-            for (int64_t j = 0; j < u; ++j)
-              delta_send.as<float>()[(p * L + i) * u + j] =
-                  dot_f32(saved.attn_out.as<char>() + (i * H + sched_.q_head(s, p, j)) * D * es,
-                           do_send.as<char>() + ((p * L + i) * u + j) * D * es, t, D);
+      // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j]
+      for (int64_t p = 0; p < C; ++p)
+        for (int64_t j = 0; j < u; ++j)
+          row_dot(dev_, L, D, t, saved.attn_out.as<char>() + sched_.q_head(s, p, j) * D * es, H * D,
+                  do_send.as<char>() + (p * L * u + j) * D * es, u * D, delta_send.as<float>() + (p * u + j) * L, 1);
       exchange(dev_, comm_, do_send.data(), do_recv.data(), L * u * D * es);
       exchange(dev_, comm_, delta_send.data(), delta_recv.data(), L * u * 4);
-      // delta_recv [src][i][j] -> delta [j][src*L + i] (the kernel's (heads, seq) layout)
-      if (dev_.backed())
-        for (int64_t r = 0; r < C * L; ++r)
-          for (int64_t j = 0; j < u; ++j) delta.as<float>()[j * C * L + r] = delta_recv.as<float>()[r * u + j];
+      // delta_recv [src][j][i] -> delta [j][src*L + i] (the kernel's (heads, seq) layout)
+      for (int64_t src = 0; src < C; ++src)
+        dev_.copy_2d(delta.as<float>() + src * L, C * L * 4, delta_recv.as<float>() + src * u * L, L * 4, L * 4, u);
     }
     TensorBuffer dq(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
     TensorBuffer dk(alloc, t, {C * L, wk, D}, Tag::kAttnWorkspace, "dk (head-sharded, stage)");
@@ -243,10 +237,8 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
     delta.reset();
     st.q_recv.reset();
     st.o.reset();
-    if (dev_.backed()) {
-      accumulate_f32(dk_acc.as<float>(), dk.data(), t, C * L * wk * D);
-      accumulate_f32(dv_acc.as<float>(), dv.data(), t, C * L * wk * D);
-    }
+    add_into(dev_, dk_acc.as<float>(), dk.data(), t, C * L * wk * D);
+    add_into(dev_, dv_acc.as<float>(), dv.data(), t, C * L * wk * D);
     dk.reset();
     dv.reset();
     {
@@ -254,7 +246,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       TensorBuffer dq_recv(alloc, t, {C, L, u, D}, Tag::kCommunication, "dq all-to-all receive");
       exchange(dev_, comm_, dq.data(), dq_recv.data(), L * u * D * es);
       dq.reset();
-      rope_blocks(dev_, dq_recv.data(), t, C, L, u, D, cfg_.rope_theta, positions_.data(), true);
+      rope_blocks(dev_, dq_recv.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, true);
       if (qk.on()) {  // through the per-head q norm
         dq_recv = qk.backward(true, st.q_pre, st.q_rstd, w.q_norm, dq_recv);
         st.q_pre.reset();
@@ -275,13 +267,13 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
         exchange(dev_, comm_, acc.data(), recv.data(), L * wk * D * 4);
         acc.reset();
         if (pass == 0)
-          rope_blocks(dev_, recv.data(), DType::kF32, C, L, wk, D, cfg_.rope_theta, positions_.data(), true);
+          rope_blocks(dev_, recv.data(), DType::kF32, C, L, wk, D, cfg_.rope_theta, first_position_, true);
         const void* grad = recv.data();
         DType grad_t = DType::kF32;
         TensorBuffer dk_pre;
         if (pass == 0 && qk.on()) {  // through the per-head k norm, in the block's dtype
           TensorBuffer dk_t(alloc, t, {C, L, wk, D}, Tag::kAttnWorkspace, "dk (block dtype)");
-          if (dev_.backed()) store_f32(dk_t.data(), t, recv.as<float>(), C * L * wk * D);
+          convert(dev_, dk_t.data(), t, recv.data(), DType::kF32, C * L * wk * D);
           dk_pre = qk.backward(false, st.k_pre, st.k_rstd, w.k_norm, dk_t);
           st.k_pre.reset();
           st.k_rstd.reset();
@@ -297,7 +289,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       }
     }
   }
-  if (dx.dtype() != DType::kF32 && dev_.backed()) store_f32(dx.data(), dx.dtype(), dx_acc, L * E);
+  if (dx.dtype() != DType::kF32) convert(dev_, dx.data(), dx.dtype(), dx_acc, DType::kF32, L * E);
   qk.store_grads(g);
   saved.reset();
 }

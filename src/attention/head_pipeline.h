@@ -34,7 +34,7 @@ class HeadPipeline final : public AttentionBlock {
   bool recompute_;
   HeadSchedule sched_;
   int64_t rows_;  // L
-  std::vector<int64_t> positions_;
+  int64_t first_position_ = 0;  // global position of this rank's first token
 };
 
 }  // namespace untied::attn

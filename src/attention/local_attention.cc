@@ -4,11 +4,12 @@
 
 #include "attention/block_ops.h"
 #include "untied/kernels/attention.h"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied::attn {
 
 LocalAttention::LocalAttention(Device& dev, const AttentionConfig& cfg)
-    : dev_(dev), cfg_(cfg), positions_(local_positions(0, cfg.seq)) {}
+    : dev_(dev), cfg_(cfg) {}
 
 AttentionShape LocalAttention::kernel_shape() const {
   return AttentionShape{.seq_q = cfg_.seq, .seq_k = cfg_.seq, .heads = cfg_.heads, .kv_heads = cfg_.kv_heads,
@@ -38,9 +39,9 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
     k = qk.forward(k_pre, w.k_norm, &k_rstd, "k (normed, local)");
   }
   rope_forward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, q.data(),
-               positions_.data());
+               nullptr);
   rope_forward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, k.data(),
-               positions_.data());
+               nullptr);
   saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
   saved.lse.emplace_back(alloc, DType::kF32, Shape{H, S}, Tag::kActivations, "attention LSE (saved)");
   attention_forward(dev_, kernel_shape(), saved.attn_out.data(), saved.lse[0].as<float>(), q.data(), k.data(),
@@ -85,9 +86,9 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
   attention_backward(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
                      saved.attn_out.data(), saved.lse[0].as<float>(), dout.data());
   rope_backward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
-                dq.data(), positions_.data());
+                dq.data(), nullptr);
   rope_backward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
-                dk.data(), positions_.data());
+                dk.data(), nullptr);
   QkNorm qk(dev_, cfg_, /*grads=*/true);
   if (qk.on()) {
     dq = qk.backward(true, saved.qkv_out[3], saved.qkv_out[4], w.q_norm, dq);
@@ -110,7 +111,7 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
                           .c_dtype = dw->dtype()});
     beta = 1.0f;
   }
-  if (dx.dtype() != DType::kF32 && dev_.backed()) store_f32(dx.data(), dx.dtype(), dx_acc, S * E);
+  if (dx.dtype() != DType::kF32) convert(dev_, dx.data(), dx.dtype(), dx_acc, DType::kF32, S * E);
   qk.store_grads(g);
   saved.reset();
 }

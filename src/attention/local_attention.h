@@ -21,7 +21,6 @@ class LocalAttention final : public AttentionBlock {
   AttentionShape kernel_shape() const;
   Device& dev_;
   AttentionConfig cfg_;
-  std::vector<int64_t> positions_;
 };
 
 }  // namespace untied::attn

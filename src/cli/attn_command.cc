@@ -1,6 +1,8 @@
 // `untied attn`: one attention block forward and backward with the given shapes and strategy,
 // on C ranks (mpirun -np C, or --ranks C in-process). Prints time per phase and peak bytes per
 // tag (max over ranks); --json prints one object; --dump DIR writes the global tensors as .npy.
+// --device cuda runs it on GPUs (rank_device.h: in-process ranks share GPU 0; under mpirun one
+// GPU per rank with NCCL).
 #include <cstdio>
 
 #include "cli/args.h"
@@ -23,10 +25,14 @@ void add_attention_flags(FlagSet& f) {
   f.add("dtype", FlagKind::kString, "f32", "storage type: f32 or bf16");
   f.add("seed", FlagKind::kInt, "1", "seed of the random inputs and weights");
   f.add("ranks", FlagKind::kInt, "1", "in-process ranks (threads) when not launched by mpirun");
-  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank (default: cores / ranks)");
+  f.add("device", FlagKind::kString, "cpu",
+        "cpu or cuda (in-process ranks share GPU 0; under mpirun one GPU per rank, NCCL)");
+  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank, CPU only (default: cores / ranks)");
   f.add("mem-budget", FlagKind::kBytes, "", "per-rank memory budget, e.g. 512M, 8G (default: none)");
   f.add("warmup", FlagKind::kInt, "1", "untimed forward+backward passes before the measured one");
-  f.add("rehearsal", FlagKind::kBool, "false", "count every allocation without backing it; skip compute (exact peaks)");
+  f.add("rehearsal", FlagKind::kBool, "false",
+        "count every allocation without backing it; skip compute (exact peaks). Runs on the CPU's counting "
+        "device with any --device (with cuda: one kernel thread per rank, as a GPU rank; no GPU needed)");
 }
 
 // Fills cfg from the flags; a non-ok Status says which flag to change.
@@ -73,6 +79,8 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (st.ok() && !flags.wants_help()) st = attention_config_from_flags(flags, &cfg);
   const int ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
   if (st.ok() && !li.mpi && (ranks < 1 || ranks > 1024)) st = Status::invalid_argument("--ranks must be in [1, 1024]");
+  StatusOr<DeviceChoice> device = parse_device_choice(st.ok() ? flags.get_string("device") : "cpu");
+  if (st.ok() && !device.ok()) st = Status::invalid_argument("--device: " + device.status().message());
   if (st.ok() && !flags.get_string("dump").empty()) st = prepare_dump_dir(flags.get_string("dump"));
   if (st.ok() && li.mpi && flags.was_set("ranks"))
     st = Status::invalid_argument("--ranks is for in-process runs; under mpirun the ranks are mpirun's -np");
@@ -81,6 +89,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     return st.ok() ? 0 : 2;
   }
   AttnRunOptions opts;
+  opts.device = device.value();
   opts.threads = flags.get_string("threads").empty()
                      ? default_threads_per_rank(li.mpi ? local_ranks_under_mpirun() : ranks)
                      : static_cast<int>(flags.get_int("threads"));
@@ -96,11 +105,13 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   const bool json = flags.get_bool("json");
 
   return run_ranks(argc, argv, li.mpi ? 1 : ranks, [&](Communicator& comm) {
-    // The configuration is checked on every rank before any allocation or compute.
+    // The configuration is checked on every rank before any allocation or compute; the device
+    // (GPU present, budget) in run_attention, also before any compute.
     check_all_ranks(comm, validate(cfg, comm.size()));
     AttnRunResult r = run_attention(comm, cfg, opts);
     if (comm.rank() != 0) return;
     const int64_t U = r.stage_heads;
+    const int threads = opts.device == DeviceChoice::kCpu ? opts.threads : 1;  // a GPU rank's kernels: 1
     const int64_t paper = paper_mha_bytes(cfg, comm.size(), U), exact = gqa_exact_bytes(cfg, comm.size(), U);
     if (json) {
       std::printf(
@@ -108,21 +119,30 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
           "\"head_dim\": %lld, \"dtype\": \"%s\", \"upipe_heads\": %lld, \"stages\": %lld, \"threads\": %d, "
           "\"rehearsal\": %s, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"peak_bytes\": %lld, \"peak_bytes_by_tag\": %s, "
           "\"attn_intermediate_bytes_fwd\": %lld, \"attn_intermediate_bytes_bwd\": %lld, "
-          "\"paper_mha_formula_bytes\": %lld, \"gqa_exact_formula_bytes\": %lld}\n",
+          "\"paper_mha_formula_bytes\": %lld, \"gqa_exact_formula_bytes\": %lld, \"device\": \"%s\"}\n",
           std::string(strategy_name(cfg.strategy)).c_str(), comm.size(), (long long)cfg.seq, (long long)cfg.hidden,
           (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim,
-          std::string(dtype_name(cfg.dtype)).c_str(), (long long)U, (long long)(cfg.heads / U), opts.threads,
+          std::string(dtype_name(cfg.dtype)).c_str(), (long long)U, (long long)(cfg.heads / U), threads,
           opts.rehearsal ? "true" : "false", r.fwd_ms, r.bwd_ms, (long long)r.mem.peak_total,
           memory_json(r.mem).c_str(), (long long)r.intermediates_fwd, (long long)r.intermediates_bwd, (long long)paper,
-          (long long)exact);
+          (long long)exact, r.device_name.c_str());
       return;
     }
-    std::printf("untied attn | %s, U=%lld (%lld stages) | %d ranks (%s) x %d thread%s | %s | S=%lld E=%lld H=%lld G=%lld D=%lld%s\n",
-                std::string(strategy_name(cfg.strategy)).c_str(), (long long)U, (long long)(cfg.heads / U), comm.size(),
-                comm.backend().c_str(), opts.threads, opts.threads == 1 ? "" : "s",
-                std::string(dtype_name(cfg.dtype)).c_str(), (long long)cfg.seq, (long long)cfg.hidden,
-                (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim,
-                opts.rehearsal ? " | rehearsal: memory counted, compute skipped" : "");
+    // Where the ranks ran: "8 ranks (inproc) x 2 threads" on the CPU, "8 ranks (inproc) on
+    // cuda:0 (NVIDIA H200)" on a GPU.
+    std::string where = std::to_string(comm.size()) + " ranks (" + r.backend + ")";
+    if (opts.device == DeviceChoice::kCuda && !opts.rehearsal)
+      where += " on " + r.device_name;
+    else
+      where += " x " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s");
+    const char* note = !opts.rehearsal ? ""
+                       : opts.device == DeviceChoice::kCpu
+                           ? " | rehearsal: memory counted, compute skipped"
+                           : " | rehearsal: memory counted on the CPU's counting device as a GPU rank, compute skipped";
+    std::printf("untied attn | %s, U=%lld (%lld stages) | %s | %s | S=%lld E=%lld H=%lld G=%lld D=%lld%s\n",
+                std::string(strategy_name(cfg.strategy)).c_str(), (long long)U, (long long)(cfg.heads / U),
+                where.c_str(), std::string(dtype_name(cfg.dtype)).c_str(), (long long)cfg.seq, (long long)cfg.hidden,
+                (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, note);
     std::printf("  forward   %10.2f ms\n  backward  %10.2f ms\n", r.fwd_ms, r.bwd_ms);
     std::printf("peak memory per rank (max over ranks):\n");
     for (int t = 0; t < kNumTags; ++t)

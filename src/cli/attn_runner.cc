@@ -35,24 +35,15 @@ MemoryStats reduce_max(Communicator& comm, MemoryStats m) {
 }
 
 // Rank 0 gets the global (S, E) tensor gathered in sequence order, as float32.
-std::vector<float> gather_rows(Communicator& comm, Device& dev, const Tensor& t) {
-  const int64_t n = t.numel();
-  std::vector<float> local(static_cast<size_t>(n)), all(static_cast<size_t>(n * comm.size()));
-  load_f32(local.data(), t.data(), t.dtype(), n);
-  comm.all_gather(local.data(), all.data(), n * 4);
+std::vector<float> gather_rows(Communicator& world, Device& dev, const Tensor& t) {
+  std::vector<float> local = host_f32(dev, t), all(static_cast<size_t>(t.numel() * world.size()));
+  world.all_gather(local.data(), all.data(), t.numel() * 4);
   return all;
 }
 
-std::vector<float> sum_over_ranks(Communicator& comm, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  load_f32(v.data(), t.data(), t.dtype(), t.numel());
-  comm.all_reduce(v.data(), v.data(), t.numel(), DType::kF32, ReduceOp::kSum);
-  return v;
-}
-
-std::vector<float> to_f32(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  load_f32(v.data(), t.data(), t.dtype(), t.numel());
+std::vector<float> sum_over_ranks(Communicator& world, Device& dev, const Tensor& t) {
+  std::vector<float> v = host_f32(dev, t);
+  world.all_reduce(v.data(), v.data(), t.numel(), DType::kF32, ReduceOp::kSum);
   return v;
 }
 
@@ -100,11 +91,14 @@ std::string memory_json(const MemoryStats& m) {
   return out + "}";
 }
 
-AttnRunResult run_attention(Communicator& comm, const AttentionConfig& cfg, const AttnRunOptions& opts) {
-  auto dev = make_cpu_device(CpuDeviceOptions{.threads = opts.threads, .budget_bytes = opts.budget_bytes,
-                                              .rehearsal = opts.rehearsal});
-  Allocator& alloc = dev->allocator();
-  auto block = make_attention_block(*dev, comm, cfg);
+AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, const AttnRunOptions& opts) {
+  RankDevice rd = make_rank_device(world, RankDeviceOptions{.device = opts.device, .threads = opts.threads,
+                                                            .budget_bytes = opts.budget_bytes,
+                                                            .rehearsal = opts.rehearsal});
+  Device& dev = rd.dev();
+  Communicator& comm = rd.comm();  // moves the block's device buffers; figures go over `world`
+  Allocator& alloc = dev.allocator();
+  auto block = make_attention_block(dev, comm, cfg);
   const int64_t C = comm.size(), L = cfg.seq / C, E = cfg.hidden, HD = cfg.heads * cfg.head_dim,
                 GD = cfg.kv_heads * cfg.head_dim;
   const DType t = cfg.dtype;
@@ -116,61 +110,70 @@ AttnRunResult run_attention(Communicator& comm, const AttentionConfig& cfg, cons
       dwv(alloc, t, {GD, E}, Tag::kGradients, "dwv"), dwo(alloc, t, {E, HD}, Tag::kGradients, "dwo");
   TensorBuffer x(alloc, t, {L, E}, Tag::kActivations, "x"), dy(alloc, t, {L, E}, Tag::kActivations, "dy");
   TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "y"), dx(alloc, t, {L, E}, Tag::kActivations, "dx");
-  fill_hash_uniform(wq, opts.seed, kWq, 0, ws);
-  fill_hash_uniform(wk, opts.seed, kWk, 0, ws);
-  fill_hash_uniform(wv, opts.seed, kWv, 0, ws);
-  fill_hash_uniform(wo, opts.seed, kWo, 0, wos);
-  fill_hash_uniform(x, opts.seed, kX, comm.rank() * L * E, 1.0f);
-  fill_hash_uniform(dy, opts.seed, kDy, comm.rank() * L * E, 1.0f);
+  fill_hash_uniform_on(dev, wq, opts.seed, kWq, 0, ws);
+  fill_hash_uniform_on(dev, wk, opts.seed, kWk, 0, ws);
+  fill_hash_uniform_on(dev, wv, opts.seed, kWv, 0, ws);
+  fill_hash_uniform_on(dev, wo, opts.seed, kWo, 0, wos);
+  fill_hash_uniform_on(dev, x, opts.seed, kX, comm.rank() * L * E, 1.0f);
+  fill_hash_uniform_on(dev, dy, opts.seed, kDy, comm.rank() * L * E, 1.0f);
   AttentionWeights w{wq, wk, wv, wo};
   AttentionGrads g{dwq, dwk, dwv, dwo};
   AttentionSaved saved;
 
   AttnRunResult r;
   r.stage_heads = block->stage_heads();
+  r.device_name = dev.name();
+  r.backend = comm.backend();
   for (int i = 0; i < (opts.rehearsal ? 0 : opts.warmup); ++i) {
     block->forward(y, x, w, saved);
     block->backward(dx, g, dy, x, w, saved);
   }
+  // Every rank starts each phase together with its device idle; a GPU's clock is read only
+  // after its stream has finished (synchronize is a no-op on the CPU).
+  auto start_together = [&] {
+    dev.synchronize();
+    world.barrier();
+    return now_ms();
+  };
   alloc.set_watch({Tag::kAttnWorkspace, Tag::kCommunication});
   alloc.reset_peaks();
-  comm.barrier();
   alloc.set_phase(Phase::kForward);
-  double t0 = now_ms();
+  double t0 = start_together();
   block->forward(y, x, w, saved);
+  dev.synchronize();
   double fwd = now_ms() - t0;
   const int64_t fwd_inter = alloc.stats().watch_peak;
-  comm.barrier();
   alloc.set_phase(Phase::kBackward);
-  t0 = now_ms();
+  t0 = start_together();
   block->backward(dx, g, dy, x, w, saved);
+  dev.synchronize();
   double bwd = now_ms() - t0;
   alloc.set_phase(Phase::kSetup);
   const MemoryStats m = alloc.stats();
-  comm.all_reduce(&fwd, &fwd, 1, DType::kF64, ReduceOp::kMax);
-  comm.all_reduce(&bwd, &bwd, 1, DType::kF64, ReduceOp::kMax);
+  world.all_reduce(&fwd, &fwd, 1, DType::kF64, ReduceOp::kMax);
+  world.all_reduce(&bwd, &bwd, 1, DType::kF64, ReduceOp::kMax);
   r.fwd_ms = fwd;
   r.bwd_ms = bwd;
-  r.mem = reduce_max(comm, m);
-  r.intermediates_fwd = reduce_max(comm, fwd_inter);
-  r.intermediates_bwd = reduce_max(comm, m.phase_watch_peak[static_cast<int>(Phase::kBackward)]);
+  r.mem = reduce_max(world, m);
+  r.intermediates_fwd = reduce_max(world, fwd_inter);
+  r.intermediates_bwd = reduce_max(world, m.phase_watch_peak[static_cast<int>(Phase::kBackward)]);
 
   if (!opts.dump_dir.empty() && !opts.rehearsal) {
     const int64_t S = cfg.seq;
-    auto gx = gather_rows(comm, *dev, x), gdy = gather_rows(comm, *dev, dy), gy = gather_rows(comm, *dev, y),
-         gdx = gather_rows(comm, *dev, dx);
-    auto sq = sum_over_ranks(comm, dwq), sk = sum_over_ranks(comm, dwk), sv = sum_over_ranks(comm, dwv),
-         so = sum_over_ranks(comm, dwo);
-    if (comm.rank() == 0) {
+    auto gx = gather_rows(world, dev, x), gdy = gather_rows(world, dev, dy), gy = gather_rows(world, dev, y),
+         gdx = gather_rows(world, dev, dx);
+    auto sq = sum_over_ranks(world, dev, dwq), sk = sum_over_ranks(world, dev, dwk),
+         sv = sum_over_ranks(world, dev, dwv), so = sum_over_ranks(world, dev, dwo);
+    if (world.rank() == 0) {
       const std::string& d = opts.dump_dir;
       write(d, "x.npy", {S, E}, gx);
       write(d, "dy.npy", {S, E}, gdy);
       write(d, "y.npy", {S, E}, gy);
       write(d, "dx.npy", {S, E}, gdx);
-      write(d, "wq.npy", {HD, E}, to_f32(wq));
-      write(d, "wk.npy", {GD, E}, to_f32(wk));
-      write(d, "wv.npy", {GD, E}, to_f32(wv));
-      write(d, "wo.npy", {E, HD}, to_f32(wo));
+      write(d, "wq.npy", {HD, E}, host_f32(dev, wq));
+      write(d, "wk.npy", {GD, E}, host_f32(dev, wk));
+      write(d, "wv.npy", {GD, E}, host_f32(dev, wv));
+      write(d, "wo.npy", {E, HD}, host_f32(dev, wo));
       write(d, "dwq.npy", {HD, E}, sq);
       write(d, "dwk.npy", {GD, E}, sk);
       write(d, "dwv.npy", {GD, E}, sv);
@@ -191,7 +194,7 @@ AttnRunResult run_attention(Communicator& comm, const AttentionConfig& cfg, cons
                    std::string(dtype_name(t)).c_str());
       std::fclose(f);
     }
-    comm.barrier();
+    world.barrier();
   }
   return r;
 }

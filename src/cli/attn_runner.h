@@ -1,10 +1,13 @@
 // One attention block forward + backward on this rank, with the inputs the `attn` and
 // `bench attn` commands use: x, dy and the weights from counter-based random numbers (the same
-// global tensors for any number of ranks), timings per phase and the allocator's peaks.
+// global tensors for any number of ranks), timings per phase and the allocator's peaks. On a
+// GPU the inputs are made on the host exactly as on the CPU and copied over, and --dump copies
+// the results back before writing them.
 #pragma once
 
 #include <string>
 
+#include "cli/rank_device.h"
 #include "untied/attention/attention_block.h"
 #include "untied/comm/communicator.h"
 #include "untied/core/allocator.h"
@@ -12,9 +15,10 @@
 namespace untied::cli {
 
 struct AttnRunOptions {
-  int threads = 1;
+  DeviceChoice device = DeviceChoice::kCpu;  // rank devices as in rank_device.h
+  int threads = 1;                           // CPU kernels only
   int64_t budget_bytes = 0;
-  bool rehearsal = false;   // count memory, skip compute and communication
+  bool rehearsal = false;   // count memory, skip compute and communication (CPU counting device)
   uint64_t seed = 1;
   std::string dump_dir;     // non-empty: write .npy files and meta.json there (rank 0)
   int warmup = 1;           // untimed forward+backward passes first (first-touch page faults)
@@ -26,10 +30,15 @@ struct AttnRunResult {
   int64_t intermediates_fwd = 0;  // peak live attn_workspace + communication, forward (max over ranks)
   int64_t intermediates_bwd = 0;  // the same in backward
   int64_t stage_heads = 0;
+  std::string device_name;  // rank 0's device, "cuda:0 (NVIDIA H200)"
+  std::string backend;      // the communicator that moved the device buffers
 };
 
-// Collective over comm. Throws untied::Error on failure (budget included).
-AttnRunResult run_attention(Communicator& comm, const AttentionConfig& cfg, const AttnRunOptions& opts);
+// Collective over `world` (which moves only host memory): makes each rank's device and its
+// communicator (make_rank_device; refusals stop every rank together), runs the block, and
+// agrees the figures over the world. Throws untied::Error on failure (budget included).
+// GPU times are taken with the device synchronized before each clock read.
+AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, const AttnRunOptions& opts);
 
 // Head presets: "llama3-8b" (H 32, G 8, D 128, E 4096), "qwen3-32b" (H 64, G 8, D 128, E 5120).
 Status apply_heads_preset(const std::string& name, AttentionConfig* cfg);

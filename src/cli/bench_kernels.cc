@@ -3,7 +3,13 @@
 //
 // Every rank runs the same work at the same time (as ranks do in training); a row reports the
 // slowest rank. Each attention configuration is verified before it is timed: sampled rows of
-// out, lse, dq, dk and dv are recomputed in double directly from the definition.
+// out, lse, dq, dk and dv are recomputed in double directly from the definition (from host
+// copies of the device's tensors).
+//
+// --device cuda: the GPU table (bf16, causal, D = 128 at S = 8K, 32K with H 32, G 8 and at 128K
+// with H 8, G 2 by default) next to cuBLAS GEMM rates (8192^3 and a q-projection shape) in the
+// same run, in TFLOP/s. GPU times are host clock reads around Device::synchronize(), after
+// warm-ups; each row is the median of several runs.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,6 +19,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "cli/rank_device.h"
 #include "untied/comm/communicator.h"
 #include "untied/core/tensor.h"
 #include "untied/device/device.h"
@@ -30,38 +37,41 @@ struct Row {
   double max_rel_err = -1;  // < 0: not verified (gemm, all_to_all)
   int64_t workspace_bytes = 0;
   double gbps = 0;  // all_to_all only
+  std::string note = {};  // printed after the row (GEMM shapes on the GPU)
 };
 
+// Uniform values made on the host; stored in t's dtype on the device.
 void fill_uniform(Device& dev, const Tensor& t, uint64_t seed, float lo, float hi) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(lo, hi);
   std::vector<float> tmp(static_cast<size_t>(t.numel()));
   for (auto& x : tmp) x = u(rng);
-  store_f32(t.data(), t.dtype(), tmp.data(), t.numel());
+  if (dev.kind() == DeviceKind::kCpu) return store_f32(t.data(), t.dtype(), tmp.data(), t.numel());
+  std::vector<unsigned char> stored(static_cast<size_t>(t.bytes()));
+  store_f32(stored.data(), t.dtype(), tmp.data(), t.numel());
+  copy_to_device(dev, t, stored.data());
 }
 
-std::vector<double> to_double(const Tensor& t) {
-  std::vector<float> f(static_cast<size_t>(t.numel()));
-  load_f32(f.data(), t.data(), t.dtype(), t.numel());
-  return std::vector<double>(f.begin(), f.end());
-}
+// Host float32 copies of an attention call's tensors, for the verification.
+struct HostAttention {
+  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
+};
 
 // Sampled-row verification in double: out and lse of sampled query rows, dq of those rows, dk
 // and dv of sampled key rows, each recomputed from the definition. Returns the largest error
 // relative to the magnitude of its quantity.
-double verify_attention(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const std::vector<float>& lse, const Tensor& dout,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+// Every product and sum is in double (float32 values widen exactly).
+double verify_attention(const AttentionShape& s, const HostAttention& t) {
   const int64_t H = s.heads, G = s.kv_heads, D = s.head_dim, S = s.seq_q, g = H / G;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto Q = to_double(q), K = to_double(k), V = to_double(v), O = to_double(out), dO = to_double(dout);
-  auto dQ = to_double(dq), dK = to_double(dk), dV = to_double(dv);
+  const std::vector<float> &Q = t.q, &K = t.k, &V = t.v, &O = t.out, &dO = t.dout, &lse = t.lse;
+  const std::vector<float> &dQ = t.dq, &dK = t.dk, &dV = t.dv;
   auto qv = [&](int64_t i, int64_t h) { return &Q[(i * H + h) * D]; };
   auto kv = [&](int64_t j, int64_t gk) { return &K[(j * G + gk) * D]; };
   auto vv = [&](int64_t j, int64_t gk) { return &V[(j * G + gk) * D]; };
-  auto dot = [&](const double* a, const double* b) {
+  auto dot = [&](const float* a, const float* b) {
     double r = 0;
-    for (int64_t c = 0; c < D; ++c) r += a[c] * b[c];
+    for (int64_t c = 0; c < D; ++c) r += static_cast<double>(a[c]) * static_cast<double>(b[c]);
     return r;
   };
   auto nkeys = [&](int64_t i) { return s.causal ? i + 1 : S; };
@@ -70,10 +80,10 @@ double verify_attention(const AttentionShape& s, const Tensor& q, const Tensor& 
   // of the quantity.
   struct Scale {
     double err = 0, ref = 0;
-    void add(const std::vector<double>& r, const double* got, int64_t n) {
+    void add(const std::vector<double>& r, const float* got, int64_t n) {
       for (int64_t c = 0; c < n; ++c) {
         ref = std::max(ref, std::fabs(r[c]));
-        err = std::max(err, std::fabs(r[c] - got[c]));
+        err = std::max(err, std::fabs(r[c] - static_cast<double>(got[c])));
       }
     }
     double rel() const { return ref > 0 ? err / ref : err; }
@@ -94,7 +104,7 @@ double verify_attention(const AttentionShape& s, const Tensor& q, const Tensor& 
       for (int64_t j = 0; j < nkeys(r); ++j) {
         const double p = std::exp(sc[j] - m);
         l += p;
-        for (int64_t c = 0; c < D; ++c) o[c] += p * vv(j, gk)[c];
+        for (int64_t c = 0; c < D; ++c) o[c] += p * static_cast<double>(vv(j, gk)[c]);
       }
       for (auto& x : o) x /= l;
       so.add(o, &O[(r * H + h) * D], D);
@@ -105,7 +115,7 @@ double verify_attention(const AttentionShape& s, const Tensor& q, const Tensor& 
       for (int64_t j = 0; j < nkeys(r); ++j) {
         const double p = std::exp(sc[j] - lse[h * S + r]);
         const double ds = p * (dot(&dO[(r * H + h) * D], vv(j, gk)) - d_r);
-        for (int64_t c = 0; c < D; ++c) dqr[c] += scale * ds * kv(j, gk)[c];
+        for (int64_t c = 0; c < D; ++c) dqr[c] += scale * ds * static_cast<double>(kv(j, gk)[c]);
       }
       sdq.add(dqr, &dQ[(r * H + h) * D], D);
     }
@@ -118,8 +128,8 @@ double verify_attention(const AttentionShape& s, const Tensor& q, const Tensor& 
           const double d_i = dot(&dO[(i * H + h) * D], &O[(i * H + h) * D]);
           const double ds = p * (dot(&dO[(i * H + h) * D], vv(r, gk)) - d_i);
           for (int64_t c = 0; c < D; ++c) {
-            dvr[c] += p * dO[(i * H + h) * D + c];
-            dkr[c] += scale * ds * qv(i, h)[c];
+            dvr[c] += p * static_cast<double>(dO[(i * H + h) * D + c]);
+            dkr[c] += scale * ds * static_cast<double>(qv(i, h)[c]);
           }
         }
       }
@@ -135,23 +145,35 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Median over `repeat` runs of the slowest rank's time of fn().
+// Median over `repeat` runs of the slowest rank's time of fn(). The clock is read with the
+// device idle before and after (synchronize is a no-op on the CPU; on a GPU it waits for the
+// stream, so the time covers the kernels, not their launch).
 template <typename Fn>
-double time_ms(Communicator& comm, int repeat, Fn&& fn) {
+double time_ms(Communicator& world, Device& dev, int repeat, Fn&& fn) {
   std::vector<double> times;
   for (int r = 0; r < repeat; ++r) {
-    comm.barrier();
+    dev.synchronize();
+    world.barrier();
     const double t0 = now_ms();
     fn();
+    dev.synchronize();
     double t = now_ms() - t0;
-    comm.all_reduce(&t, &t, 1, DType::kF64, ReduceOp::kMax);
+    world.all_reduce(&t, &t, 1, DType::kF64, ReduceOp::kMax);
     times.push_back(t);
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
 
-void print_rows(const std::vector<Row>& rows, bool json, const std::string& header, double ratio_seq) {
+// How rates are printed: GFLOP/s on the CPU; TFLOP/s and the share of the square GEMM's rate
+// on a GPU.
+struct Units {
+  bool tflops = false;
+  std::string gemm_label = "the GEMM rate";
+};
+
+void print_rows(const std::vector<Row>& rows, bool json, const std::string& header, double ratio_seq,
+                const Units& units) {
   if (json) {
     std::printf("[\n");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -159,59 +181,87 @@ void print_rows(const std::vector<Row>& rows, bool json, const std::string& head
       std::printf(
           "  {\"op\": \"%s\", \"seq\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, "
           "\"causal\": %s, \"ms\": %.4f, \"gflops\": %.3f, \"workspace_bytes\": %lld, "
-          "\"max_rel_err\": %s, \"gbps\": %.4f}%s\n",
+          "\"max_rel_err\": %s, \"gbps\": %.4f%s}%s\n",
           r.op.c_str(), (long long)r.seq, (long long)r.heads, (long long)r.kv_heads, (long long)r.head_dim,
           r.causal ? "true" : "false", r.ms, r.gflops, (long long)r.workspace_bytes,
           r.max_rel_err < 0 ? "null" : std::to_string(r.max_rel_err).c_str(), r.gbps,
-          i + 1 < rows.size() ? "," : "");
+          r.note.empty() ? "" : (", \"note\": \"" + r.note + "\"").c_str(), i + 1 < rows.size() ? "," : "");
     }
     std::printf("]\n");
     return;
   }
-  std::printf("%s\n", header.c_str());
-  std::printf("%-13s %7s %6s %9s %9s %7s %11s %10s %14s %10s\n", "op", "seq", "heads", "kv_heads",
-              "head_dim", "causal", "ms", "GFLOP/s", "workspace", "max_err");
+  const double scale = units.tflops ? 1e-3 : 1.0;  // GFLOP/s -> the printed unit
   double gemm_rate = 0, attn_rate = 0;
   for (const Row& r : rows) {
-    if (r.op == "all_to_all") {
-      std::printf("%-13s %7s %6s %9s %9s %7s %11.3f %10s %14s %10s   %.3f GB/s per rank, %s per peer\n",
-                  r.op.c_str(), "-", "-", "-", "-", "-", r.ms, "-", "-", "-", r.gbps,
-                  format_bytes(r.workspace_bytes).c_str());
-      continue;
-    }
     if (r.op == "gemm") gemm_rate = r.gflops;
     if (r.op == "attn_fwd_bwd" && r.seq == ratio_seq) attn_rate = r.gflops;
+  }
+  std::printf("%s\n", header.c_str());
+  std::printf("%-13s %7s %6s %9s %9s %7s %11s %10s %14s %10s%s\n", "op", "seq", "heads", "kv_heads",
+              "head_dim", "causal", "ms", units.tflops ? "TFLOP/s" : "GFLOP/s", "workspace", "max_err",
+              units.tflops ? "    of_gemm" : "");
+  for (const Row& r : rows) {
+    if (r.op == "all_to_all") {
+      std::printf("%-13s %7s %6s %9s %9s %7s %11.3f %10s %14s %10s%s   %.3f GB/s per rank, %s per peer\n",
+                  r.op.c_str(), "-", "-", "-", "-", "-", r.ms, "-", "-", "-", units.tflops ? "          -" : "",
+                  r.gbps, format_bytes(r.workspace_bytes).c_str());
+      continue;
+    }
+    const bool g = r.op.rfind("gemm", 0) == 0;
     char err[32] = "-";
     if (r.max_rel_err >= 0) std::snprintf(err, sizeof err, "%.1e", r.max_rel_err);
-    std::printf("%-13s %7lld %6s %9s %9s %7s %11.3f %10.2f %14s %10s\n", r.op.c_str(), (long long)r.seq,
-                r.op == "gemm" ? "-" : std::to_string(r.heads).c_str(),
-                r.op == "gemm" ? "-" : std::to_string(r.kv_heads).c_str(),
-                r.op == "gemm" ? "-" : std::to_string(r.head_dim).c_str(),
-                r.op == "gemm" ? "-" : (r.causal ? "yes" : "no"), r.ms, r.gflops,
-                r.workspace_bytes ? format_bytes(r.workspace_bytes).c_str() : "-", err);
+    char share[32] = "";
+    if (units.tflops) {
+      if (gemm_rate > 0) std::snprintf(share, sizeof share, " %9.0f%%", 100.0 * r.gflops / gemm_rate);
+      else std::snprintf(share, sizeof share, " %10s", "-");
+    }
+    std::printf("%-13s %7lld %6s %9s %9s %7s %11.3f %10.2f %14s %10s%s%s%s\n", r.op.c_str(), (long long)r.seq,
+                g ? "-" : std::to_string(r.heads).c_str(), g ? "-" : std::to_string(r.kv_heads).c_str(),
+                g ? "-" : std::to_string(r.head_dim).c_str(), g ? "-" : (r.causal ? "yes" : "no"), r.ms,
+                r.gflops * scale, r.workspace_bytes ? format_bytes(r.workspace_bytes).c_str() : "-", err, share,
+                r.note.empty() ? "" : "   ", r.note.c_str());
   }
   if (gemm_rate > 0 && attn_rate > 0)
-    std::printf("attention fwd+bwd at S=%lld: %.2f GFLOP/s = %.0f%% of the GEMM rate (%.2f GFLOP/s)\n",
-                (long long)ratio_seq, attn_rate, 100.0 * attn_rate / gemm_rate, gemm_rate);
+    std::printf("attention fwd+bwd at S=%lld: %.2f %s = %.0f%% of %s (%.2f %s)\n", (long long)ratio_seq,
+                attn_rate * scale, units.tflops ? "TFLOP/s" : "GFLOP/s", 100.0 * attn_rate / gemm_rate,
+                units.gemm_label.c_str(), gemm_rate * scale, units.tflops ? "TFLOP/s" : "GFLOP/s");
+}
+
+// A flag whose default depends on --device: its value when given, else `cpu` or `cuda`.
+int64_t int_or(const FlagSet& f, const char* name, bool gpu, int64_t cpu, int64_t cuda) {
+  return f.was_set(name) ? f.get_int(name) : (gpu ? cuda : cpu);
 }
 
 }  // namespace
 
 int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   FlagSet flags("untied bench kernels",
-                "Times flash attention forward and backward at several sequence lengths and a square\n"
-                "GEMM in the same run; every attention result is verified before it is timed.");
-  flags.add("seqs", FlagKind::kIntList, "1K,2K,4K,8K", "sequence lengths (comma separated)");
-  flags.add("heads", FlagKind::kInt, "8", "query heads H");
-  flags.add("kv-heads", FlagKind::kInt, "2", "KV heads G (divides H)");
+                "Times flash attention forward and backward at several sequence lengths and GEMMs\n"
+                "in the same run; every attention result is verified before it is timed.");
+  flags.add("device", FlagKind::kString, "cpu", "cpu or cuda (under mpirun: one GPU per rank, NCCL)");
+  flags.add("seqs", FlagKind::kIntList, "", "sequence lengths (default: cpu 1K,2K,4K,8K; cuda 8K,32K,128K)");
+  flags.add("heads", FlagKind::kInt, "", "query heads H (default: cpu 8; cuda 32)");
+  flags.add("kv-heads", FlagKind::kInt, "", "KV heads G, dividing H (default: cpu 2; cuda 8)");
+  flags.add("long-seq", FlagKind::kInt, "",
+            "lengths from this one on use --long-heads and --long-kv-heads, so that one run stays short "
+            "(default: cpu none; cuda 128K)");
+  flags.add("long-heads", FlagKind::kInt, "8", "query heads at lengths >= --long-seq");
+  flags.add("long-kv-heads", FlagKind::kInt, "2", "KV heads at lengths >= --long-seq");
   flags.add("head-dim", FlagKind::kInt, "128", "head dimension D");
   flags.add("causal", FlagKind::kBool, "true", "causal attention (--no-causal for full)");
-  flags.add("dtype", FlagKind::kString, "f32", "storage type: f32 or bf16");
-  flags.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank (default: cores / ranks on this node)");
-  flags.add("gemm-size", FlagKind::kInt, "2048", "N of the square f32 GEMM row");
+  flags.add("dtype", FlagKind::kString, "", "storage type: f32 or bf16 (default: cpu f32; cuda bf16)");
+  flags.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank, CPU only (default: cores / ranks on this node)");
+  flags.add("gemm-size", FlagKind::kInt, "",
+            "N of the square GEMM row: f32 on the CPU, --dtype on a GPU (default: cpu 2048; cuda 8192)");
+  flags.add("proj-gemm", FlagKind::kIntList, "",
+            "M,N,K of a GEMM shaped like the attention's q projection, x (M tokens, K = E) wq^T (N = H*D, K), "
+            "in the GEMM row's dtype (default: cpu none; cuda 16K,4096,4096)");
   flags.add("a2a-bytes", FlagKind::kBytes, "8M", "bytes per peer of the all-to-all row (several ranks)");
-  flags.add("repeat", FlagKind::kInt, "3", "timed runs per row (the median is reported)");
-  flags.add("ratio-seq", FlagKind::kInt, "4096", "sequence length of the attention/GEMM ratio line");
+  flags.add("warmup", FlagKind::kInt, "",
+            "untimed calls of each op before its timed runs; an attention's verified call is the first "
+            "(default: cpu 1; cuda 3)");
+  flags.add("repeat", FlagKind::kInt, "", "timed runs per row, the median is reported (default: cpu 3; cuda 10)");
+  flags.add("ratio-seq", FlagKind::kInt, "", "sequence length of the attention/GEMM ratio line (default: cpu 4096; cuda 32768)");
   flags.add("verify", FlagKind::kBool, "true", "verify sampled rows against a double-precision recomputation");
   flags.add("json", FlagKind::kBool, "false", "print a JSON array (one object per row) instead of the table");
   const bool root = launch_info().world_rank == 0;
@@ -220,20 +270,39 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
     if (root) std::fprintf(st.ok() ? stdout : stderr, "%s\n", st.ok() ? flags.usage().c_str() : ("untied: " + st.message()).c_str());
     return st.ok() ? 0 : 2;
   }
-  auto dtype = parse_dtype(flags.get_string("dtype"));
+  auto device = parse_device_choice(flags.get_string("device"));
+  const bool gpu = device.ok() && device.value() == DeviceChoice::kCuda;
+  auto dtype = parse_dtype(flags.was_set("dtype") ? flags.get_string("dtype") : (gpu ? "bf16" : "f32"));
   std::string bad;
-  const int64_t H = flags.get_int("heads"), G = flags.get_int("kv-heads"), D = flags.get_int("head-dim");
-  const std::vector<int64_t> seqs = flags.get_int_list("seqs");
-  const int repeat = static_cast<int>(flags.get_int("repeat"));
+  const int64_t H = int_or(flags, "heads", gpu, 8, 32), G = int_or(flags, "kv-heads", gpu, 2, 8),
+                D = flags.get_int("head-dim");
+  const int64_t long_seq = int_or(flags, "long-seq", gpu, 0, 128 * 1024), LH = flags.get_int("long-heads"),
+                LG = flags.get_int("long-kv-heads");
+  const std::vector<int64_t> seqs = flags.was_set("seqs") ? flags.get_int_list("seqs")
+                                    : gpu                 ? std::vector<int64_t>{8192, 32768, 131072}
+                                                          : std::vector<int64_t>{1024, 2048, 4096, 8192};
+  const int64_t gemm_n = int_or(flags, "gemm-size", gpu, 2048, 8192);
+  std::vector<int64_t> proj = flags.was_set("proj-gemm") ? flags.get_int_list("proj-gemm")
+                              : gpu                      ? std::vector<int64_t>{16384, 4096, 4096}
+                                                         : std::vector<int64_t>{};
+  const int repeat = static_cast<int>(int_or(flags, "repeat", gpu, 3, 10));
+  const int warmup = static_cast<int>(int_or(flags, "warmup", gpu, 1, 3));
+  const int64_t ratio_seq = int_or(flags, "ratio-seq", gpu, 4096, 32768);
   const int threads = flags.get_string("threads").empty()
                           ? default_threads_per_rank(launch_info().mpi ? local_ranks_under_mpirun() : 1)
                           : static_cast<int>(flags.get_int("threads"));
-  if (!dtype.ok()) bad = "--dtype: " + dtype.status().message();
+  if (!device.ok()) bad = "--device: " + device.status().message();
+  else if (!dtype.ok()) bad = "--dtype: " + dtype.status().message();
   else if (H < 1 || G < 1 || H % G != 0) bad = "--heads must be a positive multiple of --kv-heads (got " + std::to_string(H) + " and " + std::to_string(G) + ")";
+  else if (long_seq > 0 && (LH < 1 || LG < 1 || LH % LG != 0))
+    bad = "--long-heads must be a positive multiple of --long-kv-heads (got " + std::to_string(LH) + " and " + std::to_string(LG) + ")";
   else if (D < 2 || D > 1024) bad = "--head-dim must be in [2, 1024]";
   else if (repeat < 1) bad = "--repeat must be >= 1";
+  else if (warmup < 0) bad = "--warmup must be >= 0";
   else if (threads < 1) bad = "--threads must be >= 1";
-  else if (flags.get_int("gemm-size") < 1) bad = "--gemm-size must be >= 1";
+  else if (gemm_n < 1) bad = "--gemm-size must be >= 1";
+  else if (!proj.empty() && (proj.size() != 3 || proj[0] < 1 || proj[1] < 1 || proj[2] < 1))
+    bad = "--proj-gemm takes three sizes M,N,K, each >= 1";
   for (int64_t s : seqs)
     if (s < 2 && bad.empty()) bad = "--seqs: every length must be >= 2";
   if (!bad.empty()) {
@@ -241,49 +310,68 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
     return 2;
   }
 
-  return run_ranks(argc, argv, 1, [&](Communicator& comm) {
-    auto dev = make_cpu_device(CpuDeviceOptions{.threads = threads});
-    Allocator& alloc = dev->allocator();
+  return run_ranks(argc, argv, 1, [&](Communicator& world) {
+    // The rank's device and the communicator of its buffers; a GPU that cannot be used is
+    // refused here on every rank, before any compute.
+    RankDevice rd = make_rank_device(world, RankDeviceOptions{.device = device.value(), .threads = threads});
+    Device& dev = rd.dev();
+    Communicator& comm = rd.comm();
+    Allocator& alloc = dev.allocator();
     std::vector<Row> rows;
     const bool causal = flags.get_bool("causal");
+    // The CPU's GEMM rows stay f32 (its rate); a GPU's run in the attention's storage type
+    // (bf16: cuBLAS with fp32 accumulation, the tensor-core rate attention is compared with).
+    const DType gemm_t = gpu ? dtype.value() : DType::kF32;
 
-    // GEMM rate of this machine, same threads.
-    {
-      const int64_t n = flags.get_int("gemm-size");
-      TensorBuffer a(alloc, DType::kF32, {n, n}, Tag::kOther, "bench gemm A");
-      TensorBuffer b(alloc, DType::kF32, {n, n}, Tag::kOther, "bench gemm B");
-      TensorBuffer c(alloc, DType::kF32, {n, n}, Tag::kOther, "bench gemm C");
-      fill_uniform(*dev, a, 1, -1, 1);
-      fill_uniform(*dev, b, 2, -1, 1);
-      GemmParams p{.m = n, .n = n, .k = n, .a = a.data(), .lda = n, .b = b.data(), .ldb = n, .c = c.data(), .ldc = n};
-      gemm(*dev, p);  // warm-up
-      const double ms = time_ms(comm, repeat, [&] { gemm(*dev, p); });
-      rows.push_back(Row{.op = "gemm", .seq = n, .ms = ms, .gflops = 2.0 * n * n * n / (ms * 1e6)});
-    }
+    // GEMM rates of this device, same threads: C (m, n) = A (m, k) B^T when trans_b.
+    auto gemm_row = [&](const char* op, int64_t m, int64_t n, int64_t k, bool trans_b, std::string note) {
+      TensorBuffer a(alloc, gemm_t, {m, k}, Tag::kOther, "bench gemm A");
+      TensorBuffer b(alloc, gemm_t, trans_b ? Shape{n, k} : Shape{k, n}, Tag::kOther, "bench gemm B");
+      TensorBuffer c(alloc, gemm_t, {m, n}, Tag::kOther, "bench gemm C");
+      fill_uniform(dev, a, 1, -1, 1);
+      fill_uniform(dev, b, 2, -1, 1);
+      GemmParams p{.trans_b = trans_b, .m = m, .n = n, .k = k, .a = a.data(), .lda = k, .a_dtype = gemm_t,
+                   .b = b.data(), .ldb = trans_b ? k : n, .b_dtype = gemm_t, .c = c.data(), .ldc = n,
+                   .c_dtype = gemm_t};
+      for (int i = 0; i < warmup; ++i) gemm(dev, p);
+      const double ms = time_ms(world, dev, repeat, [&] { gemm(dev, p); });
+      rows.push_back(Row{.op = op, .seq = m, .ms = ms,
+                         .gflops = 2.0 * static_cast<double>(m) * n * k / (ms * 1e6), .note = std::move(note)});
+    };
+    const std::string gemm_type(dtype_name(gemm_t));
+    gemm_row("gemm", gemm_n, gemm_n, gemm_n, false,
+             gpu ? std::to_string(gemm_n) + "^3 " + gemm_type : std::string());
+    if (!proj.empty())
+      gemm_row("gemm_proj", proj[0], proj[1], proj[2], true,
+               std::to_string(proj[0]) + "x" + std::to_string(proj[1]) + "x" + std::to_string(proj[2]) + " " +
+                   gemm_type + ": x (M, K) wq^T (N, K)");
 
     for (int64_t S : seqs) {
-      AttentionShape s{.seq_q = S, .seq_k = S, .heads = H, .kv_heads = G, .head_dim = D, .causal = causal,
+      const bool long_row = long_seq > 0 && S >= long_seq;
+      const int64_t h = long_row ? LH : H, kvh = long_row ? LG : G;
+      AttentionShape s{.seq_q = S, .seq_k = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = causal,
                        .dtype = dtype.value()};
-      TensorBuffer q(alloc, s.dtype, {S, H, D}, Tag::kActivations, "bench q");
-      TensorBuffer k(alloc, s.dtype, {S, G, D}, Tag::kActivations, "bench k");
-      TensorBuffer v(alloc, s.dtype, {S, G, D}, Tag::kActivations, "bench v");
-      TensorBuffer o(alloc, s.dtype, {S, H, D}, Tag::kActivations, "bench out");
-      TensorBuffer dout(alloc, s.dtype, {S, H, D}, Tag::kActivations, "bench dout");
-      TensorBuffer dq(alloc, s.dtype, {S, H, D}, Tag::kGradients, "bench dq");
-      TensorBuffer dk(alloc, s.dtype, {S, G, D}, Tag::kGradients, "bench dk");
-      TensorBuffer dv(alloc, s.dtype, {S, G, D}, Tag::kGradients, "bench dv");
-      TensorBuffer lse(alloc, DType::kF32, {H, S}, Tag::kActivations, "bench lse");
-      const uint64_t seed = 1000 * static_cast<uint64_t>(S) + static_cast<uint64_t>(comm.rank());
-      fill_uniform(*dev, q, seed + 1, -1, 1);
-      fill_uniform(*dev, k, seed + 2, -1, 1);
-      fill_uniform(*dev, v, seed + 3, -1, 1);
-      fill_uniform(*dev, dout, seed + 4, -1, 1);
+      TensorBuffer q(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench q");
+      TensorBuffer k(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench k");
+      TensorBuffer v(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench v");
+      TensorBuffer o(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench out");
+      TensorBuffer dout(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench dout");
+      TensorBuffer dq(alloc, s.dtype, {S, h, D}, Tag::kGradients, "bench dq");
+      TensorBuffer dk(alloc, s.dtype, {S, kvh, D}, Tag::kGradients, "bench dk");
+      TensorBuffer dv(alloc, s.dtype, {S, kvh, D}, Tag::kGradients, "bench dv");
+      TensorBuffer lse(alloc, DType::kF32, {h, S}, Tag::kActivations, "bench lse");
+      const uint64_t seed = 1000 * static_cast<uint64_t>(S) + static_cast<uint64_t>(world.rank());
+      fill_uniform(dev, q, seed + 1, -1, 1);
+      fill_uniform(dev, k, seed + 2, -1, 1);
+      fill_uniform(dev, v, seed + 3, -1, 1);
+      fill_uniform(dev, dout, seed + 4, -1, 1);
 
-      auto fwd = [&] { attention_forward(*dev, s, o.data(), lse.as<float>(), q.data(), k.data(), v.data()); };
+      auto fwd = [&] { attention_forward(dev, s, o.data(), lse.as<float>(), q.data(), k.data(), v.data()); };
       auto bwd = [&] {
-        attention_backward(*dev, s, dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(), o.data(),
+        attention_backward(dev, s, dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(), o.data(),
                            lse.as<float>(), dout.data());
       };
+      // The first call of each: its workspace, and the results that are verified.
       alloc.reset_peaks();
       const int64_t ws0 = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)];
       fwd();
@@ -293,19 +381,25 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
       const int64_t ws_bwd = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)] - ws0;
       double err = -1;
       if (flags.get_bool("verify")) {
-        std::vector<float> lse_v(lse.as<float>(), lse.as<float>() + H * S);
-        err = verify_attention(s, q, k, v, o, lse_v, dout, dq, dk, dv);
-        comm.all_reduce(&err, &err, 1, DType::kF64, ReduceOp::kMax);
+        const HostAttention ht{host_f32(dev, q),    host_f32(dev, k),  host_f32(dev, v),
+                               host_f32(dev, o),    host_f32(dev, lse), host_f32(dev, dout),
+                               host_f32(dev, dq),   host_f32(dev, dk), host_f32(dev, dv)};
+        err = verify_attention(s, ht);
+        world.all_reduce(&err, &err, 1, DType::kF64, ReduceOp::kMax);
         // Sampled rows against double: fp32 sums of S terms stay near 1e-5 relative; bf16
-        // storage rounds every stored value (2^-8 relative), so outputs differ by ~1e-2.
+        // storage rounds every stored value (2^-8 relative), so outputs differ by ~1e-2. A GPU
+        // kernel with bf16 storage also feeds P and dS to its tensor-core products as bf16
+        // (2^-9 relative per term, independent between terms, summed in fp32), which adds
+        // about 2^-9 of each quantity's scale: the same bound holds.
         const double tol = s.dtype == DType::kBF16 ? 5e-2 : 1e-3;
         UNTIED_CHECK_KIND(ErrorKind::kInternal, err <= tol, "attention at S=", S,
                           " failed verification: max relative error ", err, " > ", tol);
       }
-      const double tf = time_ms(comm, repeat, fwd);
-      const double tb = time_ms(comm, repeat, bwd);
+      for (int i = 1; i < warmup; ++i) fwd(), bwd();
+      const double tf = time_ms(world, dev, repeat, fwd);
+      const double tb = time_ms(world, dev, repeat, bwd);
       const double ff = attention_forward_flops(s), fb = attention_backward_flops(s);
-      Row base{.op = "", .seq = S, .heads = H, .kv_heads = G, .head_dim = D, .causal = causal, .max_rel_err = err};
+      Row base{.op = "", .seq = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = causal, .max_rel_err = err};
       Row rf = base, rb = base, rfb = base;
       rf.op = "attn_fwd", rf.ms = tf, rf.gflops = ff / (tf * 1e6), rf.workspace_bytes = ws_fwd;
       rb.op = "attn_bwd", rb.ms = tb, rb.gflops = fb / (tb * 1e6), rb.workspace_bytes = ws_bwd;
@@ -320,20 +414,35 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
       const int64_t block = flags.get_bytes("a2a-bytes");
       Buffer send = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all send");
       Buffer recv = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all recv");
-      std::fill(send.as<char>(), send.as<char>() + block * comm.size(), static_cast<char>(comm.rank()));
+      std::vector<char> pattern(static_cast<size_t>(block * comm.size()), static_cast<char>(comm.rank()));
+      if (dev.kind() == DeviceKind::kCpu) std::copy(pattern.begin(), pattern.end(), send.as<char>());
+      else dev.copy(send.data(), pattern.data(), block * comm.size());
       comm.all_to_all(send.data(), recv.data(), block);
-      const double ms = time_ms(comm, repeat, [&] { comm.all_to_all(send.data(), recv.data(), block); });
+      const double ms = time_ms(world, dev, repeat, [&] { comm.all_to_all(send.data(), recv.data(), block); });
       // Bytes each rank sends to its peers (its own block stays local).
       const double bytes = static_cast<double>(block) * (comm.size() - 1);
       rows.push_back(Row{.op = "all_to_all", .ms = ms, .workspace_bytes = block, .gbps = bytes / (ms * 1e6)});
     }
 
-    if (comm.rank() == 0) {
-      std::string header = "untied bench kernels | " + dev->name() + " x " + std::to_string(comm.size()) +
-                           (comm.size() > 1 ? " ranks (" + comm.backend() + ")" : " rank") + " | " +
-                           std::string(dtype_name(dtype.value())) + " storage, fp32 compute | " +
-                           blas_description() + " | median of " + std::to_string(repeat) + " runs, slowest rank";
-      print_rows(rows, flags.get_bool("json"), header, static_cast<double>(flags.get_int("ratio-seq")));
+    if (world.rank() == 0) {
+      const std::string ranks_text = std::to_string(comm.size()) +
+                                     (comm.size() > 1 ? " ranks (" + comm.backend() + ")" : " rank");
+      std::string header;
+      Units units;
+      if (!gpu) {
+        header = "untied bench kernels | " + dev.name() + " x " + ranks_text + " | " +
+                 std::string(dtype_name(dtype.value())) + " storage, fp32 compute | " + blas_description() +
+                 " | median of " + std::to_string(repeat) + " runs, slowest rank";
+      } else {
+        header = "untied bench kernels | " + dev.name() + " x " + ranks_text + " | " +
+                 std::string(dtype_name(dtype.value())) + " storage, fp32 accumulation | cuBLAS " + gemm_type +
+                 " GEMM | median of " + std::to_string(repeat) + " runs after " + std::to_string(warmup) +
+                 " warm-up" + (warmup == 1 ? "" : "s") + ", slowest rank; of_gemm: share of the " +
+                 std::to_string(gemm_n) + "^3 GEMM's rate";
+        units.tflops = true;
+        units.gemm_label = "the cuBLAS " + gemm_type + " GEMM rate";
+      }
+      print_rows(rows, flags.get_bool("json"), header, static_cast<double>(ratio_seq), units);
     }
   });
 }

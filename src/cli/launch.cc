@@ -33,6 +33,12 @@ int local_ranks_under_mpirun() {
   return 1;
 }
 
+int local_rank_under_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return -1;
+}
+
 int default_threads_per_rank(int ranks_here) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, ranks_here));

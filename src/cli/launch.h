@@ -23,6 +23,8 @@ LaunchInfo launch_info();
 
 // Ranks of this job on this machine (mpirun's local size; 1 when not under mpirun).
 int local_ranks_under_mpirun();
+// This process's rank among them (mpirun's local rank; -1 when mpirun does not say).
+int local_rank_under_mpirun();
 // BLAS/OpenMP threads per rank so that ranks x threads fills the cores: cores / ranks_here, >= 1.
 int default_threads_per_rank(int ranks_here);
 

@@ -17,8 +17,10 @@ const char* kUsage =
     "commands:\n"
     "  train           train a decoder with context parallelism (main job; built-in kv task)\n"
     "  attn            one attention block forward+backward (local, ulysses, upipe): time, memory\n"
-    "  bench kernels   benchmark the CPU kernels (flash attention forward/backward, GEMM)\n"
+    "  bench kernels   benchmark the kernels (flash attention forward/backward, GEMM)\n"
     "  bench attn      Ulysses vs UPipe for real head shapes: time and attention-layer memory\n"
+    "\n"
+    "attn and bench take --device cpu|cuda (CPU by default).\n"
     "\n"
     "Run `untied <command> --help` for the flags of a command.\n";
 

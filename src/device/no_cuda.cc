@@ -11,4 +11,9 @@ StatusOr<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions&) {
       "this untied was built without CUDA: install the CUDA toolkit (nvcc) and rebuild, or use the CPU backend");
 }
 
+StatusOr<CudaMemoryInfo> cuda_memory_info(int) {
+  return Status::unsupported(
+      "this untied was built without CUDA: install the CUDA toolkit (nvcc) and rebuild, or use the CPU backend");
+}
+
 }  // namespace untied

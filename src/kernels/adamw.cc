@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/model_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -23,7 +24,7 @@ void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64
   validate(a);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::adamw_step(dev, p, m, v, g, n, a);
-    default: unsupported(dev, "adamw_step");
+    case DeviceKind::kCuda: return cuda::adamw_step(dev, p, m, v, g, n, a);
   }
 }
 
@@ -31,15 +32,16 @@ double grad_sum_squares(Device& dev, const float* g, int64_t n) {
   UNTIED_CHECK(n >= 0, "grad_sum_squares: n must be >= 0, got ", n);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::grad_sum_squares(dev, g, n);
-    default: unsupported(dev, "grad_sum_squares");
+    case DeviceKind::kCuda: return cuda::grad_sum_squares(dev, g, n);
   }
+  unsupported(dev, "grad_sum_squares");
 }
 
 void scale_in_place(Device& dev, float* x, int64_t n, float scale) {
   UNTIED_CHECK(n >= 0, "scale_in_place: n must be >= 0, got ", n);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::scale_in_place(dev, x, n, scale);
-    default: unsupported(dev, "scale_in_place");
+    case DeviceKind::kCuda: return cuda::scale_in_place(dev, x, n, scale);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "untied/kernels/attention.h"
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace untied {
 
@@ -30,7 +31,7 @@ void attention_forward(Device& dev, const AttentionShape& s, void* out, float* l
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::attention_forward(dev, s, out, lse, q, k, v);
-    default: unsupported(dev, "attention_forward");
+    case DeviceKind::kCuda: return cuda::attention_forward(dev, s, out, lse, q, k, v);
   }
 }
 
@@ -41,7 +42,7 @@ void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk
   switch (dev.kind()) {
     case DeviceKind::kCpu:
       return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, out, nullptr, lse, dout);
-    default: unsupported(dev, "attention_backward");
+    case DeviceKind::kCuda: return cuda::attention_backward(dev, s, dq, dk, dv, q, k, v, out, nullptr, lse, dout);
   }
 }
 
@@ -52,7 +53,7 @@ void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* d
   switch (dev.kind()) {
     case DeviceKind::kCpu:
       return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, nullptr, &delta, lse, dout);
-    default: unsupported(dev, "attention_backward_with_delta");
+    case DeviceKind::kCuda: return cuda::attention_backward(dev, s, dq, dk, dv, q, k, v, nullptr, delta, lse, dout);
   }
 }
 

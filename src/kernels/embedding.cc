@@ -1,6 +1,7 @@
 #include "untied/kernels/embedding.h"
 
 #include "kernels/cpu/model_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -22,7 +23,7 @@ void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const in
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::embedding_forward(dev, s, out, ids, table);
-    default: unsupported(dev, "embedding_forward");
+    case DeviceKind::kCuda: return cuda::embedding_forward(dev, s, out, ids, table);
   }
 }
 
@@ -31,7 +32,7 @@ void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, con
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::embedding_backward(dev, s, dtable, ids, dout);
-    default: unsupported(dev, "embedding_backward");
+    case DeviceKind::kCuda: return cuda::embedding_backward(dev, s, dtable, ids, dout);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/model_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -57,7 +58,7 @@ void lm_head_loss_forward_backward(Device& dev, const LmHeadLossShape& s, LossSu
   UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::lm_head_loss(dev, s, /*backward=*/true, sums, argmax, dh, dw, h, labels, w);
-    default: unsupported(dev, "lm_head_loss_forward_backward");
+    case DeviceKind::kCuda: return cuda::lm_head_loss(dev, s, /*backward=*/true, sums, argmax, dh, dw, h, labels, w);
   }
 }
 
@@ -69,7 +70,8 @@ void lm_head_loss_forward(Device& dev, const LmHeadLossShape& s, LossSums* sums,
     case DeviceKind::kCpu:
       return cpu::lm_head_loss(dev, s, /*backward=*/false, sums, argmax, nullptr, nullptr, h, labels,
                                w);
-    default: unsupported(dev, "lm_head_loss_forward");
+    case DeviceKind::kCuda:
+      return cuda::lm_head_loss(dev, s, /*backward=*/false, sums, argmax, nullptr, nullptr, h, labels, w);
   }
 }
 

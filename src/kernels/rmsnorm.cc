@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/model_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -24,7 +25,7 @@ void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, c
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::rmsnorm_forward(dev, s, y, rstd, x, w);
-    default: unsupported(dev, "rmsnorm_forward");
+    case DeviceKind::kCuda: return cuda::rmsnorm_forward(dev, s, y, rstd, x, w);
   }
 }
 
@@ -33,7 +34,7 @@ void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, c
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::rmsnorm_backward(dev, s, dx, dw, x, rstd, w, dy);
-    default: unsupported(dev, "rmsnorm_backward");
+    case DeviceKind::kCuda: return cuda::rmsnorm_backward(dev, s, dx, dw, x, rstd, w, dy);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "untied/kernels/rope.h"
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace untied {
 
@@ -11,6 +12,7 @@ void validate(const RopeShape& s) {
                "rope: head_dim must be even and in [2, 2048], got ", s.head_dim);
   UNTIED_CHECK(s.row_stride == 0 || s.row_stride >= s.heads * s.head_dim, "rope: row_stride (",
                s.row_stride, ") is shorter than heads*head_dim (", s.heads * s.head_dim, ")");
+  UNTIED_CHECK(s.first_position >= 0, "rope: first_position must be >= 0, got ", s.first_position);
   UNTIED_CHECK(s.theta > 0.0, "rope: theta must be > 0, got ", s.theta);
   UNTIED_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16, "rope: storage must be f32 or bf16, got ",
                dtype_name(s.dtype));
@@ -20,7 +22,7 @@ void rope_forward(Device& dev, const RopeShape& s, void* x, const int64_t* posit
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::rope_apply(dev, s, x, positions, /*inverse=*/false);
-    default: unsupported(dev, "rope_forward");
+    case DeviceKind::kCuda: return cuda::rope_apply(dev, s, x, positions, /*inverse=*/false);
   }
 }
 
@@ -28,7 +30,7 @@ void rope_backward(Device& dev, const RopeShape& s, void* dx, const int64_t* pos
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::rope_apply(dev, s, dx, positions, /*inverse=*/true);
-    default: unsupported(dev, "rope_backward");
+    case DeviceKind::kCuda: return cuda::rope_apply(dev, s, dx, positions, /*inverse=*/true);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "untied/kernels/swiglu.h"
 
 #include "kernels/cpu/model_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -20,7 +21,7 @@ void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* ga
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::swiglu_forward(dev, s, out, gate, up);
-    default: unsupported(dev, "swiglu_forward");
+    case DeviceKind::kCuda: return cuda::swiglu_forward(dev, s, out, gate, up);
   }
 }
 
@@ -29,7 +30,7 @@ void swiglu_backward(Device& dev, const SwigluShape& s, void* dgate, void* dup, 
   validate(s);
   switch (dev.kind()) {
     case DeviceKind::kCpu: return cpu::swiglu_backward(dev, s, dgate, dup, gate, up, dout);
-    default: unsupported(dev, "swiglu_backward");
+    case DeviceKind::kCuda: return cuda::swiglu_backward(dev, s, dgate, dup, gate, up, dout);
   }
 }
 

@@ -74,14 +74,6 @@ Problem& problem(const BlockDims& d) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
-// Stores of each rank's partial weight gradient beyond the first (KV replicas held by one rank
-// accumulate into the same rows): kv_eff / G - 1 for dwk, dwv; 0 otherwise.
-int64_t stored_adds(const BlockDims& d, int C, int output) {
-  if (output != 3 && output != 4) return 0;
-  const int64_t kv_eff = d.kv_heads % C == 0 ? d.kv_heads : C;
-  return kv_eff / d.kv_heads - 1;
-}
-
 // ---- the fp64 reference checks itself -----------------------------------------------------------
 
 // The analytic backward of the reference against central differences of f = sum(dy * y) along a

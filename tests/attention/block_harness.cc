@@ -8,9 +8,11 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "untied/comm/inproc.h"
 #include "untied/core/tensor.h"
+#include "untied/device/cuda.h"
 #include "untied/device/device.h"
 
 namespace untied::attntest {
@@ -166,26 +168,48 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
   run.stats_after_forward.resize(static_cast<size_t>(C));
   std::mutex mu;
   run_in_process(C, [&](Communicator& comm) {
-    auto dev = make_cpu_device({.threads = 1, .rehearsal = spec.rehearsal});
+    std::unique_ptr<Device> dev;
+    if (spec.gpu) {
+      dev = std::move(make_cuda_device({})).value();
+      comm.bind_device(*dev);
+    } else {
+      dev = make_cpu_device({.threads = 1, .rehearsal = spec.rehearsal});
+    }
     const AttentionConfig cfg{.seq = S, .hidden = E, .heads = H, .kv_heads = G, .head_dim = D,
                               .rope_theta = d.theta, .dtype = t, .strategy = spec.strategy,
                               .upipe_heads = spec.upipe_heads};
     auto block = make_attention_block(*dev, comm, cfg);
     const int r = comm.rank();
     Stored y(t, L * E), dx(t, L * E), dwq(t, H * D * E), dwk(t, G * D * E), dwv(t, G * D * E), dwo(t, E * H * D);
-    // In rehearsal nothing may be touched: every tensor is passed without data.
-    auto p = [&](Stored& s, int64_t elem = 0) { return spec.rehearsal ? nullptr : s.at(elem); };
-    const AttentionWeights w{Tensor(p(wq), t, {H * D, E}), Tensor(p(wk), t, {G * D, E}),
-                             Tensor(p(wv), t, {G * D, E}), Tensor(p(wo), t, {E, H * D})};
-    AttentionGrads g{Tensor(p(dwq), t, {H * D, E}), Tensor(p(dwk), t, {G * D, E}), Tensor(p(dwv), t, {G * D, E}),
-                     Tensor(p(dwo), t, {E, H * D})};
-    const Tensor xt(p(x, r * L * E), t, {L, E}), dyt(p(dy, r * L * E), t, {L, E});
+    // In rehearsal nothing may be touched: every tensor is passed without data. On a GPU every
+    // tensor is a device copy of its host slice (outputs are copied back below).
+    std::vector<std::tuple<Buffer, void*, int64_t>> on_gpu;  // device buffer, host pointer, bytes
+    auto p = [&](Stored& s, int64_t elem = 0, int64_t n = 0) -> void* {
+      if (spec.rehearsal) return nullptr;
+      if (!spec.gpu) return s.at(elem);
+      const int64_t bytes = n * dtype_size(t);
+      Buffer b = dev->allocator().allocate(bytes, Tag::kOther, "test tensor");
+      dev->copy(b.data(), s.at(elem), bytes);
+      void* d = b.data();
+      on_gpu.emplace_back(std::move(b), s.at(elem), bytes);
+      return d;
+    };
+    const AttentionWeights w{Tensor(p(wq, 0, H * D * E), t, {H * D, E}), Tensor(p(wk, 0, G * D * E), t, {G * D, E}),
+                             Tensor(p(wv, 0, G * D * E), t, {G * D, E}), Tensor(p(wo, 0, E * H * D), t, {E, H * D})};
+    AttentionGrads g{Tensor(p(dwq, 0, H * D * E), t, {H * D, E}), Tensor(p(dwk, 0, G * D * E), t, {G * D, E}),
+                     Tensor(p(dwv, 0, G * D * E), t, {G * D, E}), Tensor(p(dwo, 0, E * H * D), t, {E, H * D})};
+    const Tensor xt(p(x, r * L * E, L * E), t, {L, E}), dyt(p(dy, r * L * E, L * E), t, {L, E});
+    const Tensor yt(p(y, 0, L * E), t, {L, E}), dxt(p(dx, 0, L * E), t, {L, E});
+    // The test's own copies are not the block's memory: measure from here.
+    dev->allocator().reset_peaks();
     AttentionSaved saved;
     dev->allocator().set_phase(Phase::kForward);
-    block->forward(Tensor(p(y), t, {L, E}), xt, w, saved);
+    block->forward(yt, xt, w, saved);
     const MemoryStats after_forward = dev->allocator().stats();
     dev->allocator().set_phase(Phase::kBackward);
-    block->backward(Tensor(p(dx), t, {L, E}), g, dyt, xt, w, saved);
+    block->backward(dxt, g, dyt, xt, w, saved);
+    dev->synchronize();
+    for (auto& [b, host, bytes] : on_gpu) dev->copy(host, b.data(), bytes);  // inputs come back unchanged
     std::lock_guard<std::mutex> lock(mu);
     run.per_rank[r] = Outputs{y.get(), dx.get(), dwq.get(), dwk.get(), dwv.get(), dwo.get()};
     run.stats[r] = dev->allocator().stats();
@@ -214,6 +238,12 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
 double partial_sum_floor(const std::vector<double>& abs_partials, DType storage, int64_t stored_adds) {
   const double u = storage == DType::kBF16 ? kBf16UnitRoundoff : kF32UnitRoundoff;
   return static_cast<double>(1 + stored_adds) * u * max_abs(abs_partials);
+}
+
+int64_t stored_adds(const BlockDims& d, int C, int output) {
+  if (output != 3 && output != 4) return 0;
+  const int64_t kv_eff = d.kv_heads % C == 0 ? d.kv_heads : C;
+  return kv_eff / d.kv_heads - 1;
 }
 
 }  // namespace untied::attntest

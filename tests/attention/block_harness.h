@@ -96,7 +96,9 @@ struct RunSpec {
   int64_t upipe_heads = 0;  // U; 0 = C
   DType dtype = DType::kF32;
   bool rehearsal = false;   // counting devices; every tensor passed with nullptr data
-  std::string name() const;  // "upipe C=4 U=8 f32"
+  bool gpu = false;         // every rank on its own CUDA device on GPU 0 (the in-process ranks
+                            // share it); inputs copied there, outputs copied back
+  std::string name() const;  // "upipe C=4 U=8 f32 gpu"
 };
 
 struct BlockRun {
@@ -116,5 +118,9 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec);
 // into it in storage (KV replicas on one rank), each store rounding by at most u |partial|:
 //   (1 + stored_adds) * u * max_i sum_r |partial_r,i|.
 double partial_sum_floor(const std::vector<double>& abs_partials, DType storage, int64_t stored_adds);
+
+// Stores of each rank's partial weight gradient beyond the first (KV replicas held by one rank
+// accumulate into the same rows): kv_eff / G - 1 for dwk, dwv (outputs 3, 4); 0 otherwise.
+int64_t stored_adds(const BlockDims& d, int C, int output);
 
 }  // namespace untied::attntest

@@ -4,7 +4,8 @@
 // thread per rank inside one process; comm/inproc), and later NCCL. The same tests run on all.
 //
 // Conventions for every collective:
-//   - Buffers are host pointers on the CPU backends; sizes are 64-bit.
+//   - Buffers are memory of the rank's device (bind_device; host memory until one is bound) or
+//     host memory; sizes are 64-bit.
 //   - Every rank of the group calls the collective with the same sizes. Blocks are laid out by
 //     rank: block p of a send buffer goes to rank p; block p of a receive buffer came from p.
 //   - Send and receive buffers must not overlap, except all_reduce (send == recv is allowed).
@@ -24,6 +25,7 @@
 
 #include "untied/core/dtype.h"
 #include "untied/core/status.h"
+#include "untied/device/device.h"
 
 namespace untied {
 
@@ -34,7 +36,14 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "mpi", "inproc"
+  virtual std::string backend() const = 0;  // "mpi", "inproc", "nccl"
+
+  // Tells the communicator where this rank's buffers live, before its first collective with
+  // device memory. The in-process communicator then moves bytes with the device's copies (a GPU's
+  // device-to-device copy when ranks share a GPU) and waits for the device's work before each
+  // exchange. MPI accepts only CPU devices (GPU ranks use NCCL): Error(kUnsupported) otherwise.
+  // The device must outlive the communicator's use of it.
+  virtual void bind_device(Device& dev) = 0;
 
   // Collective over this group: ranks with equal `color` form a new group, ordered by
   // (key, rank). Every rank of the group must call it.

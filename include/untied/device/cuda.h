@@ -11,6 +11,7 @@
 // answers that it was built without CUDA.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "untied/core/status.h"
@@ -29,5 +30,12 @@ bool cuda_built();
 int cuda_device_count();
 
 StatusOr<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& opts);
+
+// Free and total memory of GPU `index` now (cudaMemGetInfo), or why it cannot be read.
+struct CudaMemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+StatusOr<CudaMemoryInfo> cuda_memory_info(int index);
 
 }  // namespace untied

@@ -7,8 +7,10 @@
 // Backward is the inverse rotation (RoPE is orthogonal): dx = R(-a) dy.
 //
 // Both work in place on x (tokens, heads, D) with row stride `row_stride` (elements between
-// tokens; 0 = heads*D), f32 or bf16 storage. REQUIRES: D even, D <= 2048; positions has
-// `tokens` entries.
+// tokens; 0 = heads*D), f32 or bf16 storage. REQUIRES: D even, D <= 2048.
+// Positions: `positions` has `tokens` entries (device memory: host on the CPU, GPU memory on
+// CUDA), or is null, and then token t is at position first_position + t (a rank's contiguous
+// slice of the sequence; no table to copy to the device).
 #pragma once
 
 #include <cstdint>
@@ -25,11 +27,12 @@ struct RopeShape {
   int64_t row_stride = 0;  // 0 = heads * head_dim
   double theta = 10000.0;
   DType dtype = DType::kF32;
+  int64_t first_position = 0;  // used when positions is null
 };
 
 void validate(const RopeShape& s);
 
-// x (tokens, heads, D): x = R(pos) x.
+// x (tokens, heads, D): x = R(pos) x. positions may be null (see above).
 void rope_forward(Device& dev, const RopeShape& s, void* x, const int64_t* positions);
 // dx (tokens, heads, D): dx = R(pos)^T dx.
 void rope_backward(Device& dev, const RopeShape& s, void* dx, const int64_t* positions);

@@ -20,6 +20,12 @@
 // sendrecv does not use the barrier: the message is copied into the (src, dst) mailbox and the
 // call then waits for the (src', me) mailbox, so ring patterns cannot deadlock.
 //
+// Device memory (bind_device with a GPU device; several ranks then share one GPU): before
+// publishing, a rank waits for its device's work (so its send buffer is complete), and every
+// copy goes through its device (Device::copy: a device-to-device copy on the GPU, synchronous).
+// Reductions read the ranks' blocks into host memory, reduce there in rank order as above, and
+// copy the result back: exact and rarely used on that path (metrics and agreements).
+//
 // Aborts: when a body throws, or a rank calls abort(), the world is marked aborted and every
 // barrier and mailbox is woken; blocked and later calls throw Error(kAborted).
 #include <algorithm>
@@ -277,8 +283,10 @@ int64_t reduce_arg(DType t, ReduceOp op) {
 
 class InprocCommunicator final : public Communicator {
  public:
-  InprocCommunicator(std::shared_ptr<Group> group, int rank)
-      : group_(std::move(group)), rank_(rank) {}
+  InprocCommunicator(std::shared_ptr<Group> group, int rank, Device* dev = nullptr)
+      : group_(std::move(group)), rank_(rank), dev_(dev) {}
+
+  void bind_device(Device& dev) override { dev_ = dev.kind() == DeviceKind::kCpu ? nullptr : &dev; }
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
@@ -305,15 +313,15 @@ class InprocCommunicator final : public Communicator {
         static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
     leave("split");  // after this no rank reads the leader's split_result
     if (rank_ == leader) group_->slot(rank_).split_result.reset();
-    return std::make_unique<InprocCommunicator>(std::move(g), new_rank);
+    return std::make_unique<InprocCommunicator>(std::move(g), new_rank, dev_);
   }
 
   void all_to_all(const void* send, void* recv, int64_t block_bytes) override {
     UNTIED_CHECK(block_bytes >= 0, "all_to_all: negative block size ", block_bytes);
     enter({.call = "all_to_all", .size = block_bytes, .send = send, .recv = recv});
     for (int p = 0; p < size(); ++p)
-      copy_bytes(static_cast<char*>(recv) + p * block_bytes,
-                 static_cast<const char*>(group_->slot(p).send) + rank_ * block_bytes, block_bytes);
+      move(static_cast<char*>(recv) + p * block_bytes,
+           static_cast<const char*>(group_->slot(p).send) + rank_ * block_bytes, block_bytes);
     leave("all_to_all");
   }
 
@@ -321,7 +329,7 @@ class InprocCommunicator final : public Communicator {
     UNTIED_CHECK(block_bytes >= 0, "all_gather: negative block size ", block_bytes);
     enter({.call = "all_gather", .size = block_bytes, .send = send, .recv = recv});
     for (int p = 0; p < size(); ++p)
-      copy_bytes(static_cast<char*>(recv) + p * block_bytes, group_->slot(p).send, block_bytes);
+      move(static_cast<char*>(recv) + p * block_bytes, group_->slot(p).send, block_bytes);
     leave("all_gather");
   }
 
@@ -338,7 +346,7 @@ class InprocCommunicator final : public Communicator {
     std::vector<const void*> srcs(size());
     for (int q = 0; q < size(); ++q)
       srcs[q] = static_cast<const char*>(group_->slot(q).send) + rank_ * block_bytes;
-    reduce(recv, srcs, block_elems, dtype, op);
+    reduce_staged(recv, srcs, block_elems, dtype, op);
     leave("reduce_scatter");
   }
 
@@ -353,14 +361,14 @@ class InprocCommunicator final : public Communicator {
     std::vector<const void*> srcs(size());
     for (int q = 0; q < size(); ++q) srcs[q] = group_->slot(q).send;
     if (send != recv) {
-      reduce(recv, srcs, elems, dtype, op);
+      reduce_staged(recv, srcs, elems, dtype, op);
       leave("all_reduce");
       return;
     }
     std::vector<std::byte> tmp(static_cast<size_t>(elems * dtype_size(dtype)));
-    reduce(tmp.data(), srcs, elems, dtype, op);
+    reduce_staged(tmp.data(), srcs, elems, dtype, op, /*out_on_host=*/true);
     leave("all_reduce");
-    copy_bytes(recv, tmp.data(), static_cast<int64_t>(tmp.size()));
+    move(recv, tmp.data(), static_cast<int64_t>(tmp.size()));
   }
 
   void broadcast(void* buf, int64_t bytes, int root) override {
@@ -368,7 +376,7 @@ class InprocCommunicator final : public Communicator {
     UNTIED_CHECK(root >= 0 && root < size(), "broadcast: root ", root,
                  " is not a rank of a group of ", size());
     enter({.call = "broadcast", .size = bytes, .arg = root, .send = buf, .recv = buf});
-    if (rank_ != root) copy_bytes(buf, group_->slot(root).send, bytes);
+    if (rank_ != root) move(buf, group_->slot(root).send, bytes);
     leave("broadcast");
   }
 
@@ -381,11 +389,18 @@ class InprocCommunicator final : public Communicator {
     UNTIED_CHECK(src >= 0 && src < size(), "sendrecv: src ", src, " is not a rank of a group of ",
                  size());
     if (group_->world().aborted()) fail_aborted("sendrecv");
-    group_->mailbox(rank_, dest).put(send, send_bytes);
+    if (dev_) {  // the message is buffered on the host
+      dev_->synchronize();
+      std::vector<std::byte> staged(static_cast<size_t>(send_bytes));
+      move(staged.data(), send, send_bytes);
+      group_->mailbox(rank_, dest).put(staged.data(), send_bytes);
+    } else {
+      group_->mailbox(rank_, dest).put(send, send_bytes);
+    }
     std::vector<std::byte> msg = group_->mailbox(src, rank_).take("sendrecv");
     UNTIED_CHECK(static_cast<int64_t>(msg.size()) == recv_bytes, "sendrecv: rank ", src, " sent ",
                  msg.size(), " bytes, this rank expected ", recv_bytes);
-    copy_bytes(recv, msg.data(), recv_bytes);
+    move(recv, msg.data(), recv_bytes);
   }
 
   void barrier() override {
@@ -407,6 +422,7 @@ class InprocCommunicator final : public Communicator {
   // are in the same call with the same sizes.
   void enter(Slot s) {
     if (group_->world().aborted()) fail_aborted(s.call);
+    if (dev_) dev_->synchronize();  // this rank's send buffer is complete before others read it
     const char* call = s.call;
     group_->slot(rank_) = std::move(s);
     group_->barrier().wait(call);
@@ -426,8 +442,34 @@ class InprocCommunicator final : public Communicator {
   // Step 3: no rank leaves before every rank has finished reading the others' buffers.
   void leave(const char* call) { group_->barrier().wait(call); }
 
+  // Copies bytes between this rank's buffers and others' (host memcpy, or the bound device's copy).
+  void move(void* dst, const void* src, int64_t bytes) {
+    if (bytes <= 0) return;
+    if (dev_) dev_->copy(dst, src, bytes);
+    else copy_bytes(dst, src, bytes);
+  }
+
+  // reduce() over the ranks' blocks; with a bound device, through host copies of them (`out` is
+  // device memory unless out_on_host).
+  void reduce_staged(void* out, const std::vector<const void*>& srcs, int64_t n, DType t, ReduceOp op,
+                     bool out_on_host = false) {
+    if (!dev_) return reduce(out, srcs, n, t, op);
+    const int64_t bytes = n * dtype_size(t);
+    std::vector<std::vector<std::byte>> host(srcs.size(), std::vector<std::byte>(static_cast<size_t>(bytes)));
+    std::vector<const void*> host_srcs(srcs.size());
+    for (size_t q = 0; q < srcs.size(); ++q) {
+      move(host[q].data(), srcs[q], bytes);
+      host_srcs[q] = host[q].data();
+    }
+    if (out_on_host) return reduce(out, host_srcs, n, t, op);
+    std::vector<std::byte> result(static_cast<size_t>(bytes));
+    reduce(result.data(), host_srcs, n, t, op);
+    move(out, result.data(), bytes);
+  }
+
   std::shared_ptr<Group> group_;
   int rank_;
+  Device* dev_;  // null: host memory
 };
 
 }  // namespace

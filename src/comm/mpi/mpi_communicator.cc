@@ -122,6 +122,11 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
+  void bind_device(Device& dev) override {
+    UNTIED_CHECK_KIND(ErrorKind::kUnsupported, dev.kind() == DeviceKind::kCpu, "the MPI communicator moves host memory only; ",
+                      dev.name(), " ranks use NCCL (make_nccl_communicator in untied/comm/nccl.h)");
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     UNTIED_CHECK(color >= 0, "split: color must be >= 0, got ", color);
     MPI_Comm sub = MPI_COMM_NULL;

@@ -29,6 +29,13 @@ class CpuDevice final : public Device {
   void copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes > 0 && alloc_.backed()) std::memmove(dst, src, static_cast<size_t>(bytes));
   }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows) override {
+    if (row_bytes <= 0 || rows <= 0 || !alloc_.backed()) return;
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch,
+                  static_cast<size_t>(row_bytes));
+  }
   void fill_zero(void* dst, int64_t bytes) override {
     if (bytes > 0 && alloc_.backed()) std::memset(dst, 0, static_cast<size_t>(bytes));
   }

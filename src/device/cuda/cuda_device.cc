@@ -12,7 +12,7 @@ namespace untied {
 namespace {
 
 // Blocks freed by the allocator are kept by size and handed out again; all are returned to the
-// driver when the source is destroyed.
+// driver when the source is destroyed, or when a cudaMalloc fails (then it is tried once more).
 class CudaMemory final : public MemorySource {
  public:
   explicit CudaMemory(int index) : index_(index) {}
@@ -31,7 +31,16 @@ class CudaMemory final : public MemorySource {
       return p;
     }
     void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
+    cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (e == cudaErrorMemoryAllocation && !free_.empty()) {
+      // Cached blocks of other sizes may be what is missing: give them back and try once more.
+      cudaGetLastError();
+      cudaDeviceSynchronize();  // a cached block may still be read by queued work of this rank
+      for (auto& [b, l] : free_)
+        for (void* q : l) cudaFree(q);
+      free_.clear();
+      e = cudaMalloc(&p, static_cast<size_t>(bytes));
+    }
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free error state of a failed allocation
       fail(ErrorKind::kOutOfBudget, error_prefix(__FILE__, __LINE__) + "cudaMalloc of " + format_bytes(bytes) +
@@ -78,6 +87,14 @@ void CudaDevice::copy(void* dst, const void* src, int64_t bytes) {
   UNTIED_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void CudaDevice::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+                         int64_t rows) {
+  if (row_bytes <= 0 || rows <= 0) return;
+  UNTIED_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
+                                      static_cast<size_t>(row_bytes), static_cast<size_t>(rows),
+                                      cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaDevice::fill_zero(void* dst, int64_t bytes) {
   if (bytes <= 0) return;
   UNTIED_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), stream_));
@@ -94,6 +111,26 @@ int cuda_device_count() {
     return 0;
   }
   return n;
+}
+
+StatusOr<CudaMemoryInfo> cuda_memory_info(int index) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return Status::unsupported("no CUDA GPU is visible: run on a machine with an NVIDIA GPU and driver");
+  }
+  if (index < 0 || index >= n)
+    return Status::invalid_argument("GPU index " + std::to_string(index) + " is out of range: " + std::to_string(n) +
+                                    " GPU(s) visible");
+  int current = 0;
+  size_t free_b = 0, total_b = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(index) != cudaSuccess ||
+      cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::unsupported("cannot query the memory of GPU " + std::to_string(index));
+  }
+  cudaSetDevice(current);
+  return CudaMemoryInfo{static_cast<int64_t>(free_b), static_cast<int64_t>(total_b)};
 }
 
 StatusOr<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& opts) {

@@ -16,9 +16,12 @@ class CudaDevice final : public Device {
   std::string name() const override;
   Allocator& allocator() override { return alloc_; }
   void copy(void* dst, const void* src, int64_t bytes) override;
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows) override;
   void fill_zero(void* dst, int64_t bytes) override;
   void synchronize() override;
   int threads() const override { return 1; }
+  int index() const { return index_; }  // the GPU (cudaSetDevice index)
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
 

@@ -24,7 +24,7 @@ void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positio
     float* c = cs + t * half * 2;
     float* sn = c + half;
     for (int64_t i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(positions[t]) * inv_freq[i];
+      const double ang = static_cast<double>(positions ? positions[t] : s.first_position + t) * inv_freq[i];
       c[i] = static_cast<float>(std::cos(ang));
       sn[i] = sign * static_cast<float>(std::sin(ang));
     }

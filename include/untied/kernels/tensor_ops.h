@@ -1,0 +1,31 @@
+// Small tensor ops the strategies need between their GEMMs and exchanges, so that the same code
+// runs on every backend (no host loops over device memory):
+//
+//   row_dot:  out[r * out_stride] = sum_d a[r * lda + d] * b[r * ldb + d]    (r < rows, d < dim)
+//             fp32 accumulation; a and b in `dtype` (f32 or bf16); out fp32. Attention's
+//             D_i = rowsum(dO * O) over a packed layout.
+//   add_into: acc[i] += x[i]   (i < n); acc fp32, x f32 or bf16.
+//   convert:  dst[i] = src[i]  (i < n) between f32 and bf16 (either way, or the same type);
+//             bf16 results are rounded to nearest even, as store_f32 does.
+//
+// All pointers are this device's memory. Elements are independent (no reduction across
+// elements), so results do not depend on the thread count. In rehearsal (!dev.backed()) nothing
+// is read or written. Workspace: none.
+// REQUIRES: rows, dim, n >= 0; lda, ldb >= dim; out_stride >= 1; outputs do not overlap inputs.
+#pragma once
+
+#include <cstdint>
+
+#include "untied/core/dtype.h"
+#include "untied/device/device.h"
+
+namespace untied {
+
+void row_dot(Device& dev, int64_t rows, int64_t dim, DType dtype, const void* a, int64_t lda, const void* b,
+             int64_t ldb, float* out, int64_t out_stride);
+
+void add_into(Device& dev, float* acc, const void* x, DType x_dtype, int64_t n);
+
+void convert(Device& dev, void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n);
+
+}  // namespace untied

@@ -1,0 +1,40 @@
+// The tensor ops (include/untied/kernels/tensor_ops.h) on the CPU: OpenMP over rows or fixed
+// blocks of elements, the dtype helpers of core/dtype.h inside.
+#include <algorithm>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace untied::cpu {
+
+namespace {
+constexpr int64_t kBlock = 4096;  // elements per task of the element-wise ops
+}  // namespace
+
+void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
+             float* out, int64_t out_stride) {
+  const int64_t es = dtype_size(t);
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t r = 0; r < rows; ++r)
+    out[r * out_stride] = dot_f32(static_cast<const char*>(a) + r * lda * es, static_cast<const char*>(b) + r * ldb * es,
+                                  t, dim);
+}
+
+void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
+  const int64_t es = dtype_size(t);
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t i = 0; i < n; i += kBlock)
+    accumulate_f32(acc + i, static_cast<const char*>(x) + i * es, t, std::min(kBlock, n - i));
+}
+
+void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
+  const int64_t ds = dtype_size(dst_t), ss = dtype_size(src_t);
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t i = 0; i < n; i += kBlock) {
+    float tmp[kBlock];
+    const int64_t m = std::min(kBlock, n - i);
+    load_f32(tmp, static_cast<const char*>(src) + i * ss, src_t, m);
+    store_f32(static_cast<char*>(dst) + i * ds, dst_t, tmp, m);
+  }
+}
+
+}  // namespace untied::cpu

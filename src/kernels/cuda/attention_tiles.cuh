@@ -1,0 +1,280 @@
+// Private pieces of the CUDA flash attention (attention_forward.cu, attention_backward.cu):
+// the kernel parameters, the tensor-core primitives (mma.sync, ldmatrix, cp.async), the causal
+// geometry, and the run-time choice between the two paths:
+//
+//   tensor-core path: bf16 storage, D in {64, 128}, compute capability >= 8.0, row strides that
+//     are multiples of 8 elements and 16-byte aligned tensors (16-byte cp.async copies).
+//   portable path: everything else with D <= 256 (f32 storage always: exact fp32 math, no bf16
+//     rounding of any operand). D > 256 is refused with ErrorKind::kUnsupported.
+//
+// Tile sizes are compile-time constants of each kernel; AttentionShape::block_q / block_k are a
+// CPU tuning knob and are ignored here.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "device/cuda/cuda_check.h"
+#include "untied/kernels/attention.h"
+
+namespace untied::cuda::attn {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+inline constexpr int kMaxPortableDim = 256;
+
+using bf16 = __nv_bfloat16;
+
+// An AttentionShape with the defaults filled in, as the kernels read it.
+struct AttnGeom {
+  int64_t sq, sk;        // query rows, key rows
+  int64_t q_rs, kv_rs;   // row strides (elements) of q/out/dout/dq and k/v/dk/dv
+  int64_t diff;          // q_offset - k_offset: when causal, row i sees key j iff j - i <= diff
+  int h, g, group, d;    // H, G, H/G, D
+  int causal;
+  float scale;           // softmax scale
+  float scale_log2;      // scale * log2(e): scores in base-2 units
+};
+
+struct FwdParams {
+  AttnGeom a;
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;   // (sq, H, D), row stride q_rs
+  float* lse;  // (H, sq)
+};
+
+struct BwdParams {
+  AttnGeom a;
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* dout;
+  const float* lse;    // (H, sq)
+  const float* delta;  // (H, sq) = rowsum(dout * out)
+  float* dq_acc;       // fp32 dQ accumulator (sq, H, D) with row stride dq_acc_rs
+  int64_t dq_acc_rs;
+  void* dk;            // (sk, G, D), row stride kv_rs
+  void* dv;
+};
+
+inline AttnGeom make_attn_geom(const AttentionShape& s) {
+  UNTIED_CHECK(s.heads <= INT32_MAX && s.kv_heads <= INT32_MAX, "cuda attention: heads (", s.heads,
+               ") must fit in 32 bits");
+  AttnGeom a{};
+  a.sq = s.seq_q;
+  a.sk = s.seq_k;
+  a.h = static_cast<int>(s.heads);
+  a.g = static_cast<int>(s.kv_heads);
+  a.group = a.h / a.g;
+  a.d = static_cast<int>(s.head_dim);
+  a.q_rs = s.q_row_stride > 0 ? s.q_row_stride : s.heads * s.head_dim;
+  a.kv_rs = s.kv_row_stride > 0 ? s.kv_row_stride : s.kv_heads * s.head_dim;
+  a.diff = s.q_offset - s.k_offset;
+  a.causal = s.causal ? 1 : 0;
+  // The same float expressions as the CPU kernels (kernels/cpu/attention_tiles.h).
+  a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  a.scale_log2 = a.scale * kLog2e;
+  return a;
+}
+
+// Keys [0, visible_keys(a, i)) are the ones query row i sees.
+__host__ __device__ __forceinline__ int64_t visible_keys(const AttnGeom& a, int64_t i) {
+  if (!a.causal) return a.sk;
+  const int64_t n = a.diff + i + 1;
+  return n < 0 ? 0 : (n > a.sk ? a.sk : n);
+}
+
+// The first query row that sees key j (sq when none does).
+__host__ __device__ __forceinline__ int64_t first_row_seeing(const AttnGeom& a, int64_t j) {
+  if (!a.causal) return 0;
+  const int64_t i = j - a.diff;
+  return i < 0 ? 0 : (i > a.sq ? a.sq : i);
+}
+
+__host__ __device__ __forceinline__ int clamp_to(int64_t x, int hi) {
+  return x < 0 ? 0 : (x > hi ? hi : static_cast<int>(x));
+}
+
+// ---- PTX primitives (sm_80+) ----
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char untied_attn_smem[];
+  return untied_attn_smem;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without passing through L1; writes zeros instead (and reads
+// nothing) when !valid. dst and src 16-byte aligned.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+// 4 bytes global -> shared (zeros when !valid). dst and src 4-byte aligned.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits for all of this thread's cp.async groups; a __syncthreads() must follow before other
+// threads read what they wrote.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, and lane l gets
+// row l/4, columns 2(l%4), 2(l%4)+1 of each matrix in r[m].
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// The same, transposed: lane l gets rows 2(l%4), 2(l%4)+1, column l/4 of each matrix.
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col). Fragments (g = lane/4, t = lane%4):
+//   a[0] (g, 2t..2t+1)  a[1] (g+8, 2t..)  a[2] (g, 2t+8..)  a[3] (g+8, 2t+8..)
+//   b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   c[0..1] (g, 2t..2t+1)  c[2..3] (g+8, 2t..2t+1)
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void st_shared_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
+
+// p[0] += x, p[1] += y (fp32, global memory, p 8-byte aligned): one vector atomic on sm_90.
+__device__ __forceinline__ void atomic_add_f32x2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+// ---- end PTX primitives ----
+
+// Two floats as packed bf16 (round to nearest even); `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 t = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&t);
+}
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void from_f32(float* p, float x) { *p = x; }
+__device__ __forceinline__ void from_f32(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Copies rows [row0, row0 + kRows) of one head (kD elements at column col0) of a bf16 tensor
+// with row stride rs into a shared tile with row stride kD + 8 (the 16-byte pad makes the eight
+// row addresses of each ldmatrix fall in distinct banks). Rows >= nrows are zero-filled.
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int64_t row0, int64_t nrows, int64_t rs,
+                                                int64_t col0, int tid) {
+  constexpr int kChunks = kD / 8;
+  constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+    const int idx = tid + it * kThreads;
+    if (kTotal % kThreads == 0 || idx < kTotal) {
+      const int r = idx / kChunks;
+      const int c = idx % kChunks;
+      const int64_t row = row0 + r;
+      const bool valid = row < nrows;
+      const bf16* s = valid ? src + row * rs + col0 + c * 8 : src;
+      cp_async_16(dst + r * (kD + 8) + c * 8, s, valid);
+    }
+  }
+}
+
+// ---- host side ----
+
+struct DeviceCaps {
+  int major = 0;
+  int minor = 0;
+  int smem_optin = 0;  // bytes of shared memory a block may opt in to
+  int sms = 0;
+};
+
+// The current device's capabilities, read once per device and cached.
+inline DeviceCaps device_caps() {
+  int dev = 0;
+  UNTIED_CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::map<int, DeviceCaps> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  DeviceCaps c;
+  UNTIED_CUDA_CHECK(cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev));
+  UNTIED_CUDA_CHECK(cudaDeviceGetAttribute(&c.minor, cudaDevAttrComputeCapabilityMinor, dev));
+  UNTIED_CUDA_CHECK(cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  UNTIED_CUDA_CHECK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
+  cache.emplace(dev, c);
+  return c;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// True when the tensor-core path applies (see the top of this file); `ptrs` are every tensor the
+// kernel reads or writes with 16-byte (or 4-byte bf16x2) accesses.
+template <typename... Ptrs>
+bool use_tensor_cores(const AttnGeom& a, DType t, Ptrs... ptrs) {
+  if (t != DType::kBF16 || (a.d != 64 && a.d != 128)) return false;
+  if (a.q_rs % 8 != 0 || a.kv_rs % 8 != 0) return false;
+  if (!(aligned16(ptrs) && ...)) return false;
+  return device_caps().major >= 8;
+}
+
+inline void check_portable_dim(const AttnGeom& a) {
+  UNTIED_CHECK_KIND(ErrorKind::kUnsupported, a.d <= kMaxPortableDim, "cuda attention supports head_dim <= ",
+                    kMaxPortableDim, ", got ", a.d, ": use the CPU backend or a smaller head_dim");
+}
+
+// Launch configuration helpers: raises a kernel's dynamic shared memory limit when it needs more
+// than the default 48 KB, refusing a device that cannot give it.
+template <typename Kernel>
+void set_smem(Kernel* kernel, int64_t bytes, const char* what) {
+  if (bytes <= 48 * 1024) return;
+  const DeviceCaps c = device_caps();
+  UNTIED_CHECK_KIND(ErrorKind::kUnsupported, bytes <= c.smem_optin, "cuda attention: ", what, " needs ", bytes,
+                    " bytes of shared memory per block; this GPU allows ", c.smem_optin);
+  UNTIED_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// 1-D grid size for `items` blocks (one block per item).
+inline unsigned grid_1d(int64_t items, const char* what) {
+  UNTIED_CHECK(items <= INT32_MAX, "cuda attention: ", what, " needs ", items, " blocks (more than 2^31-1)");
+  return static_cast<unsigned>(items);
+}
+
+}  // namespace untied::cuda::attn

@@ -1,0 +1,190 @@
+// The tensor ops (include/untied/kernels/tensor_ops.h) on the GPU.
+//
+//   row_dot:  one warp per row (8 rows per 256-thread block, grid-stride over rows); each lane
+//             sums its strided slice of the row in fp32 (16-byte loads where the strides and
+//             pointers allow), then a butterfly shuffle adds the 32 lane sums.
+//   add_into: element-wise, 4 elements per thread per step (one 16-byte load of acc, a 16- or
+//             8-byte load of x) where both pointers are aligned, else one element per step.
+//   convert:  element-wise like add_into; the same type both ways is a stream-ordered
+//             device-to-device memcpy (bit-exact, as the CPU's load/store round trip is for
+//             every non-NaN value).
+// Every op is element-independent or row-independent, so results do not depend on the launch
+// shape. Nothing is allocated.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "device/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace untied::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops cover the rest
+
+using bf16_t = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16_t v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return __float2bfloat16_rn(v); }  // nearest even
+
+// N elements of T moved as one aligned vector (N * sizeof(T) in {4, 8, 16} bytes).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
+}
+
+unsigned blocks_for(int64_t work, int per_block) {
+  return static_cast<unsigned>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks));
+}
+
+// ---- row_dot -------------------------------------------------------------------------------
+
+constexpr int kRowsPerBlock = kThreads / 32;
+
+// out[r * out_stride] = sum_d a[r * lda + d] * b[r * ldb + d]. VEC > 1 requires dim, lda and ldb
+// to be multiples of VEC and a, b aligned to VEC elements' bytes.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) row_dot_kernel(int64_t rows, int64_t dim, const T* a, int64_t lda,
+                                                           const T* b, int64_t ldb, float* out, int64_t out_stride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; r < rows; r += warps) {
+    const T* ar = a + r * lda;
+    const T* br = b + r * ldb;
+    float acc = 0.0f;
+    for (int64_t d = static_cast<int64_t>(lane) * VEC; d < dim; d += 32 * VEC) {
+      const Pack<T, VEC> pa = *reinterpret_cast<const Pack<T, VEC>*>(ar + d);
+      const Pack<T, VEC> pb = *reinterpret_cast<const Pack<T, VEC>*>(br + d);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc = fmaf(to_f32(pa.v[k]), to_f32(pb.v[k]), acc);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[r * out_stride] = acc;
+  }
+}
+
+template <typename T>
+void launch_row_dot(cudaStream_t st, int64_t rows, int64_t dim, const void* a, int64_t lda, const void* b,
+                    int64_t ldb, float* out, int64_t out_stride) {
+  constexpr int kVec = 16 / sizeof(T);
+  const unsigned grid = blocks_for(rows, kRowsPerBlock);
+  const T* ta = static_cast<const T*>(a);
+  const T* tb = static_cast<const T*>(b);
+  if (dim % kVec == 0 && lda % kVec == 0 && ldb % kVec == 0 && aligned(a, 16) && aligned(b, 16))
+    row_dot_kernel<T, kVec><<<grid, kThreads, 0, st>>>(rows, dim, ta, lda, tb, ldb, out, out_stride);
+  else
+    row_dot_kernel<T, 1><<<grid, kThreads, 0, st>>>(rows, dim, ta, lda, tb, ldb, out, out_stride);
+  UNTIED_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- add_into ------------------------------------------------------------------------------
+
+// acc[i] += x[i] for i < n: VEC elements per step over the first n / VEC * VEC elements (acc and
+// x aligned to their VEC-element vectors), then the tail one element per thread.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) add_into_kernel(float* acc, const T* x, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = n / VEC;
+  for (int64_t g = tid; g < groups; g += stride) {
+    Pack<float, VEC> pa = reinterpret_cast<Pack<float, VEC>*>(acc)[g];
+    const Pack<T, VEC> px = reinterpret_cast<const Pack<T, VEC>*>(x)[g];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) pa.v[k] += to_f32(px.v[k]);
+    reinterpret_cast<Pack<float, VEC>*>(acc)[g] = pa;
+  }
+  const int64_t i = groups * VEC + tid;  // the tail: fewer than VEC elements
+  if (i < n) acc[i] += to_f32(x[i]);
+}
+
+template <typename T>
+void launch_add_into(cudaStream_t st, float* acc, const void* x, int64_t n) {
+  const T* tx = static_cast<const T*>(x);
+  if (aligned(acc, 16) && aligned(x, 4 * sizeof(T))) {
+    add_into_kernel<T, 4><<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, st>>>(acc, tx, n);
+  } else {
+    add_into_kernel<T, 1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(acc, tx, n);
+  }
+  UNTIED_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- convert -------------------------------------------------------------------------------
+
+// dst[i] = src[i] for i < n, S -> D through fp32; VEC as in add_into_kernel.
+template <typename D, typename S, int VEC>
+__global__ void __launch_bounds__(kThreads) convert_kernel(D* dst, const S* src, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = n / VEC;
+  for (int64_t g = tid; g < groups; g += stride) {
+    const Pack<S, VEC> ps = reinterpret_cast<const Pack<S, VEC>*>(src)[g];
+    Pack<D, VEC> pd;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) pd.v[k] = from_f32<D>(to_f32(ps.v[k]));
+    reinterpret_cast<Pack<D, VEC>*>(dst)[g] = pd;
+  }
+  const int64_t i = groups * VEC + tid;
+  if (i < n) dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+template <typename D, typename S>
+void launch_convert(cudaStream_t st, void* dst, const void* src, int64_t n) {
+  D* td = static_cast<D*>(dst);
+  const S* ts = static_cast<const S*>(src);
+  if (aligned(dst, 4 * sizeof(D)) && aligned(src, 4 * sizeof(S))) {
+    convert_kernel<D, S, 4><<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, st>>>(td, ts, n);
+  } else {
+    convert_kernel<D, S, 1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(td, ts, n);
+  }
+  UNTIED_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
+             float* out, int64_t out_stride) {
+  if (rows == 0) return;
+  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  if (t == DType::kBF16)
+    launch_row_dot<bf16_t>(st, rows, dim, a, lda, b, ldb, out, out_stride);
+  else
+    launch_row_dot<float>(st, rows, dim, a, lda, b, ldb, out, out_stride);
+}
+
+void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
+  if (n == 0) return;
+  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  if (t == DType::kBF16)
+    launch_add_into<bf16_t>(st, acc, x, n);
+  else
+    launch_add_into<float>(st, acc, x, n);
+}
+
+void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
+  if (n == 0) return;
+  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  if (dst_t == src_t) {
+    const auto bytes = static_cast<size_t>(n * dtype_size(dst_t));
+    UNTIED_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+  } else if (dst_t == DType::kBF16) {
+    launch_convert<bf16_t, float>(st, dst, src, n);
+  } else {
+    launch_convert<float, bf16_t>(st, dst, src, n);
+  }
+}
+
+}  // namespace untied::cuda

@@ -1,0 +1,48 @@
+#include "untied/kernels/tensor_ops.h"
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace untied {
+
+namespace {
+void check_float(DType t, const char* op, const char* what) {
+  UNTIED_CHECK(t == DType::kF32 || t == DType::kBF16, op, ": ", what, " must be f32 or bf16, got ", dtype_name(t));
+}
+}  // namespace
+
+void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
+             float* out, int64_t out_stride) {
+  UNTIED_CHECK(rows >= 0 && dim >= 0, "row_dot: rows and dim must be >= 0, got ", rows, ", ", dim);
+  UNTIED_CHECK(lda >= dim && ldb >= dim && out_stride >= 1, "row_dot: strides too short: lda=", lda, " ldb=", ldb,
+               " (need >= dim = ", dim, "), out_stride=", out_stride);
+  check_float(t, "row_dot", "dtype");
+  if (rows == 0 || !dev.backed()) return;
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::row_dot(dev, rows, dim, t, a, lda, b, ldb, out, out_stride);
+    case DeviceKind::kCuda: return cuda::row_dot(dev, rows, dim, t, a, lda, b, ldb, out, out_stride);
+  }
+}
+
+void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
+  UNTIED_CHECK(n >= 0, "add_into: n must be >= 0, got ", n);
+  check_float(t, "add_into", "x");
+  if (n == 0 || !dev.backed()) return;
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::add_into(dev, acc, x, t, n);
+    case DeviceKind::kCuda: return cuda::add_into(dev, acc, x, t, n);
+  }
+}
+
+void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
+  UNTIED_CHECK(n >= 0, "convert: n must be >= 0, got ", n);
+  check_float(dst_t, "convert", "dst");
+  check_float(src_t, "convert", "src");
+  if (n == 0 || !dev.backed()) return;
+  switch (dev.kind()) {
+    case DeviceKind::kCpu: return cpu::convert(dev, dst, dst_t, src, src_t, n);
+    case DeviceKind::kCuda: return cuda::convert(dev, dst, dst_t, src, src_t, n);
+  }
+}
+
+}  // namespace untied
