@@ -31,6 +31,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -118,13 +119,17 @@ void expect_invalid(F&& f, const std::string& what) {
   }
 }
 
-// Max |a - b| over a[i], b[i] as doubles.
+// Max |a - b| over a[i], b[i] as doubles; NaN if any difference is NaN (an element left
+// unwritten in a buffer filled with NaN, a NaN result), so that every `<=` check on it fails.
 template <typename A, typename B>
 double max_diff(const std::vector<A>& a, const std::vector<B>& b) {
   EXPECT_EQ(a.size(), b.size());
   double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    m = std::max(m, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
   return m;
 }
 
@@ -398,7 +403,8 @@ struct LossResult {
   std::vector<float> dh, dw;
 };
 
-LossResult run_cpu(const LossProblem& p, bool backward) {
+// with_argmax = false passes a null argmax (the result's argmax stays -1).
+LossResult run_cpu(const LossProblem& p, bool backward, bool with_argmax = true) {
   auto cpu = make_cpu_device({.threads = 1});
   const LmHeadLossShape& s = p.shape;
   const std::vector<char> h = pack(p.h, s.dtype), w = pack(p.w, s.weight_dtype);
@@ -406,17 +412,17 @@ LossResult run_cpu(const LossProblem& p, bool backward) {
   LossResult r;
   r.argmax.assign(static_cast<size_t>(s.tokens), -1);
   r.dw = p.dw0;
+  int32_t* am = with_argmax ? r.argmax.data() : nullptr;
   if (backward)
-    lm_head_loss_forward_backward(*cpu, s, &r.sums, r.argmax.data(), dh.data(), r.dw.data(), h.data(),
-                                  p.labels.data(), w.data());
+    lm_head_loss_forward_backward(*cpu, s, &r.sums, am, dh.data(), r.dw.data(), h.data(), p.labels.data(), w.data());
   else
-    lm_head_loss_forward(*cpu, s, &r.sums, r.argmax.data(), h.data(), p.labels.data(), w.data());
+    lm_head_loss_forward(*cpu, s, &r.sums, am, h.data(), p.labels.data(), w.data());
   r.dh = unpack(dh, s.dtype);
   return r;
 }
 
 // On the GPU; also checks that the workspace the call allocates is lm_head_loss_workspace_bytes.
-LossResult run_gpu(Device& gpu, const LossProblem& p, bool backward) {
+LossResult run_gpu(Device& gpu, const LossProblem& p, bool backward, bool with_argmax = true) {
   const LmHeadLossShape& s = p.shape;
   const std::vector<char> h = pack(p.h, s.dtype), w = pack(p.w, s.weight_dtype);
   const GpuCopy d_h = upload(gpu, h), d_w = upload(gpu, w), d_labels = upload(gpu, p.labels);
@@ -430,7 +436,7 @@ LossResult run_gpu(Device& gpu, const LossProblem& p, bool backward) {
   const int64_t live_before = alloc.stats().live[other];
   alloc.reset_peaks();
   LossResult r;
-  auto* am = static_cast<int32_t*>(d_argmax.data());
+  auto* am = with_argmax ? static_cast<int32_t*>(d_argmax.data()) : nullptr;
   const auto* lab = static_cast<const int32_t*>(d_labels.data());
   if (backward)
     lm_head_loss_forward_backward(gpu, s, &r.sums, am, d_dh.data(), static_cast<float*>(d_dw.data()), d_h.data(), lab,
@@ -511,7 +517,7 @@ void expect_within(const char* what, double err_gpu, double err_cpu, double floo
 }
 
 void check_against_reference(const LossProblem& p, const LossReference& R, const LossResult& cpu,
-                             const LossResult& gpu, bool backward) {
+                             const LossResult& gpu, bool backward, bool with_argmax = true) {
   const LmHeadLossShape& s = p.shape;
   EXPECT_EQ(gpu.sums.count, R.count);
   EXPECT_EQ(cpu.sums.count, R.count);
@@ -523,7 +529,7 @@ void check_against_reference(const LossProblem& p, const LossReference& R, const
 
   // argmax: the logits are exact, so both backends pick the first index of the exact maximum.
   int64_t bad = 0;
-  for (int64_t t = 0; t < s.tokens; ++t) {
+  for (int64_t t = 0; t < (with_argmax ? s.tokens : 0); ++t) {
     const double* z = &R.logits[static_cast<size_t>(t * s.vocab)];
     int32_t first = 0;
     for (int64_t j = 1; j < s.vocab; ++j)
@@ -572,6 +578,21 @@ TEST_P(CudaLmHeadLoss, ForwardOnlyMatchesTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaLmHeadLoss, ::testing::ValuesIn(loss_cases()),
                          [](const ::testing::TestParamInfo<LossCase>& i) { return i.param.name; });
+
+// Without argmax, a chunk whose rows are all ignored skips its GEMMs and zeroes its dh rows (the
+// CPU's contract): non-finite h rows there must reach neither dh nor dw.
+TEST(CudaLmHeadLossSkip, ChunksWithoutLabelsAreSkippedAsOnTheCpu) {
+  REQUIRE_GPU();
+  auto gpu = gpu_device();
+  LossProblem p = make_loss_problem(loss_cases()[2], 505);  // chunks of 5 rows; rows 10..14 ignored
+  const int64_t E = p.shape.dim;
+  for (int64_t i = 10 * E; i < 15 * E; ++i) p.h[static_cast<size_t>(i)] = std::numeric_limits<float>::infinity();
+  const LossReference R = reference(p);
+  const LossResult cpu = run_cpu(p, /*backward=*/true, /*with_argmax=*/false);
+  const LossResult got = run_gpu(*gpu, p, /*backward=*/true, /*with_argmax=*/false);
+  check_against_reference(p, R, cpu, got, /*backward=*/true, /*with_argmax=*/false);
+  EXPECT_TRUE(got.argmax == std::vector<int32_t>(static_cast<size_t>(p.shape.tokens), -1)) << "argmax written";
+}
 
 // Same inputs, same bits: the loss, dh and dw of two calls agree exactly.
 TEST(CudaLmHeadLossDeterminism, RepeatedCallsAreBitIdentical) {

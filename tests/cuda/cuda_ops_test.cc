@@ -450,11 +450,15 @@ TEST(CudaOps, Copy2dMatchesTheCpu) {
       {3, 4096, 8192, 4096, 0, 0},    // gather rows into a contiguous buffer
       {4, 0, 4, 4, 0, 0},             // nothing to copy
       {0, 16, 16, 16, 0, 0},
+      {1, 64, 0, 0, 0, 0},            // one row: the pitches are not used
+      {6, 16, 0, 24, 0, 0},           // one source row to every destination row (pitch 0 < row_bytes)
   };
   for (const Case& c : cases) {
     const std::string what = "copy_2d rows " + std::to_string(c.rows) + " row_bytes " + std::to_string(c.row_bytes) +
                              " pitches " + std::to_string(c.src_pitch) + "/" + std::to_string(c.dst_pitch);
-    const int64_t src_bytes = c.src_off + c.rows * c.src_pitch + 1, dst_bytes = c.dst_off + c.rows * c.dst_pitch + 1;
+    // Room for every row (a pitch may be shorter than a row), plus one byte that must survive.
+    const auto span = [&](int64_t pitch) { return std::max(c.rows * pitch, (c.rows - 1) * pitch + c.row_bytes); };
+    const int64_t src_bytes = c.src_off + span(c.src_pitch) + 1, dst_bytes = c.dst_off + span(c.dst_pitch) + 1;
     std::vector<unsigned char> src(static_cast<size_t>(src_bytes)), dst(static_cast<size_t>(dst_bytes));
     uint32_t state = 12345;
     for (auto& b : src) b = static_cast<unsigned char>((state = state * 1664525u + 1013904223u) >> 24);

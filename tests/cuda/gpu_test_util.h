@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,12 +56,15 @@ inline std::vector<float> host_f32(const Tensor& host) {
   return out;
 }
 
-// Max |a - b| over max(|a|) (or 1 if all zero); the usual check is rel_err(...) <= tol.
+// Max |a - b| over max(|a|) (or 1 if all zero), infinite if either holds a NaN where the other
+// does not agree; the usual check is rel_err(...) <= tol.
 inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   double err = 0, mx = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
+    const double e = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    if (std::isnan(e)) return std::numeric_limits<double>::infinity();  // a NaN on either side fails
+    err = std::max(err, e);
     mx = std::max(mx, static_cast<double>(std::fabs(a[i])));
   }
   return err / (mx > 0 ? mx : 1.0);

@@ -2,8 +2,9 @@
 // own Device, allocator and stream).
 //
 // Memory: the rank's tagged Allocator over a caching cudaMalloc source (freed blocks are kept
-// for reuse by size, never returned to the driver until the device is destroyed; never managed
-// memory). Work is ordered on the device's own stream; synchronize() waits for it. copy()
+// for reuse by exact size and returned to the driver when the device is destroyed, or when a
+// cudaMalloc fails: then every rank's cache on that GPU is emptied and it is tried once more;
+// never managed memory). Work is ordered on the device's own stream; synchronize() waits for it. copy()
 // handles host<->device and device<->device (cudaMemcpyDefault, on the stream, synchronous).
 //
 // make_cuda_device returns a Status the user can act on when there is no usable GPU, the index

@@ -18,6 +18,12 @@
 // f32 (thread 0 accumulates into dq itself), T when dq is bf16. One accumulator per thread keeps
 // the result deterministic for a given T (no atomics; a fixed summation order). All are
 // linear in seq.
+// CUDA: a tensor-core path (bf16, D = 64 or 128, sm_80+, row strides multiples of 8, 16-byte
+// aligned tensors) and a portable fp32 path for everything else (all f32 storage); D <= 256
+// (larger D is Error(kUnsupported) there); block_q/block_k are ignored. Workspace: delta
+// (H, seq_q) fp32 when not given, and for bf16 dq an fp32 (seq_q, H, D) accumulator; the
+// forward none. out, lse, dk and dv are run-to-run deterministic; dq is accumulated with fp32
+// atomics (equal to rounding, not bitwise, between runs).
 // REQUIRES: H % G == 0; seq_q, seq_k, H, G >= 1; 1 <= D <= 1024; q/k/v/out/dout non-overlapping with the
 // outputs written.
 #pragma once

@@ -11,38 +11,64 @@
 namespace untied {
 namespace {
 
+class CudaMemory;
+
+// Every caching source of this process. The in-process ranks that share a GPU each have one, so
+// a cudaMalloc that fails in one rank may be short of blocks another rank holds in its cache:
+// the retry empties the caches of every source on that GPU, not just its own.
+struct CacheRegistry {
+  std::mutex mu;  // held by one flush at a time; taken before any source's own mutex
+  std::vector<CudaMemory*> sources;
+};
+CacheRegistry& cache_registry() {
+  static CacheRegistry r;
+  return r;
+}
+
 // Blocks freed by the allocator are kept by size and handed out again; all are returned to the
 // driver when the source is destroyed, or when a cudaMalloc fails (then it is tried once more).
+//
+// A block is released (Buffer destroyed) while work queued on the device's stream may still use
+// it. Handing it out again is safe because the only later users are work issued after that
+// (on the same stream, or on a stream made to wait for it, as the NCCL communicator does);
+// giving it back to the driver is safe only after the device has finished that work, so the
+// flush synchronizes the device first.
 class CudaMemory final : public MemorySource {
  public:
-  explicit CudaMemory(int index) : index_(index) {}
+  explicit CudaMemory(int index) : index_(index) {
+    CacheRegistry& reg = cache_registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    reg.sources.push_back(this);
+  }
   ~CudaMemory() override {
+    {
+      CacheRegistry& reg = cache_registry();
+      std::lock_guard<std::mutex> lock(reg.mu);
+      std::erase(reg.sources, this);
+    }
     cudaSetDevice(index_);
-    for (auto& [bytes, list] : free_)
-      for (void* p : list) cudaFree(p);
+    free_cached_locked();  // no other thread can reach this source any more
   }
   std::string_view name() const override { return "cuda"; }
   void* allocate(int64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& list = free_[bytes];
-    if (!list.empty()) {
-      void* p = list.back();
-      list.pop_back();
-      return p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_ -= 1;
+        return p;
+      }
     }
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
-    if (e == cudaErrorMemoryAllocation && !free_.empty()) {
-      // Cached blocks of other sizes may be what is missing: give them back and try once more.
-      cudaGetLastError();
-      cudaDeviceSynchronize();  // a cached block may still be read by queued work of this rank
-      for (auto& [b, l] : free_)
-        for (void* q : l) cudaFree(q);
-      free_.clear();
-      e = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the failed allocation's error
+      if (flush_all_caches(index_) > 0) e = cudaMalloc(&p, static_cast<size_t>(bytes));
     }
     if (e != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+      cudaGetLastError();  // clear the error state of a failed allocation
       fail(ErrorKind::kOutOfBudget, error_prefix(__FILE__, __LINE__) + "cudaMalloc of " + format_bytes(bytes) +
                                         " failed: " + cudaGetErrorString(e) +
                                         "; the GPU is out of memory: lower --seq or choose a smaller configuration");
@@ -52,13 +78,48 @@ class CudaMemory final : public MemorySource {
   void release(void* ptr, int64_t bytes) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
     free_[bytes].push_back(ptr);
+    cached_ += 1;
   }
   bool backed() const override { return true; }
 
  private:
-  int index_;
+  // Gives every cached block of every source on GPU `index` back to the driver; returns how many.
+  // Locks the registry, then each source (a releasing or allocating thread holds only its own
+  // source's lock, briefly, and never waits for another lock meanwhile: no deadlock). With every
+  // cache locked no block can enter one, and each cached block's last use was queued before its
+  // release, so after the device synchronization no queued work can touch it.
+  // The calling thread's current device is `index` (its allocations are made there).
+  static int64_t flush_all_caches(int index) {
+    CacheRegistry& reg = cache_registry();
+    std::lock_guard<std::mutex> reg_lock(reg.mu);
+    std::vector<std::unique_lock<std::mutex>> locks;
+    std::vector<CudaMemory*> same_gpu;
+    int64_t blocks = 0;
+    for (CudaMemory* m : reg.sources)
+      if (m->index_ == index) {
+        locks.emplace_back(m->mu_);
+        same_gpu.push_back(m);
+        blocks += m->cached_;
+      }
+    if (blocks == 0) return 0;
+    cudaDeviceSynchronize();  // errors of earlier work surface at their own checks
+    cudaGetLastError();
+    for (CudaMemory* m : same_gpu) m->free_cached_locked();
+    return blocks;
+  }
+
+  // cudaFree of every cached block. REQUIRES: mu_ held, or no other thread can reach this.
+  void free_cached_locked() {
+    for (auto& [b, list] : free_)
+      for (void* q : list) cudaFree(q);
+    free_.clear();
+    cached_ = 0;
+  }
+
+  const int index_;
   std::mutex mu_;
-  std::map<int64_t, std::vector<void*>> free_;
+  std::map<int64_t, std::vector<void*>> free_;  // cached blocks by size
+  int64_t cached_ = 0;                          // blocks in free_
 };
 
 }  // namespace
@@ -67,6 +128,9 @@ CudaDevice::CudaDevice(int index, int64_t budget, std::string gpu_name)
     : index_(index), name_(std::move(gpu_name)),
       alloc_(std::make_unique<CudaMemory>(index), Allocator::Options{.budget_bytes = budget, .name = "cuda"}) {
   UNTIED_CUDA_CHECK(cudaSetDevice(index_));
+  int max_pitch = 0;
+  UNTIED_CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, index_));
+  max_pitch_ = max_pitch;
   UNTIED_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   UNTIED_CUBLAS_CHECK(cublasCreate(&cublas_));
   UNTIED_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
@@ -90,9 +154,21 @@ void CudaDevice::copy(void* dst, const void* src, int64_t bytes) {
 void CudaDevice::copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
                          int64_t rows) {
   if (row_bytes <= 0 || rows <= 0) return;
-  UNTIED_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
-                                      static_cast<size_t>(row_bytes), static_cast<size_t>(rows),
-                                      cudaMemcpyDeviceToDevice, stream_));
+  // cudaMemcpy2DAsync takes pitches in [row_bytes, the device's maximum pitch] only. Any other
+  // layout the CPU device copies (one row with any pitch, a source row read more than once,
+  // overlapping destination rows, a pitch over the maximum) goes row by row, in row order as on
+  // the CPU, still asynchronous on the stream.
+  const auto fits = [&](int64_t pitch) { return pitch >= row_bytes && pitch <= max_pitch_; };
+  if (rows > 1 && fits(dst_pitch) && fits(src_pitch)) {
+    UNTIED_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
+                                        static_cast<size_t>(row_bytes), static_cast<size_t>(rows), cudaMemcpyDefault,
+                                        stream_));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    UNTIED_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + r * dst_pitch,
+                                      static_cast<const char*>(src) + r * src_pitch, static_cast<size_t>(row_bytes),
+                                      cudaMemcpyDefault, stream_));
 }
 
 void CudaDevice::fill_zero(void* dst, int64_t bytes) {

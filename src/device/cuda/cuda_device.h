@@ -29,6 +29,7 @@ class CudaDevice final : public Device {
   int index_;
   std::string name_;
   Allocator alloc_;
+  int64_t max_pitch_ = 0;  // the largest pitch cudaMemcpy2DAsync takes (cudaDevAttrMaxPitch)
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 };

@@ -8,31 +8,24 @@
 //                     nothing is contracted into an FMA), so it matches the CPU to fp32 rounding
 //                     (bit for bit where the host compiler does not contract either).
 //   grad_sum_squares: one 256-thread block per fixed block of 65536 elements (adamw.h); each
-//                     thread sums its elements' squares in fp64, then a fixed shuffle tree adds
-//                     the block's 256 partials; the ceil(n / 65536) block sums (Tag::kOther
-//                     scratch, as the header says) are copied back and added on the host in block
-//                     order. Deterministic; it synchronizes the stream.
+//                     thread sums its elements' squares in fp64, then a fixed-order block sum
+//                     (cuda_util.cuh) adds the block's 256 partials; the ceil(n / 65536) block
+//                     sums (Tag::kOther scratch, as the header says) are copied back and added on
+//                     the host in block order. Deterministic; it synchronizes the stream.
 //   scale_in_place:   element-wise like adamw_step.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "device/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops cover the rest
-constexpr int64_t kBlock = 65536;                 // elements per fp64 partial sum (adamw.h)
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-unsigned blocks_for(int64_t work) {
-  return static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
+constexpr int64_t kBlock = 65536;  // elements per fp64 partial sum (adamw.h)
 
 // ---- adamw_step ----------------------------------------------------------------------------
 
@@ -110,18 +103,10 @@ __global__ void __launch_bounds__(kThreads) sum_squares_kernel(const float* g, i
   }
   for (int64_t i = rest + threadIdx.x; i < i1; i += kThreads) acc += static_cast<double>(g[i]) * g[i];
 
-  // Fixed-order tree: butterfly within each warp, then warp 0 over the warps' sums.
+  // Fixed order: butterfly within each warp, then the warps' sums in warp order.
   __shared__ double warp_sums[kThreads / 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    double s = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
-  }
+  const double s = block_sum<kThreads>(acc, warp_sums);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
 // ---- scale_in_place ------------------------------------------------------------------------
@@ -164,11 +149,11 @@ void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64
   c.omb2 = 1.0f - a.beta2;
   c.eps = a.eps;
 
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
-  if (aligned16(p) && aligned16(m) && aligned16(v) && aligned16(g))
-    adamw_kernel<4><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(p, m, v, g, n, c);
+  const cudaStream_t st = stream_of(dev);
+  if (aligned({p, m, v, g}, 16))
+    adamw_kernel<4><<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, st>>>(p, m, v, g, n, c);
   else
-    adamw_kernel<1><<<blocks_for(n), kThreads, 0, st>>>(p, m, v, g, n, c);
+    adamw_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(p, m, v, g, n, c);
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -177,9 +162,9 @@ double grad_sum_squares(Device& dev, const float* g, int64_t n) {
   Buffer part_buf = dev.allocator().allocate(blocks * 8, Tag::kOther, "grad sum of squares blocks");
   if (!dev.backed() || n == 0) return 0.0;
   UNTIED_CHECK(blocks <= INT32_MAX, "cuda grad_sum_squares: n (", n, ") too large for one grid");
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   double* part = part_buf.as<double>();
-  if (aligned16(g))
+  if (aligned(g, 16))
     sum_squares_kernel<4><<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(g, n, part);
   else
     sum_squares_kernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(g, n, part);
@@ -194,11 +179,11 @@ double grad_sum_squares(Device& dev, const float* g, int64_t n) {
 
 void scale_in_place(Device& dev, float* x, int64_t n, float scale) {
   if (!dev.backed() || n == 0) return;
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
-  if (aligned16(x))
-    scale_kernel<4><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, n, scale);
+  const cudaStream_t st = stream_of(dev);
+  if (aligned(x, 16))
+    scale_kernel<4><<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, st>>>(x, n, scale);
   else
-    scale_kernel<1><<<blocks_for(n), kThreads, 0, st>>>(x, n, scale);
+    scale_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(x, n, scale);
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 

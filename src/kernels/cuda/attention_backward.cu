@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
         const int qc = nt * 8 + t2 + (e & 1);
         const float lv = lst[qc];
         const float l2 = lv == -INFINITY ? INFINITY : lv * kLog2e;
-        const float pv = exp2f(sacc[nt][e] * a.scale_log2 - l2);
+        const float pv = exp2_ftz(sacc[nt][e] * a.scale_log2 - l2);
         sacc[nt][e] = qc < fq[e >> 1] ? 0.0f : pv;
       }
     }
@@ -505,7 +505,8 @@ unsigned row_kernel_blocks(int64_t work_items, int64_t per_block) {
 }
 
 // Tensor-core tiles: 128 keys x 64 queries per step, one block (8 warps) per SM. ptxas (sm_90):
-// 255 registers at D = 64, 254 at D = 128, no spills (dK and dV alone are 2 x D/2 registers).
+// 255 registers at D = 64, 254 at D = 128 (sm_80: 252, 253), no spills (dK and dV alone are
+// 2 x D/2 registers per thread).
 template <int kD>
 void launch_bwd_mma(const BwdParams& p, cudaStream_t stream) {
   constexpr int kBr = 64, kMinBlocks = 1;

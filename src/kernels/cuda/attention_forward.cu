@@ -21,8 +21,6 @@
 //
 // Workspace: none (the forward allocates nothing; every intermediate is in registers or shared
 // memory).
-#include <limits>
-
 #include "device/cuda/cuda_device.h"
 #include "kernels/cuda/attention_tiles.cuh"
 #include "kernels/cuda/cuda_kernels.h"
@@ -146,28 +144,28 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
       for (int hf = 0; hf < 2; ++hf) {
         int lim = kBc;  // keys [k0, k0 + lim) of this tile are visible to the row
         if (masked) lim = clamp_to(visible_keys(a, q0 + wrow + mt * 16 + g + hf * 8) - k0, kBc);
-        float mx = m[mt][hf];
+        // Row max of the raw scores (scale > 0 keeps the order), then in base-2 units.
+        float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float x = s[mt][nt][hf * 2 + e] * a.scale_log2;
-            if (nt * 8 + t2 + e >= lim) x = -INFINITY;
-            s[mt][nt][hf * 2 + e] = x;
-            mx = fmaxf(mx, x);
+            if (nt * 8 + t2 + e >= lim) s[mt][nt][hf * 2 + e] = -INFINITY;
+            mx = fmaxf(mx, s[mt][nt][hf * 2 + e]);
           }
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_use = mx == -INFINITY ? 0.0f : mx;  // no key seen yet: p = 0, not NaN
-        const float alpha = exp2f(m[mt][hf] - m_use);
-        m[mt][hf] = mx;
+        const float m_new = fmaxf(m[mt][hf], mx * a.scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, not NaN
+        const float alpha = exp2_ftz(m[mt][hf] - m_use);
+        m[mt][hf] = m_new;
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = exp2f(s[mt][nt][hf * 2 + e] - m_use);
+            const float pv = exp2_ftz(fmaf(s[mt][nt][hf * 2 + e], a.scale_log2, -m_use));
             s[mt][nt][hf * 2 + e] = pv;
             sum += pv;
           }
@@ -361,7 +359,8 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
 
 // Tensor-core tiles: 4 warps x 32 query rows (a 128-row tile), two blocks per SM; 64-key tiles
 // at D = 64, 32-key tiles at D = 128 (64 would need more than 255 registers: the O accumulator
-// alone is 128 per thread). ptxas (sm_90): D = 64: 236 registers, D = 128: 240, no spills.
+// alone is 128 per thread). ptxas: D = 64: 236 registers, D = 128: 243 (sm_90) / 252 (sm_80), no
+// spills.
 template <int kD>
 void launch_fwd_mma(const FwdParams& p, cudaStream_t stream) {
   constexpr int kWarps = 4, kMT = 2, kBc = kD == 64 ? 64 : 32, kMinBlocks = 2;

@@ -160,6 +160,14 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
 
 __device__ __forceinline__ void st_shared_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
 
+// 2^x in one MUFU.EX2 (ex2.approx.ftz: ~2 ulp; subnormal results flush to 0, as the CPU's
+// fast_exp2 does); 2^-inf = 0. exp2f would add the subnormal rescaling around it.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // p[0] += x, p[1] += y (fp32, global memory, p 8-byte aligned): one vector atomic on sm_90.
 __device__ __forceinline__ void atomic_add_f32x2(float* p, float x, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

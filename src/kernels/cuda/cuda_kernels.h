@@ -13,7 +13,11 @@
 //   - Scratch comes from dev.allocator() with the tags the public headers name, so the memory
 //     figures are the same as on the CPU.
 //   - Results match the CPU kernels to fp32 rounding (different summation orders); where the
-//     CPU header promises thread-count independence, the CUDA result is run-to-run deterministic.
+//     CPU header promises thread-count independence, the CUDA result is run-to-run deterministic,
+//     except attention's dq (fp32 atomics; see attention.h).
+//   - Scratch freed at the end of a call may still be in use by queued kernels: the caching
+//     allocator hands it out again only to this device's stream (ordered after them) or to a
+//     communicator whose stream waits for that stream first.
 #pragma once
 
 #include "untied/kernels/adamw.h"

@@ -6,8 +6,9 @@
 //              written.
 //   forward:   blockIdx.x walks tokens (grid-stride), blockIdx.y and the threads cover the E
 //              columns, 4 per thread (a 16-byte f32 / 8-byte bf16 vector where E and the
-//              pointers allow, else one column per thread); the table row is converted on the
-//              way (bf16 out rounds to nearest even, as store_f32 does).
+//              pointers allow, else one column per thread); the table row is copied bit for bit
+//              when the dtypes agree (as on the CPU), else converted on the way (bf16 out rounds
+//              to nearest even, as store_f32 does).
 //   backward:  deterministic without atomics on dtable. The (id, position) pairs are sorted by
 //              id with cub::DeviceRadixSort (stable: equal ids keep their positions in token
 //              order), so every id's tokens form one run of the sorted array. A block meets
@@ -23,76 +24,29 @@
 // the CPU): both directions 8 bytes (the first bad position); the backward also the sort's
 // buffers, 16 * tokens bytes (ids and positions, two copies each) plus CUB's temporary storage
 // (what cub::DeviceRadixSort::SortPairs asks for with DoubleBuffer: a few KiB to a few MiB).
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
 
-#include "device/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {
-
-using bf16_t = __nv_bfloat16;
 
 constexpr int kThreads = 128;                     // threads per block of the row kernels
 constexpr int kVec = 4;                           // columns per thread
 constexpr int kUnroll = 8;                        // dout rows loaded ahead in the backward walk
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 16;  // blockIdx.x; grid-stride loops cover the rest
-constexpr unsigned long long kNoBadId = ~0ull;
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return __float2bfloat16_rn(v); }  // nearest even
-
-// N elements of T moved as one aligned vector (8 or 16 bytes here).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
-}
-
-// ---- id check ------------------------------------------------------------------------------
-
-__global__ void find_bad_id_kernel(const int32_t* ids, int64_t tokens, int64_t vocab,
-                                   unsigned long long* first_bad) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < tokens; t += stride) {
-    const int32_t id = ids[t];
-    if (id < 0 || id >= vocab) atomicMin(first_bad, static_cast<unsigned long long>(t));
-  }
-}
 
 // Throws Error(kInvalidArgument) naming the first id outside [0, vocab), as the CPU does.
 // Synchronizes the stream.
 void check_ids(Device& dev, const EmbeddingShape& s, const int32_t* ids) {
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
-  Buffer bad_buf = dev.allocator().allocate(8, Tag::kOther, "embedding id check");
-  auto* bad = bad_buf.as<unsigned long long>();
-  UNTIED_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, 8, st));
-  const int threads = 256;
-  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((s.tokens + threads - 1) / threads, 1, 4096));
-  find_bad_id_kernel<<<blocks, threads, 0, st>>>(ids, s.tokens, s.vocab, bad);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
-  unsigned long long pos = 0;
-  UNTIED_CUDA_CHECK(cudaMemcpyAsync(&pos, bad, 8, cudaMemcpyDeviceToHost, st));
-  UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (pos == kNoBadId) return;
+  Buffer scratch = dev.allocator().allocate(8, Tag::kOther, "embedding id check");
   int32_t id = 0;
-  UNTIED_CUDA_CHECK(cudaMemcpyAsync(&id, ids + pos, 4, cudaMemcpyDeviceToHost, st));
-  UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
-  const int64_t t = static_cast<int64_t>(pos);
+  const int64_t t = first_out_of_range(stream_of(dev), ids, s.tokens, s.vocab, kNoException, scratch.data(), &id);
+  if (t < 0) return;
   UNTIED_CHECK(id >= 0 && id < s.vocab, "embedding: ids[", t, "] = ", id, " is outside [0, vocab = ", s.vocab, ")");
   UNTIED_ASSERT(false, "embedding: the GPU flagged ids[", t, "] = ", id, " as outside [0, vocab = ", s.vocab, ")");
 }
@@ -100,8 +54,8 @@ void check_ids(Device& dev, const EmbeddingShape& s, const int32_t* ids) {
 // Launch shape of the row kernels: x over rows (grid-stride), y over column blocks.
 dim3 row_grid(int64_t rows, int64_t dim, int vec) {
   const int64_t col_blocks = (dim + int64_t{kThreads} * vec - 1) / (int64_t{kThreads} * vec);
-  UNTIED_CHECK(col_blocks <= 65535, "cuda embedding: dim (E = ", dim, ") too large for one grid");
-  return dim3(static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxRowBlocks)), static_cast<unsigned>(col_blocks));
+  UNTIED_CHECK(col_blocks <= kMaxGridYZ, "cuda embedding: dim (E = ", dim, ") too large for one grid");
+  return dim3(blocks_for(rows, 1, kMaxRowBlocks), static_cast<unsigned>(col_blocks));
 }
 
 // ---- forward -------------------------------------------------------------------------------
@@ -116,11 +70,15 @@ __global__ void __launch_bounds__(kThreads) embedding_forward_kernel(int64_t tok
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const TIn* src = table + static_cast<int64_t>(ids[t]) * dim + c;
     TOut* dst = out + t * dim + c;
-    const Pack<TIn, VEC> x = *reinterpret_cast<const Pack<TIn, VEC>*>(src);
-    Pack<TOut, VEC> y;
+    const Pack<TIn, VEC> x = load<TIn, VEC>(src);
+    if constexpr (std::is_same_v<TIn, TOut>) {
+      store<TOut, VEC>(dst, x);  // a copy of the bits, as the CPU's (NaN payloads included)
+    } else {
+      Pack<TOut, VEC> y;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y.v[k] = from_f32<TOut>(to_f32(x.v[k]));
-    *reinterpret_cast<Pack<TOut, VEC>*>(dst) = y;
+      for (int k = 0; k < VEC; ++k) y.v[k] = from_f32<TOut>(to_f32(x.v[k]));
+      store<TOut, VEC>(dst, y);
+    }
   }
 }
 
@@ -128,7 +86,7 @@ template <typename TIn, typename TOut>
 void launch_forward(cudaStream_t st, const EmbeddingShape& s, void* out, const int32_t* ids, const void* table) {
   auto* o = static_cast<TOut*>(out);
   auto* tab = static_cast<const TIn*>(table);
-  if (s.dim % kVec == 0 && aligned(o, kVec * sizeof(TOut)) && aligned(tab, kVec * sizeof(TIn))) {
+  if (multiples_of(kVec, {s.dim}) && aligned(o, kVec * sizeof(TOut)) && aligned(tab, kVec * sizeof(TIn))) {
     embedding_forward_kernel<TIn, TOut, kVec><<<row_grid(s.tokens, s.dim, kVec), kThreads, 0, st>>>(
         s.tokens, s.dim, o, ids, tab);
   } else {
@@ -189,25 +147,25 @@ __global__ void __launch_bounds__(kThreads) embedding_backward_kernel(int64_t to
     if (i > 0 && keys[i - 1] == key) continue;  // not the first token of its id
     const int64_t end = run_end(keys, tokens, i, key);
     float* dst = dtable + static_cast<int64_t>(key) * dim + c;
-    Pack<float, VEC> acc = *reinterpret_cast<const Pack<float, VEC>*>(dst);
+    Pack<float, VEC> acc = load<float, VEC>(dst);
     const T* src = dout + c;
     int64_t j = i;
     for (; j + kUnroll <= end; j += kUnroll) {  // kUnroll rows loaded ahead, then added in order
       Pack<T, VEC> x[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        x[u] = *reinterpret_cast<const Pack<T, VEC>*>(src + static_cast<int64_t>(pos[j + u]) * dim);
+        x[u] = load<T, VEC>(src + static_cast<int64_t>(pos[j + u]) * dim);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) acc.v[k] += to_f32(x[u].v[k]);
     }
     for (; j < end; ++j) {
-      const Pack<T, VEC> x = *reinterpret_cast<const Pack<T, VEC>*>(src + static_cast<int64_t>(pos[j]) * dim);
+      const Pack<T, VEC> x = load<T, VEC>(src + static_cast<int64_t>(pos[j]) * dim);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc.v[k] += to_f32(x.v[k]);
     }
-    *reinterpret_cast<Pack<float, VEC>*>(dst) = acc;
+    store<float, VEC>(dst, acc);
   }
 }
 
@@ -215,7 +173,7 @@ template <typename T>
 void launch_backward(cudaStream_t st, const EmbeddingShape& s, float* dtable, const uint32_t* keys,
                      const int32_t* pos, const void* dout) {
   auto* g = static_cast<const T*>(dout);
-  if (s.dim % kVec == 0 && aligned(dtable, kVec * sizeof(float)) && aligned(g, kVec * sizeof(T))) {
+  if (multiples_of(kVec, {s.dim}) && aligned(dtable, kVec * sizeof(float)) && aligned(g, kVec * sizeof(T))) {
     embedding_backward_kernel<T, kVec><<<row_grid(s.tokens, s.dim, kVec), kThreads, 0, st>>>(s.tokens, s.dim, dtable,
                                                                                           keys, pos, g);
   } else {
@@ -237,7 +195,7 @@ int key_bits(int64_t vocab) {
 void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const int32_t* ids, const void* table) {
   if (!dev.backed() || s.tokens == 0) return;
   check_ids(dev, s, ids);
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   const bool in_bf16 = s.table_dtype == DType::kBF16, out_bf16 = s.dtype == DType::kBF16;
   if (in_bf16 && out_bf16) return launch_forward<bf16_t, bf16_t>(st, s, out, ids, table);
   if (in_bf16) return launch_forward<bf16_t, float>(st, s, out, ids, table);
@@ -250,7 +208,7 @@ void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, con
   if (!dev.backed() || s.tokens == 0) return;
   UNTIED_CHECK(s.tokens <= INT32_MAX, "cuda embedding_backward: tokens (", s.tokens, ") must be < 2^31");
   check_ids(dev, s, ids);
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   const int64_t n = s.tokens;
   const int n32 = static_cast<int>(n);
 
@@ -262,8 +220,7 @@ void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, con
   Buffer pos_a = alloc.allocate(n * 4, Tag::kOther, "embedding sort positions");
   Buffer pos_b = alloc.allocate(n * 4, Tag::kOther, "embedding sort positions (alternate)");
   UNTIED_CUDA_CHECK(cudaMemcpyAsync(keys_a.data(), ids, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, st));
-  iota_kernel<<<static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 4096)), 256, 0, st>>>(pos_a.as<int32_t>(),
-                                                                                                    n);
+  iota_kernel<<<blocks_for(n, 256, 4096), 256, 0, st>>>(pos_a.as<int32_t>(), n);
   UNTIED_CUDA_CHECK(cudaGetLastError());
   cub::DoubleBuffer<uint32_t> keys(keys_a.as<uint32_t>(), keys_b.as<uint32_t>());
   cub::DoubleBuffer<int32_t> pos(pos_a.as<int32_t>(), pos_b.as<int32_t>());

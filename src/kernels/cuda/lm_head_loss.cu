@@ -8,7 +8,8 @@
 //     logits (n, V) fp32 = h_c w^T: one cuBLAS GEMM straight from the stored operands when h
 //            and w have the same dtype (bf16 x bf16 with fp32 accumulation: the products are
 //            exact, so this is the CPU's widen-then-fp32 GEMM up to summation order); with
-//            mixed dtypes the bf16 side is widened first (h_c once, or w one block at a time).
+//            mixed dtypes the bf16 side is widened first (h_c once, or w one block at a time,
+//            by cuda::convert of tensor_ops.cu).
 //     rows:  softmax_rows_kernel, one 512-thread block per row (grid-stride over rows): max and
 //            argmax (the first index of the largest), then for labelled rows the fp64 sum of
 //            fp32 expf(logit - max) in a fixed order, lse = max + log(sum) in fp64, the row's
@@ -16,146 +17,43 @@
 //            ignored rows). 16-byte loads and stores where V % 4 == 0.
 //     dh_c (n, E) = G w;  dw (V, E) fp32 += G^T h_c  (fp32 GEMMs: G is fp32, and cuBLAS takes
 //            A and B of one dtype, so a bf16 w is widened one vocab block at a time and a bf16
-//            h_c once per chunk, and a bf16 dh is accumulated in fp32 and rounded once, exactly
-//            as on the CPU; dw is one GEMM over all of V).
-//     sums:  the chunk's per-row losses and labels are copied back and added on the host in row
-//            order (deterministic), which synchronizes the stream once per chunk.
+//            h_c once per chunk, and a bf16 dh is accumulated in fp32 and rounded once (to
+//            nearest even, cuda::convert), exactly as on the CPU; dw is one GEMM over all of V).
+//     sums:  the chunk's per-row losses are copied back and added on the host in row order
+//            (deterministic), which synchronizes the stream once per chunk.
+//   The labels are copied to the host once (after the check), so that a chunk without any label
+//   (and no argmax asked for) skips its GEMMs and only zeroes its dh rows, as on the CPU.
 // The workspace is the header's, buffer for buffer (lm_head_loss_workspace_bytes is exact here
 // too): logits, row losses, and h32 / dh32 / w32 under the same conditions. In a forward-only
 // call with h and w both bf16 the h32 and w32 buffers are allocated but not used, so that the
 // memory figures do not depend on the backend.
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "device/cuda/cuda_device.h"
 #include "kernels/cpu/model_kernels.h"  // lm_head_loss_weight_block
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
 #include "untied/kernels/gemm.h"
 
 namespace untied::cuda {
 namespace {
 
-using bf16_t = __nv_bfloat16;
-
-constexpr int kThreads = 256;                     // element-wise kernels
-constexpr int kRowThreads = 512;                  // softmax_rows_kernel: one block per row
+constexpr int kRowThreads = 512;  // softmax_rows_kernel: one block per row
 constexpr int kRowWarps = kRowThreads / 32;
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops cover the rest
-constexpr unsigned long long kNoBadLabel = ~0ull;
-
-unsigned blocks_for(int64_t work, int per_block) {
-  return static_cast<unsigned>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks));
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- label check ---------------------------------------------------------------------------
-
-__global__ void find_bad_label_kernel(const int32_t* labels, int64_t tokens, int64_t vocab, int32_t ignore_index,
-                                      unsigned long long* first_bad) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < tokens; t += stride) {
-    const int32_t l = labels[t];
-    if (l != ignore_index && (l < 0 || l >= vocab)) atomicMin(first_bad, static_cast<unsigned long long>(t));
-  }
-}
 
 // Throws Error(kInvalidArgument) naming the first bad label, as the CPU does. `scratch` holds at
 // least 8 bytes of device memory. Synchronizes the stream.
 void check_labels(cudaStream_t st, const LmHeadLossShape& s, const int32_t* labels, void* scratch) {
-  auto* bad = static_cast<unsigned long long*>(scratch);
-  UNTIED_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, 8, st));
-  find_bad_label_kernel<<<static_cast<unsigned>(std::clamp<int64_t>((s.tokens + kThreads - 1) / kThreads, 1, 4096)),
-                          kThreads, 0, st>>>(labels, s.tokens, s.vocab, s.ignore_index, bad);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
-  unsigned long long pos = 0;
-  UNTIED_CUDA_CHECK(cudaMemcpyAsync(&pos, bad, 8, cudaMemcpyDeviceToHost, st));
-  UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (pos == kNoBadLabel) return;
   int32_t l = 0;
-  UNTIED_CUDA_CHECK(cudaMemcpyAsync(&l, labels + pos, 4, cudaMemcpyDeviceToHost, st));
-  UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
-  const int64_t t = static_cast<int64_t>(pos);
+  const int64_t t = first_out_of_range(st, labels, s.tokens, s.vocab, s.ignore_index, scratch, &l);
+  if (t < 0) return;
   UNTIED_CHECK(l == s.ignore_index || (l >= 0 && l < s.vocab), "lm_head_loss: labels[", t, "] = ", l,
                " is neither ignore_index (", s.ignore_index, ") nor in [0, vocab = ", s.vocab, ")");
   UNTIED_ASSERT(false, "lm_head_loss: the GPU flagged labels[", t, "] = ", l, " as invalid");
-}
-
-// ---- widen / narrow ------------------------------------------------------------------------
-
-// dst (n) fp32 = src (n) bf16; 8 elements per step (16-byte loads) when both are aligned.
-template <int VEC>
-__global__ void __launch_bounds__(kThreads) widen_kernel(float* dst, const bf16_t* src, int64_t n) {
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t done = 0;
-  if constexpr (VEC == 8) {
-    const int64_t n8 = n / 8;
-    for (int64_t i = tid; i < n8; i += stride) {
-      const uint4 u = reinterpret_cast<const uint4*>(src)[i];
-      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-      float4 lo, hi;  // element 2k in the low half of word k (little-endian)
-      lo.x = __uint_as_float(w[0] << 16);
-      lo.y = __uint_as_float(w[0] & 0xffff0000u);
-      lo.z = __uint_as_float(w[1] << 16);
-      lo.w = __uint_as_float(w[1] & 0xffff0000u);
-      hi.x = __uint_as_float(w[2] << 16);
-      hi.y = __uint_as_float(w[2] & 0xffff0000u);
-      hi.z = __uint_as_float(w[3] << 16);
-      hi.w = __uint_as_float(w[3] & 0xffff0000u);
-      reinterpret_cast<float4*>(dst)[2 * i] = lo;
-      reinterpret_cast<float4*>(dst)[2 * i + 1] = hi;
-    }
-    done = n8 * 8;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) dst[i] = __bfloat162float(src[i]);
-}
-
-void widen(cudaStream_t st, float* dst, const void* src, int64_t n) {
-  if (n == 0) return;
-  const auto* s = static_cast<const bf16_t*>(src);
-  if (aligned16(dst) && aligned16(src))
-    widen_kernel<8><<<blocks_for((n + 7) / 8, kThreads), kThreads, 0, st>>>(dst, s, n);
-  else
-    widen_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(dst, s, n);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
-}
-
-// dst (n) bf16 = src (n) fp32 rounded to nearest even; 4 elements per step when aligned
-// (16-byte loads, 8-byte stores).
-template <int VEC>
-__global__ void __launch_bounds__(kThreads) narrow_kernel(bf16_t* dst, const float* src, int64_t n) {
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t done = 0;
-  if constexpr (VEC == 4) {
-    const int64_t n4 = n / 4;
-    for (int64_t i = tid; i < n4; i += stride) {
-      const float4 x = reinterpret_cast<const float4*>(src)[i];
-      const __nv_bfloat162 a = __floats2bfloat162_rn(x.x, x.y);  // .x = first (low half)
-      const __nv_bfloat162 b = __floats2bfloat162_rn(x.z, x.w);
-      uint2 u;
-      u.x = *reinterpret_cast<const uint32_t*>(&a);
-      u.y = *reinterpret_cast<const uint32_t*>(&b);
-      reinterpret_cast<uint2*>(dst)[i] = u;
-    }
-    done = n4 * 4;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) dst[i] = __float2bfloat16_rn(src[i]);
-}
-
-void narrow(cudaStream_t st, void* dst, const float* src, int64_t n) {
-  if (n == 0) return;
-  auto* d = static_cast<bf16_t*>(dst);
-  if (aligned16(src) && reinterpret_cast<uintptr_t>(dst) % 8 == 0)
-    narrow_kernel<4><<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, st>>>(d, src, n);
-  else
-    narrow_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(d, src, n);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- rows: softmax, loss, argmax, G --------------------------------------------------------
@@ -211,24 +109,6 @@ __device__ ArgMax block_argmax(ArgMax a, int64_t none, float* red_v, int64_t* re
   return *out;
 }
 
-// The block's fp64 sum in a fixed order (butterfly per warp, then over the warps); every thread
-// gets the result.
-__device__ double block_sum(double x, double* red, double* out) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  if (lane == 0) red[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    double s = lane < kRowWarps ? red[lane] : 0.0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) *out = s;
-  }
-  __syncthreads();
-  return *out;
-}
-
 // One block per row (grid-stride over rows). VEC == 4 requires vocab % 4 == 0 and logits
 // 16-byte aligned (then every row is). Thread k owns the elements j = VEC * (k + m * blockDim)
 // + 0..VEC-1 in increasing order, so its running argmax keeps its first maximum.
@@ -238,7 +118,6 @@ __global__ void __launch_bounds__(kRowThreads) softmax_rows_kernel(RowParams p) 
   __shared__ int64_t red_i[kRowWarps];
   __shared__ double red_d[kRowWarps];
   __shared__ ArgMax out_a;
-  __shared__ double out_d;
 
   const int64_t V = p.vocab;
   const int64_t groups = V / VEC;  // VEC-wide groups; VEC == 1: all elements
@@ -293,7 +172,7 @@ __global__ void __launch_bounds__(kRowThreads) softmax_rows_kernel(RowParams p) 
         acc += static_cast<double>(expf(row[k] - mx));
       }
     }
-    const double sum = block_sum(acc, red_d, &out_d);
+    const double sum = block_sum<kRowThreads>(acc, red_d);
     if (threadIdx.x == 0) {
       const double lse = static_cast<double>(mx) + log(sum);
       p.losses[r] = lse - static_cast<double>(target);
@@ -327,8 +206,8 @@ __global__ void __launch_bounds__(kRowThreads) softmax_rows_kernel(RowParams p) 
 }
 
 void softmax_rows(cudaStream_t st, const RowParams& p) {
-  const auto grid = static_cast<unsigned>(std::clamp<int64_t>(p.rows, 1, kMaxBlocks));
-  if (p.vocab % 4 == 0 && aligned16(p.logits))
+  const unsigned grid = blocks_for(p.rows, 1);
+  if (multiples_of(4, {p.vocab}) && aligned(p.logits, 16))
     softmax_rows_kernel<4><<<grid, kRowThreads, 0, st>>>(p);
   else
     softmax_rows_kernel<1><<<grid, kRowThreads, 0, st>>>(p);
@@ -355,7 +234,7 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
   if (w_bf16) w32_buf = alloc.allocate(wb * E * 4, Tag::kOther, "lm head w block in fp32");
   if (!dev.backed()) return;
 
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   check_labels(st, s, labels, loss_buf.data());  // the row losses are not in use yet
 
   float* logits = logits_buf.as<float>();
@@ -366,10 +245,22 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
   const char* hb = static_cast<const char*>(h);
   const char* wbytes = static_cast<const char*>(w);
   std::vector<double> host_losses(static_cast<size_t>(chunk));
-  std::vector<int32_t> host_labels(static_cast<size_t>(chunk));
+  // The labels on the host, so that each chunk's labelled rows are counted before its work is
+  // issued: a chunk without any label (and no argmax asked for) skips its GEMMs and just zeroes
+  // its dh rows, as on the CPU (dw and dh are then exactly the CPU's, whatever h and w hold).
+  std::vector<int32_t> host_labels(static_cast<size_t>(s.tokens));
+  UNTIED_CUDA_CHECK(cudaMemcpyAsync(host_labels.data(), labels, static_cast<size_t>(s.tokens) * 4,
+                                    cudaMemcpyDeviceToHost, st));
+  UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
 
   for (int64_t t0 = 0; t0 < s.tokens; t0 += chunk) {
     const int64_t n = std::min(chunk, s.tokens - t0);
+    const int64_t labelled = std::count_if(host_labels.begin() + t0, host_labels.begin() + t0 + n,
+                                           [&](int32_t l) { return l != s.ignore_index; });
+    if (labelled == 0 && argmax == nullptr) {  // nothing to compute: G = 0
+      if (backward) dev.fill_zero(static_cast<char*>(dh) + t0 * E * es, n * E * es);
+      continue;
+    }
     const void* h_c = hb + t0 * E * es;
     bool h_widened = false;
 
@@ -378,14 +269,14 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
       untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = V, .k = E, .a = h_c, .lda = E, .a_dtype = s.dtype,
                                    .b = w, .ldb = E, .b_dtype = s.weight_dtype, .c = logits, .ldc = V});
     } else if (h_bf16) {  // w is f32
-      widen(st, h32, h_c, n * E);
+      cuda::convert(dev, h32, DType::kF32, h_c, DType::kBF16, n * E);
       h_widened = true;
       untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = V, .k = E, .a = h32, .lda = E, .b = w, .ldb = E,
                                    .c = logits, .ldc = V});
     } else {  // h f32, w bf16: one widened vocab block at a time
       for (int64_t v0 = 0; v0 < V; v0 += wb) {
         const int64_t nb = std::min(wb, V - v0);
-        widen(st, w32, wbytes + v0 * E * 2, nb * E);
+        cuda::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
         untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = nb, .k = E, .a = h_c, .lda = E, .b = w32,
                                      .ldb = E, .c = logits + v0, .ldc = V});
       }
@@ -400,7 +291,7 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
       // dh_c (n, E) = G w;  dw (V, E) += G^T h_c. All fp32 (G is fp32).
       const float* hc32 = static_cast<const float*>(h_c);
       if (h_bf16) {
-        if (!h_widened) widen(st, h32, h_c, n * E);
+        if (!h_widened) cuda::convert(dev, h32, DType::kF32, h_c, DType::kBF16, n * E);
         hc32 = h32;
       }
       float* dhc = h_bf16 ? dh32_buf.as<float>() : reinterpret_cast<float*>(static_cast<char*>(dh) + t0 * E * es);
@@ -410,28 +301,22 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
       } else {
         for (int64_t v0 = 0; v0 < V; v0 += wb) {
           const int64_t nb = std::min(wb, V - v0);
-          widen(st, w32, wbytes + v0 * E * 2, nb * E);
+          cuda::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
           untied::gemm(dev, GemmParams{.m = n, .n = E, .k = nb, .beta = v0 == 0 ? 0.0f : 1.0f, .a = logits + v0,
                                        .lda = V, .b = w32, .ldb = E, .c = dhc, .ldc = E});
         }
       }
       untied::gemm(dev, GemmParams{.trans_a = true, .m = V, .n = E, .k = n, .beta = 1.0f, .a = logits, .lda = V,
                                    .b = hc32, .ldb = E, .c = dw, .ldc = E});
-      if (h_bf16) narrow(st, static_cast<char*>(dh) + t0 * E * es, dhc, n * E);
+      if (h_bf16) cuda::convert(dev, static_cast<char*>(dh) + t0 * E * es, DType::kBF16, dhc, DType::kF32, n * E);
     }
 
-    // The chunk's losses, added on the host in row order; the labelled rows counted from the
-    // labels. After the chunk's GEMMs, so the GPU has the next chunk's work soon after.
+    // The chunk's losses, added on the host in row order. After the chunk's GEMMs, so the GPU
+    // has the next chunk's work soon after.
     UNTIED_CUDA_CHECK(cudaMemcpyAsync(host_losses.data(), losses, static_cast<size_t>(n) * 8,
                                       cudaMemcpyDeviceToHost, st));
-    UNTIED_CUDA_CHECK(cudaMemcpyAsync(host_labels.data(), labels + t0, static_cast<size_t>(n) * 4,
-                                      cudaMemcpyDeviceToHost, st));
     UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
-    int64_t labelled = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      sums->loss_sum += host_losses[static_cast<size_t>(i)];  // 0 for ignored rows, as on the CPU
-      labelled += host_labels[static_cast<size_t>(i)] != s.ignore_index;
-    }
+    for (int64_t i = 0; i < n; ++i) sums->loss_sum += host_losses[static_cast<size_t>(i)];  // 0 for ignored rows
     sums->count += labelled;
   }
 }

@@ -16,47 +16,17 @@
 //      added in order into scratch[block][column];
 //   2. one thread per column adds the block sums in order and adds the total to dw once.
 // The summation order is fixed by the shape alone, so the result is the same on every run.
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
-#include "device/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {
 
-constexpr int64_t kRowBlock = 2048;               // rows per fp64 block sum of dw (rmsnorm.h)
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops cover the rest
-constexpr int kMaxGridY = 65535;
-
-using bf16_t = __nv_bfloat16;
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return __float2bfloat16_rn(v); }  // nearest even
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load(const T* p) {
-  return *reinterpret_cast<const Pack<T, N>*>(p);
-}
-
-bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
-}
+constexpr int64_t kRowBlock = 2048;  // rows per fp64 block sum of dw (rmsnorm.h)
 
 // The sum of v over the TPR threads of a row group, in fp64, in a fixed order; every thread of
 // the group gets it. TPR == 32: one warp. TPR > 32: the whole block is one row group, and
@@ -64,19 +34,10 @@ bool aligned(const void* p, int64_t bytes) {
 // it together.
 template <int TPR>
 __device__ __forceinline__ double row_sum(double v, double* smem) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if constexpr (TPR == 32) {
-    return v;
-  } else {
-    if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
-    __syncthreads();
-    double total = 0.0;
-#pragma unroll
-    for (int k = 0; k < TPR / 32; ++k) total += smem[k];
-    __syncthreads();  // smem is reused by the next call
-    return total;
-  }
+  if constexpr (TPR == 32)
+    return warp_sum(v);
+  else
+    return block_sum<TPR>(v, smem);
 }
 
 struct NormParams {
@@ -119,7 +80,7 @@ __global__ void __launch_bounds__(TPR > 256 ? TPR : 256)
       Pack<T, VEC> yv;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) yv.v[k] = from_f32<T>(__fmul_rn(__fmul_rn(to_f32(xv.v[k]), rr), to_f32(wv.v[k])));
-      *reinterpret_cast<Pack<T, VEC>*>(yr + d) = yv;
+      store<T, VEC>(yr + d, yv);
     }
   }
 }
@@ -166,7 +127,7 @@ __global__ void __launch_bounds__(TPR > 256 ? TPR : 256)
       for (int k = 0; k < VEC; ++k)
         out.v[k] = from_f32<T>(__fsub_rn(__fmul_rn(rr, __fmul_rn(to_f32(wv.v[k]), to_f32(gv.v[k]))),
                                          __fmul_rn(c, to_f32(xv.v[k]))));
-      *reinterpret_cast<Pack<T, VEC>*>(dr + d) = out;
+      store<T, VEC>(dr + d, out);
     }
   }
 }
@@ -233,7 +194,7 @@ template <typename T, typename W, typename F>
 void with_config(const NormParams& p, bool vec_ok, F&& f) {
   // 16-byte vectors of the wider of the two storage types.
   constexpr int kVec = 16 / (sizeof(T) > sizeof(W) ? sizeof(T) : sizeof(W));
-  const bool vec = vec_ok && p.dim % kVec == 0 && p.row_stride % kVec == 0;
+  const bool vec = vec_ok && multiples_of(kVec, {p.dim, p.row_stride});
   if (p.dim <= 1024) {
     vec ? f(Config<T, W, 32, kVec>{}) : f(Config<T, W, 32, 1>{});
   } else if (p.dim <= 4096) {
@@ -246,16 +207,14 @@ void with_config(const NormParams& p, bool vec_ok, F&& f) {
 template <typename C>
 unsigned row_blocks(int64_t rows) {
   constexpr int64_t kRowsPerBlock = C::kBlock / C::kTpr;
-  return static_cast<unsigned>(std::clamp<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1, kMaxBlocks));
+  return blocks_for(rows, kRowsPerBlock);
 }
 
 // True when the vectors with_config would use are aligned at every row tensor and at w.
 template <typename T, typename W>
 bool vec_aligned(std::initializer_list<const void*> tensors, const void* w) {
   constexpr int kVec = 16 / (sizeof(T) > sizeof(W) ? sizeof(T) : sizeof(W));
-  for (const void* t : tensors)
-    if (!aligned(t, kVec * sizeof(T))) return false;
-  return aligned(w, kVec * sizeof(W));
+  return aligned(tensors, kVec * sizeof(T)) && aligned(w, kVec * sizeof(W));
 }
 
 template <typename T, typename W>
@@ -284,11 +243,11 @@ void dw_typed(cudaStream_t st, const NormParams& p, double* part, float* dw, con
               const void* dy) {
   const int64_t nblocks = (p.rows + kRowBlock - 1) / kRowBlock;
   const dim3 grid(static_cast<unsigned>((p.dim + kDwCols - 1) / kDwCols),
-                  static_cast<unsigned>(std::min<int64_t>(nblocks, kMaxGridY)));
+                  static_cast<unsigned>(std::min<int64_t>(nblocks, kMaxGridYZ)));
   dw_block_kernel<T><<<grid, dim3(kDwCols, kDwLanes), 0, st>>>(p, part, static_cast<const T*>(x), rstd,
                                                                 static_cast<const T*>(dy));
   UNTIED_CUDA_CHECK(cudaGetLastError());
-  const unsigned fgrid = static_cast<unsigned>(std::clamp<int64_t>((p.dim + 255) / 256, 1, kMaxBlocks));
+  const unsigned fgrid = blocks_for(p.dim, 256);
   dw_final_kernel<<<fgrid, 256, 0, st>>>(p.dim, nblocks, dw, part);
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
@@ -302,7 +261,7 @@ NormParams params(const RmsNormShape& s) {
 void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, const void* x, const void* w) {
   if (s.rows == 0) return;
   const NormParams p = params(s);
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   const bool xb = s.dtype == DType::kBF16, wb = s.weight_dtype == DType::kBF16;
   if (xb && wb) forward_typed<bf16_t, bf16_t>(st, p, y, rstd, x, w);
   else if (xb) forward_typed<bf16_t, float>(st, p, y, rstd, x, w);
@@ -316,7 +275,7 @@ void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, c
   Buffer part = dev.allocator().allocate(nblocks * s.dim * 8, Tag::kOther, "rmsnorm dw block sums");
   if (s.rows == 0) return;
   const NormParams p = params(s);
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   const bool xb = s.dtype == DType::kBF16, wb = s.weight_dtype == DType::kBF16;
   if (xb && wb) dx_typed<bf16_t, bf16_t>(st, p, dx, x, rstd, w, dy);
   else if (xb) dx_typed<bf16_t, float>(st, p, dx, x, rstd, w, dy);

@@ -18,37 +18,17 @@
 // The rotation is written with explicit round-to-nearest multiplies and adds (no fused
 // multiply-add), the same operations in the same order as the CPU's, so the fp32 results agree
 // with it up to the last-bit differences of the double-precision pow and sincos.
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cstdint>
 
-#include "device/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {
 
 constexpr int kMaxThreads = 256;
-constexpr int kMaxHalf = 1024;                     // D <= 2048 (rope.h)
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride over the remaining tokens
-
-using bf16_t = __nv_bfloat16;
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return __float2bfloat16_rn(v); }  // nearest even
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
+constexpr int kMaxHalf = 1024;  // D <= 2048 (rope.h)
 
 struct RopeParams {
   void* x;
@@ -91,8 +71,8 @@ __global__ void __launch_bounds__(kMaxThreads) rope_kernel(RopeParams p) {
       const int i0 = (j - h * per_head) * VEC;
       T* p1 = xt + static_cast<int64_t>(h) * p.head_dim + i0;
       T* p2 = p1 + half;
-      const Pack<T, VEC> a = *reinterpret_cast<const Pack<T, VEC>*>(p1);
-      const Pack<T, VEC> b = *reinterpret_cast<const Pack<T, VEC>*>(p2);
+      const Pack<T, VEC> a = load<T, VEC>(p1);
+      const Pack<T, VEC> b = load<T, VEC>(p2);
       Pack<T, VEC> ya, yb;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
@@ -101,8 +81,8 @@ __global__ void __launch_bounds__(kMaxThreads) rope_kernel(RopeParams p) {
         ya.v[k] = from_f32<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
         yb.v[k] = from_f32<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
       }
-      *reinterpret_cast<Pack<T, VEC>*>(p1) = ya;
-      *reinterpret_cast<Pack<T, VEC>*>(p2) = yb;
+      store<T, VEC>(p1, ya);
+      store<T, VEC>(p2, yb);
     }
     __syncthreads();  // the next token overwrites cos_t / sin_t
   }
@@ -112,10 +92,11 @@ template <typename T>
 void launch(cudaStream_t st, const RopeParams& p) {
   constexpr int kVec = 16 / sizeof(T);
   const int half = p.head_dim / 2;
-  const bool vec = half % kVec == 0 && p.row_stride % kVec == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  // Offsets added to x: t * row_stride, h * D (= 2 * half) and i0 (+ half): all multiples of kVec.
+  const bool vec = multiples_of(kVec, {half, p.row_stride}) && aligned(p.x, 16);
   const int64_t work = p.heads * static_cast<int64_t>(vec ? half / kVec : half);
   const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, (std::max<int64_t>(work, half) + 31) / 32 * 32));
-  const unsigned grid = static_cast<unsigned>(std::min(p.tokens, kMaxBlocks));
+  const unsigned grid = blocks_for(p.tokens, 1);
   if (vec)
     rope_kernel<T, kVec><<<grid, threads, 0, st>>>(p);
   else
@@ -127,8 +108,9 @@ void launch(cudaStream_t st, const RopeParams& p) {
 
 void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positions, bool inverse) {
   if (s.tokens == 0) return;
-  UNTIED_CHECK(s.heads * (s.head_dim / 2) <= INT32_MAX, "cuda rope: heads * head_dim/2 (", s.heads * (s.head_dim / 2),
-               ") exceeds 2^31-1");
+  // The per-token work index j (and j + blockDim.x) is an int.
+  UNTIED_CHECK(s.heads * (s.head_dim / 2) <= INT32_MAX - kMaxThreads, "cuda rope: heads * head_dim/2 (",
+               s.heads * (s.head_dim / 2), ") exceeds 2^31 - 257");
   const RopeParams p{.x = x,
                      .positions = positions,
                      .tokens = s.tokens,
@@ -138,7 +120,7 @@ void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positio
                      .heads = static_cast<int>(s.heads),
                      .head_dim = static_cast<int>(s.head_dim),
                      .sign = inverse ? -1.0f : 1.0f};
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   if (s.dtype == DType::kBF16)
     launch<bf16_t>(st, p);
   else

@@ -10,47 +10,17 @@
 //
 // The fp32 arithmetic is the CPU's, in its order, with explicit round-to-nearest operations
 // (no fused multiply-add); only expf differs from the host's exp (within 2 ulp).
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
-#include "device/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxGridX = int64_t{1} << 20;  // grid-stride loops cover the rest
-constexpr int64_t kMaxGridY = 65535;
-
-using bf16_t = __nv_bfloat16;
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return __float2bfloat16_rn(v); }  // nearest even
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load(const T* p) {
-  return *reinterpret_cast<const Pack<T, N>*>(p);
-}
-template <typename T, int N>
-__device__ __forceinline__ void store(T* p, const Pack<T, N>& v) {
-  *reinterpret_cast<Pack<T, N>*>(p) = v;
-}
 
 // 1 / (1 + exp(-g)); __frcp_rn is the correctly rounded reciprocal, the same value as the host's
 // 1.0f / x (and, unlike a division, needs no out-of-line slow path).
@@ -114,12 +84,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned16(std::initializer_list<const void*> ps) {
-  for (const void* q : ps)
-    if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
-  return true;
-}
-
 SwigluParams params(const SwigluShape& s) {
   return SwigluParams{.rows = s.rows,
                       .dim = s.dim,
@@ -130,7 +94,7 @@ SwigluParams params(const SwigluShape& s) {
 template <typename T>
 bool use_vec(const SwigluParams& p, std::initializer_list<const void*> ps) {
   constexpr int kVec = 16 / sizeof(T);
-  return p.dim % kVec == 0 && p.in_stride % kVec == 0 && p.out_stride % kVec == 0 && aligned16(ps);
+  return multiples_of(kVec, {p.dim, p.in_stride, p.out_stride}) && aligned(ps, 16);
 }
 
 // The launch shape for vectors of VEC elements: a block of (tx, 256 / tx) threads, tx covering
@@ -143,9 +107,7 @@ Launch launch_shape(const SwigluParams& p, int vec) {
   const int64_t per_row = p.dim / vec;
   const int tx = static_cast<int>(std::min<int64_t>(kThreads, (per_row + 31) / 32 * 32));
   const int ty = kThreads / tx;
-  const int64_t gx = std::min<int64_t>((per_row + tx - 1) / tx, kMaxGridX);
-  const int64_t gy = std::min<int64_t>((p.rows + ty - 1) / ty, kMaxGridY);
-  return Launch{dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(tx, ty)};
+  return Launch{dim3(blocks_for(per_row, tx), blocks_for(p.rows, ty, kMaxGridYZ)), dim3(tx, ty)};
 }
 
 template <typename T>
@@ -187,7 +149,7 @@ void backward_typed(cudaStream_t st, const SwigluParams& p, void* dgate, void* d
 
 void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* gate, const void* up) {
   if (s.rows == 0) return;
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   if (s.dtype == DType::kBF16)
     forward_typed<bf16_t>(st, params(s), out, gate, up);
   else
@@ -197,7 +159,7 @@ void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* ga
 void swiglu_backward(Device& dev, const SwigluShape& s, void* dgate, void* dup, const void* gate, const void* up,
                      const void* dout) {
   if (s.rows == 0) return;
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   if (s.dtype == DType::kBF16)
     backward_typed<bf16_t>(st, params(s), dgate, dup, gate, up, dout);
   else

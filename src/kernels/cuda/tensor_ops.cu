@@ -10,45 +10,16 @@
 //             every non-NaN value).
 // Every op is element-independent or row-independent, so results do not depend on the launch
 // shape. Nothing is allocated.
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <cstdint>
 
-#include "device/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops cover the rest
-
-using bf16_t = __nv_bfloat16;
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16_t v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16_t from_f32<bf16_t>(float v) { return __float2bfloat16_rn(v); }  // nearest even
-
-// N elements of T moved as one aligned vector (N * sizeof(T) in {4, 8, 16} bytes).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
-}
-
-unsigned blocks_for(int64_t work, int per_block) {
-  return static_cast<unsigned>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks));
-}
 
 // ---- row_dot -------------------------------------------------------------------------------
 
@@ -66,13 +37,12 @@ __global__ void __launch_bounds__(kThreads) row_dot_kernel(int64_t rows, int64_t
     const T* br = b + r * ldb;
     float acc = 0.0f;
     for (int64_t d = static_cast<int64_t>(lane) * VEC; d < dim; d += 32 * VEC) {
-      const Pack<T, VEC> pa = *reinterpret_cast<const Pack<T, VEC>*>(ar + d);
-      const Pack<T, VEC> pb = *reinterpret_cast<const Pack<T, VEC>*>(br + d);
+      const Pack<T, VEC> pa = load<T, VEC>(ar + d);
+      const Pack<T, VEC> pb = load<T, VEC>(br + d);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc = fmaf(to_f32(pa.v[k]), to_f32(pb.v[k]), acc);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (lane == 0) out[r * out_stride] = acc;
   }
 }
@@ -84,7 +54,7 @@ void launch_row_dot(cudaStream_t st, int64_t rows, int64_t dim, const void* a, i
   const unsigned grid = blocks_for(rows, kRowsPerBlock);
   const T* ta = static_cast<const T*>(a);
   const T* tb = static_cast<const T*>(b);
-  if (dim % kVec == 0 && lda % kVec == 0 && ldb % kVec == 0 && aligned(a, 16) && aligned(b, 16))
+  if (multiples_of(kVec, {dim, lda, ldb}) && aligned({a, b}, 16))
     row_dot_kernel<T, kVec><<<grid, kThreads, 0, st>>>(rows, dim, ta, lda, tb, ldb, out, out_stride);
   else
     row_dot_kernel<T, 1><<<grid, kThreads, 0, st>>>(rows, dim, ta, lda, tb, ldb, out, out_stride);
@@ -101,11 +71,11 @@ __global__ void __launch_bounds__(kThreads) add_into_kernel(float* acc, const T*
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = n / VEC;
   for (int64_t g = tid; g < groups; g += stride) {
-    Pack<float, VEC> pa = reinterpret_cast<Pack<float, VEC>*>(acc)[g];
-    const Pack<T, VEC> px = reinterpret_cast<const Pack<T, VEC>*>(x)[g];
+    Pack<float, VEC> pa = load<float, VEC>(acc + g * VEC);
+    const Pack<T, VEC> px = load<T, VEC>(x + g * VEC);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) pa.v[k] += to_f32(px.v[k]);
-    reinterpret_cast<Pack<float, VEC>*>(acc)[g] = pa;
+    store<float, VEC>(acc + g * VEC, pa);
   }
   const int64_t i = groups * VEC + tid;  // the tail: fewer than VEC elements
   if (i < n) acc[i] += to_f32(x[i]);
@@ -131,11 +101,11 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(D* dst, const S* src,
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = n / VEC;
   for (int64_t g = tid; g < groups; g += stride) {
-    const Pack<S, VEC> ps = reinterpret_cast<const Pack<S, VEC>*>(src)[g];
+    const Pack<S, VEC> ps = load<S, VEC>(src + g * VEC);
     Pack<D, VEC> pd;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) pd.v[k] = from_f32<D>(to_f32(ps.v[k]));
-    reinterpret_cast<Pack<D, VEC>*>(dst)[g] = pd;
+    store<D, VEC>(dst + g * VEC, pd);
   }
   const int64_t i = groups * VEC + tid;
   if (i < n) dst[i] = from_f32<D>(to_f32(src[i]));
@@ -158,7 +128,7 @@ void launch_convert(cudaStream_t st, void* dst, const void* src, int64_t n) {
 void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
              float* out, int64_t out_stride) {
   if (rows == 0) return;
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   if (t == DType::kBF16)
     launch_row_dot<bf16_t>(st, rows, dim, a, lda, b, ldb, out, out_stride);
   else
@@ -167,7 +137,7 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int
 
 void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
   if (n == 0) return;
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   if (t == DType::kBF16)
     launch_add_into<bf16_t>(st, acc, x, n);
   else
@@ -176,7 +146,7 @@ void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
 
 void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
   if (n == 0) return;
-  const cudaStream_t st = static_cast<CudaDevice&>(dev).stream();
+  const cudaStream_t st = stream_of(dev);
   if (dst_t == src_t) {
     const auto bytes = static_cast<size_t>(n * dtype_size(dst_t));
     UNTIED_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
