@@ -18,6 +18,9 @@ bool in_process(Communicator& world) { return world.backend() == "inproc"; }
 // The GPU of this rank: GPU 0 for every in-process rank; the local rank under mpirun.
 int gpu_index(Communicator& world) {
   if (in_process(world)) return 0;
+  // One GPU visible: the launcher gives each rank its own (CUDA_VISIBLE_DEVICES per rank), or
+  // the ranks would share it, which make_nccl_communicator refuses (it compares bus ids).
+  if (cuda_device_count() == 1) return 0;
   const int local = local_rank_under_mpirun();
   return local >= 0 ? local : world.rank();
 }
@@ -32,9 +35,8 @@ StatusOr<std::unique_ptr<Device>> make_gpu(int index, int64_t budget_bytes) {
   }
 }
 
-// Free memory of GPU `index`, to 64 MiB. The public device API answers only whether a budget
-// fits in the GPU's free memory (make_cuda_device refuses one that does not), so this bisects
-// over budgets; a device made by a probe allocates nothing and is destroyed at once.
+// Free memory of GPU `index` now (cudaMemGetInfo through cuda_memory_info; the calling thread's
+// current device is left as it was).
 StatusOr<int64_t> gpu_free_bytes(int index) {
   auto info = cuda_memory_info(index);
   if (!info.ok()) return info.status();
@@ -45,6 +47,7 @@ StatusOr<int64_t> gpu_free_bytes(int index) {
 Status check_gpus_per_host() {
   const int gpus = cuda_device_count(), ranks = local_ranks_under_mpirun();
   if (!cuda_built() || gpus == 0 || ranks <= gpus) return Status::ok_status();  // make_cuda_device says why not
+  if (gpus == 1) return Status::ok_status();  // one GPU per rank by binding, or NCCL's bus-id check refuses
   return Status::invalid_argument(std::to_string(ranks) + " ranks on this host share " + std::to_string(gpus) +
                                   " GPU(s): NCCL needs one GPU per rank; run at most " + std::to_string(gpus) +
                                   " ranks per host, or in one process with --ranks " + std::to_string(ranks) +

@@ -62,8 +62,8 @@ RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts);
 // Ranks whose devices share one GPU: the world's size in process, 1 under mpirun (one GPU each).
 int ranks_per_gpu(Communicator& world);
 
-// Collective: the smallest free memory over the GPUs the world's ranks use (bytes, 64 MiB
-// granularity), before any of their devices allocates. Refusals as make_rank_device.
+// Collective: the smallest free memory over the GPUs the world's ranks use (bytes, as
+// cudaMemGetInfo reports it), before any of their devices allocates. Refusals as make_rank_device.
 int64_t agreed_gpu_free_bytes(Communicator& world);
 
 // t (memory of dev) = fill_hash_uniform(seed, stream, first_index, scale): generated on the

@@ -6,15 +6,16 @@
 // portable SIMT one (f32, bf16 with other D, an sm_70 device), each through attention_forward,
 // attention_backward (delta from out) and attention_backward with delta given.
 //
-// Default run (ctest, label "emu"): the kDefaultCases under two schedules: lanes in reverse
-// order with cp.async copies landing only at the wait, then warps one at a time in a random
-// order with copies landing at issue.
+// Default run (ctest, label "emu"; about 10 s): the kDefaultCases under three schedules: lanes in
+// reverse order with cp.async copies landing only at the wait; warps one at a time in a random
+// order with copies landing at issue; warps one at a time in order with copies at the wait. The
+// warp-at-a-time schedules are the ones that catch a missing __syncthreads.
 //
 // Exhaustive sweep: UNTIED_EMU_SWEEP=1 runs the default and the kSweepCases (larger sizes, more
 // offsets) under every schedule, each with copies deferred and eager:
 //   UNTIED_EMU_SWEEP=1 ./tests/cuda_emu/cuda_attention_emu_test
-// It takes over an hour on two cores. UNTIED_EMU_SWEEP=quick runs only the default cases under
-// every schedule and copy mode (about ten minutes).
+// It takes about 8 minutes (one core, Release build). UNTIED_EMU_SWEEP=quick runs only the
+// default cases under every schedule and copy mode (under a minute).
 //
 // Exit status 0 when every comparison passes; the emulator aborts on a deadlock, an out-of-range
 // or misaligned shared-memory access or a cp.async left pending.
@@ -32,8 +33,13 @@ namespace {
 
 using namespace untied;
 
+// The kernel path a case must take (attention_tiles.cuh chooses it at run time).
+enum class Path { kTensorCores, kPortable };
+constexpr Path kMma = Path::kTensorCores, kSimt = Path::kPortable;
+
 struct Case {
   const char* what;
+  Path path;
   DType dtype;
   int64_t sq, sk, heads, kv_heads, head_dim;
   int64_t q_offset = 0, k_offset = 0;
@@ -46,48 +52,56 @@ struct Case {
 constexpr DType kB = DType::kBF16, kF = DType::kF32;
 
 // Ragged sizes throughout (none a multiple of the 64/128-row tiles).
+// clang-format off
 const Case kDefaultCases[] = {
-    {.what = "mma D64 GQA", .dtype = kB, .sq = 130, .sk = 130, .heads = 2, .kv_heads = 1, .head_dim = 64},
-    {.what = "mma D128 GQA q_offset strides", .dtype = kB, .sq = 100, .sk = 170, .heads = 4, .kv_heads = 2,
-     .head_dim = 128, .q_offset = 40, .q_pad = 8, .kv_pad = 16},
-    {.what = "mma D128 rows 0..29 see no key", .dtype = kB, .sq = 70, .sk = 200, .heads = 2, .kv_heads = 1,
-     .head_dim = 128, .k_offset = 30, .kv_pad = 8},
-    {.what = "mma D64 non-causal", .dtype = kB, .sq = 90, .sk = 75, .heads = 2, .kv_heads = 2, .head_dim = 64,
-     .causal = false},
-    {.what = "simt f32 D40 GQA q_offset strides", .dtype = kF, .sq = 50, .sk = 90, .heads = 4, .kv_heads = 2,
-     .head_dim = 40, .q_offset = 30, .q_pad = 3, .kv_pad = 5},
-    {.what = "simt bf16 D96 k_offset odd stride", .dtype = kB, .sq = 60, .sk = 45, .heads = 2, .kv_heads = 1,
-     .head_dim = 96, .k_offset = 20, .q_pad = 1},
-    {.what = "simt f32 D200 non-causal", .dtype = kF, .sq = 33, .sk = 40, .heads = 2, .kv_heads = 2, .head_dim = 200,
-     .causal = false},
-    {.what = "simt f32 D17 no row sees a key", .dtype = kF, .sq = 20, .sk = 30, .heads = 2, .kv_heads = 1,
-     .head_dim = 17, .k_offset = 50},
-    {.what = "simt bf16 D64 on sm_70", .dtype = kB, .sq = 40, .sk = 50, .heads = 2, .kv_heads = 1, .head_dim = 64,
-     .cc_major = 7},
+    {.what = "mma D64 GQA", .path = kMma, .dtype = kB,
+     .sq = 130, .sk = 130, .heads = 2, .kv_heads = 1, .head_dim = 64},
+    {.what = "mma D128 GQA q_offset strides", .path = kMma, .dtype = kB,
+     .sq = 100, .sk = 170, .heads = 4, .kv_heads = 2, .head_dim = 128, .q_offset = 40, .q_pad = 8, .kv_pad = 16},
+    {.what = "mma D128 rows 0..29 see no key", .path = kMma, .dtype = kB,
+     .sq = 70, .sk = 200, .heads = 2, .kv_heads = 1, .head_dim = 128, .k_offset = 30, .kv_pad = 8},
+    {.what = "mma D128 long key prefix", .path = kMma, .dtype = kB,
+     .sq = 90, .sk = 300, .heads = 2, .kv_heads = 1, .head_dim = 128, .q_offset = 250},
+    {.what = "mma D64 H3 G1 offsets scale", .path = kMma, .dtype = kB,
+     .sq = 129, .sk = 257, .heads = 3, .kv_heads = 1, .head_dim = 64, .q_offset = 1000, .k_offset = 1100,
+     .scale = 0.3f},
+    {.what = "mma D64 non-causal", .path = kMma, .dtype = kB,
+     .sq = 90, .sk = 75, .heads = 2, .kv_heads = 2, .head_dim = 64, .causal = false},
+    {.what = "simt f32 D40 GQA q_offset strides", .path = kSimt, .dtype = kF,
+     .sq = 50, .sk = 90, .heads = 4, .kv_heads = 2, .head_dim = 40, .q_offset = 30, .q_pad = 3, .kv_pad = 5},
+    {.what = "simt bf16 D96 k_offset odd stride", .path = kSimt, .dtype = kB,
+     .sq = 60, .sk = 45, .heads = 2, .kv_heads = 1, .head_dim = 96, .k_offset = 20, .q_pad = 1},
+    {.what = "simt f32 D200 non-causal", .path = kSimt, .dtype = kF,
+     .sq = 33, .sk = 40, .heads = 2, .kv_heads = 2, .head_dim = 200, .causal = false},
+    {.what = "simt f32 D17 no row sees a key", .path = kSimt, .dtype = kF,
+     .sq = 20, .sk = 30, .heads = 2, .kv_heads = 1, .head_dim = 17, .k_offset = 50},
+    {.what = "simt bf16 D64 stride not a multiple of 8", .path = kSimt, .dtype = kB,
+     .sq = 70, .sk = 70, .heads = 2, .kv_heads = 1, .head_dim = 64, .q_pad = 2, .kv_pad = 2},
+    {.what = "simt bf16 D64 on sm_70", .path = kSimt, .dtype = kB,
+     .sq = 40, .sk = 50, .heads = 2, .kv_heads = 1, .head_dim = 64, .cc_major = 7},
 };
 
 const Case kSweepCases[] = {
-    {.what = "mma D64 causal", .dtype = kB, .sq = 77, .sk = 77, .heads = 2, .kv_heads = 1, .head_dim = 64},
-    {.what = "mma D128 long key prefix", .dtype = kB, .sq = 90, .sk = 300, .heads = 2, .kv_heads = 1,
-     .head_dim = 128, .q_offset = 250},
-    {.what = "mma D64 no row sees a key", .dtype = kB, .sq = 64, .sk = 128, .heads = 2, .kv_heads = 1,
-     .head_dim = 64, .k_offset = 500},
-    {.what = "mma D128 one token", .dtype = kB, .sq = 1, .sk = 1, .heads = 1, .kv_heads = 1, .head_dim = 128},
-    {.what = "mma D64 H3 G1 offsets scale", .dtype = kB, .sq = 129, .sk = 257, .heads = 3, .kv_heads = 1,
-     .head_dim = 64, .q_offset = 1000, .k_offset = 1100, .scale = 0.3f},
-    {.what = "mma D128 large", .dtype = kB, .sq = 1000, .sk = 1000, .heads = 4, .kv_heads = 2, .head_dim = 128},
-    {.what = "mma D64 large q_offset", .dtype = kB, .sq = 600, .sk = 1000, .heads = 2, .kv_heads = 1,
-     .head_dim = 64, .q_offset = 400, .q_pad = 8},
-    {.what = "simt f32 D64 causal", .dtype = kF, .sq = 77, .sk = 77, .heads = 2, .kv_heads = 1, .head_dim = 64},
-    {.what = "simt f32 D128 non-causal", .dtype = kF, .sq = 40, .sk = 70, .heads = 2, .kv_heads = 1,
-     .head_dim = 128, .causal = false},
-    {.what = "simt f32 D200 q_offset", .dtype = kF, .sq = 33, .sk = 40, .heads = 2, .kv_heads = 2, .head_dim = 200,
-     .q_offset = 5},
-    {.what = "simt bf16 D128 on sm_70", .dtype = kB, .sq = 70, .sk = 60, .heads = 2, .kv_heads = 1,
-     .head_dim = 128, .cc_major = 7},
-    {.what = "simt bf16 D64 unaligned stride", .dtype = kB, .sq = 70, .sk = 70, .heads = 2, .kv_heads = 1,
-     .head_dim = 64, .q_pad = 2, .kv_pad = 2},
+    {.what = "mma D64 causal", .path = kMma, .dtype = kB,
+     .sq = 77, .sk = 77, .heads = 2, .kv_heads = 1, .head_dim = 64},
+    {.what = "mma D64 no row sees a key", .path = kMma, .dtype = kB,
+     .sq = 64, .sk = 128, .heads = 2, .kv_heads = 1, .head_dim = 64, .k_offset = 500},
+    {.what = "mma D128 one token", .path = kMma, .dtype = kB,
+     .sq = 1, .sk = 1, .heads = 1, .kv_heads = 1, .head_dim = 128},
+    {.what = "mma D128 large", .path = kMma, .dtype = kB,
+     .sq = 1000, .sk = 1000, .heads = 4, .kv_heads = 2, .head_dim = 128},
+    {.what = "mma D64 large q_offset", .path = kMma, .dtype = kB,
+     .sq = 600, .sk = 1000, .heads = 2, .kv_heads = 1, .head_dim = 64, .q_offset = 400, .q_pad = 8},
+    {.what = "simt f32 D64 causal", .path = kSimt, .dtype = kF,
+     .sq = 77, .sk = 77, .heads = 2, .kv_heads = 1, .head_dim = 64},
+    {.what = "simt f32 D128 non-causal", .path = kSimt, .dtype = kF,
+     .sq = 40, .sk = 70, .heads = 2, .kv_heads = 1, .head_dim = 128, .causal = false},
+    {.what = "simt f32 D200 q_offset", .path = kSimt, .dtype = kF,
+     .sq = 33, .sk = 40, .heads = 2, .kv_heads = 2, .head_dim = 200, .q_offset = 5},
+    {.what = "simt bf16 D128 on sm_70", .path = kSimt, .dtype = kB,
+     .sq = 70, .sk = 60, .heads = 2, .kv_heads = 1, .head_dim = 128, .cc_major = 7},
 };
+// clang-format on
 
 // Tolerances, relative to the largest reference element of each tensor.
 //  f32 storage: every operand exact in fp32 and fp32 accumulation over at most a few hundred
@@ -96,8 +110,11 @@ const Case kSweepCases[] = {
 //  bf16 storage: the outputs are rounded to bf16 (2^-9 relative), and the tensor-core path also
 //    rounds P and dS to bf16 before its products; summed with random signs over the keys these
 //    stay within a few 2^-8, so 2e-2 (5 x 2^-8) passes them and still fails O(1) errors.
-// lse is fp32 in both cases and is compared in absolute terms with the same constants.
 double tolerance(DType t) { return t == DType::kF32 ? 1e-4 : 2e-2; }
+// lse (absolute): fp32 on both paths and from the exact stored inputs (bf16 values are exact in
+// fp32 and the scores accumulate in fp32), |lse| < 10 here, where an fp32 ulp is < 1e-6: 1e-4
+// leaves about a hundred ulps.
+constexpr double kLseTolerance = 1e-4;
 
 uint64_t g_rng_state = 12345;
 float uniform_pm1() {  // xorshift64, uniform in [-1, 1)
@@ -238,7 +255,7 @@ void compare(const char* what, const HostTensor& got, const std::vector<double>&
   std::printf("%s\n", ok ? "" : "  FAIL");
 }
 
-void compare_lse(const std::vector<float>& got, const std::vector<double>& want, DType t) {
+void compare_lse(const std::vector<float>& got, const std::vector<double>& want) {
   double err = 0;
   int64_t bad_inf = -1;
   for (size_t x = 0; x < got.size(); ++x) {
@@ -249,22 +266,30 @@ void compare_lse(const std::vector<float>& got, const std::vector<double>& want,
     }
     if (!want_inf) err = std::max(err, std::fabs(got[x] - want[x]));
   }
-  const bool ok = bad_inf < 0 && err <= tolerance(t);
+  const bool ok = bad_inf < 0 && err <= kLseTolerance;
   if (!ok) ++g_failures;
-  std::printf("    lse  abs err %.2e (tol %.0e)", err, tolerance(t));
+  std::printf("    lse  abs err %.2e (tol %.0e)", err, kLseTolerance);
   if (bad_inf >= 0) std::printf(", -inf / finite mismatch at %ld", static_cast<long>(bad_inf));
   std::printf("%s\n", ok ? "" : "  FAIL");
+}
+
+// The kernel ran on the path the case is meant to cover (mma instructions executed or not), so
+// that a change in the path choice cannot quietly move a case's coverage elsewhere.
+void check_path(const char* what, const Case& c, long long mma_before) {
+  const bool used_mma = emu::g_mma_ops > mma_before;
+  if (used_mma == (c.path == Path::kTensorCores)) return;
+  ++g_failures;
+  std::printf("    %s ran the %s path  FAIL\n", what, used_mma ? "tensor-core" : "portable");
 }
 
 void run_case(const Case& c) {
   emu::set_compute_capability(c.cc_major);
   const int64_t H = c.heads, G = c.kv_heads, D = c.head_dim, sq = c.sq, sk = c.sk;
   const int64_t q_rs = H * D + c.q_pad, kv_rs = G * D + c.kv_pad;
-  std::printf("  %s: %s sq=%ld sk=%ld H=%ld G=%ld D=%ld q_off=%ld k_off=%ld causal=%d strides=%ld/%ld sm_%d0\n",
-              c.what, c.dtype == kF ? "f32" : "bf16", static_cast<long>(sq), static_cast<long>(sk),
-              static_cast<long>(H), static_cast<long>(G), static_cast<long>(D), static_cast<long>(c.q_offset),
-              static_cast<long>(c.k_offset), c.causal ? 1 : 0, static_cast<long>(q_rs), static_cast<long>(kv_rs),
-              c.cc_major);
+  std::printf("  %s: %s sq=%ld sk=%ld H=%ld G=%ld D=%ld q_off=%ld k_off=%ld causal=%d strides=%ld/%ld sm_%d0\n", c.what,
+              c.dtype == kF ? "f32" : "bf16", static_cast<long>(sq), static_cast<long>(sk), static_cast<long>(H),
+              static_cast<long>(G), static_cast<long>(D), static_cast<long>(c.q_offset), static_cast<long>(c.k_offset),
+              c.causal ? 1 : 0, static_cast<long>(q_rs), static_cast<long>(kv_rs), c.cc_major);
   HostTensor q(c.dtype, sq * q_rs), k(c.dtype, sk * kv_rs), v(c.dtype, sk * kv_rs), dout(c.dtype, sq * q_rs);
   q.fill_random();
   k.fill_random();
@@ -273,21 +298,32 @@ void run_case(const Case& c) {
   const Reference ref = reference(c, q, k, v, dout);
 
   CudaDevice dev;
-  const AttentionShape shape{.seq_q = sq, .seq_k = sk, .heads = H, .kv_heads = G, .head_dim = D,
-                             .q_offset = c.q_offset, .k_offset = c.k_offset, .causal = c.causal, .scale = c.scale,
-                             .q_row_stride = q_rs, .kv_row_stride = kv_rs, .dtype = c.dtype};
+  const AttentionShape shape{.seq_q = sq,
+                             .seq_k = sk,
+                             .heads = H,
+                             .kv_heads = G,
+                             .head_dim = D,
+                             .q_offset = c.q_offset,
+                             .k_offset = c.k_offset,
+                             .causal = c.causal,
+                             .scale = c.scale,
+                             .q_row_stride = q_rs,
+                             .kv_row_stride = kv_rs,
+                             .dtype = c.dtype};
   const GpuTensor gq(dev, q), gk(dev, k), gv(dev, v), gdout(dev, dout);
   HostTensor out(c.dtype, sq * q_rs);
   std::memset(out.raw.data(), 0xAB, out.raw.size());  // sentinel in the stride gaps
   GpuTensor gout(dev, out);
   Buffer glse = dev.allocator().allocate(H * sq * 4, Tag::kOther, "emu lse");
+  const long long mma_before = emu::g_mma_ops;
   cuda::attention_forward(dev, shape, gout.buf.data(), glse.as<float>(), gq.buf.data(), gk.buf.data(), gv.buf.data());
+  check_path("forward", c, mma_before);
   gout.copy_to(out);
   std::vector<float> lse(static_cast<size_t>(H * sq));
   std::memcpy(lse.data(), glse.data(), lse.size() * 4);
   std::printf("   forward\n");
   compare("out", out, ref.out, sq, H * D, q_rs);
-  compare_lse(lse, ref.lse, c.dtype);
+  compare_lse(lse, ref.lse);
 
   for (const bool delta_given : {false, true}) {
     HostTensor dq(c.dtype, sq * q_rs), dk(c.dtype, sk * kv_rs), dv(c.dtype, sk * kv_rs);
@@ -304,9 +340,11 @@ void run_case(const Case& c) {
           gdelta.as<float>()[h * sq + i] = acc;
         }
     }
-    cuda::attention_backward(dev, shape, gdq.buf.data(), gdk.buf.data(), gdv.buf.data(), gq.buf.data(),
-                             gk.buf.data(), gv.buf.data(), delta_given ? nullptr : gout.buf.data(),
+    const long long mma_before_bwd = emu::g_mma_ops;
+    cuda::attention_backward(dev, shape, gdq.buf.data(), gdk.buf.data(), gdv.buf.data(), gq.buf.data(), gk.buf.data(),
+                             gv.buf.data(), delta_given ? nullptr : gout.buf.data(),
                              delta_given ? gdelta.as<float>() : nullptr, glse.as<float>(), gdout.buf.data());
+    check_path("backward", c, mma_before_bwd);
     gdq.copy_to(dq);
     gdk.copy_to(dk);
     gdv.copy_to(dv);
@@ -328,11 +366,13 @@ void run_cases(const Case (&cases)[N], const emu::Options& opts) {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress of a long sweep shows as it runs
   const char* sweep_env = std::getenv("UNTIED_EMU_SWEEP");
   const std::string sweep = sweep_env != nullptr ? sweep_env : "";
   if (sweep.empty() || sweep == "0") {
     run_cases(kDefaultCases, {.schedule = emu::Schedule::kLanesReverse, .eager_copies = false});
     run_cases(kDefaultCases, {.schedule = emu::Schedule::kWarpsRandom, .eager_copies = true, .seed = 7});
+    run_cases(kDefaultCases, {.schedule = emu::Schedule::kWarpsForward, .eager_copies = false});
   } else {
     for (const emu::Schedule s : emu::kAllSchedules)
       for (const bool eager : {false, true}) {

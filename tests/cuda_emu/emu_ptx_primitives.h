@@ -76,6 +76,7 @@ inline float bf16_half_to_float(uint32_t reg, int half) {
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D = C + A B with the fragment layouts of
 // the PTX ISA (A 16x16 row-major in 4 registers, B 16x8 column-major in 2, C/D 16x8 in 4 floats).
 inline void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  ++::emu::g_mma_ops;
   ::emu::LaneSlot& s = ::emu::my_slot();
   for (int i = 0; i < 4; ++i) s.u[i] = a[i];
   s.u[4] = b0;

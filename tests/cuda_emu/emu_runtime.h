@@ -2,7 +2,7 @@
 // (g++ -include) before the rewritten kernel sources (see rewrite_kernels.py) and the test.
 //
 // What it emulates:
-//   - Every CUDA thread of a block runs as a fiber (its own stack; switch in fiber_switch_x86_64.S)
+//   - Every CUDA thread of a block runs as a fiber (its own stack; switch in fiber_switch_x86_64.cc)
 //     on one host thread. A fiber runs until it reaches a barrier (__syncthreads, __syncwarp, a
 //     shuffle, ldmatrix or mma), so threads interleave only at those points, in the order the
 //     chosen Schedule gives. Blocks of a grid run one after another.
@@ -26,6 +26,10 @@
 //     computation), concurrent blocks (they run one at a time, so inter-block races on global
 //     memory are invisible; the kernels' only inter-block traffic is fp32 atomics), partial warp
 //     masks, and independent thread scheduling inside a warp between barriers.
+//   - Range checks of the kernels' plain shared-memory loads and stores (only the primitives'
+//     accesses are checked; shared memory is a heap vector, so AddressSanitizer can see a plain
+//     access past its end) and of global memory (each tensor is its own malloc, see
+//     host_device/device/cuda/cuda_device.h, for the same reason).
 //   - Floating point: host fp32 arithmetic; exp2f/log2f are the libm ones, not the GPU's
 //     approximations, and g++ may contract differently from nvcc.
 #pragma once
@@ -62,9 +66,8 @@ enum class Schedule {
   kWarpsReverse,  // the same, last warp first and lanes in reverse
   kWarpsRandom,   // the same, warps in a random order
 };
-inline constexpr Schedule kAllSchedules[] = {Schedule::kLanesForward, Schedule::kLanesReverse,
-                                             Schedule::kLanesRandom,  Schedule::kWarpsForward,
-                                             Schedule::kWarpsReverse, Schedule::kWarpsRandom};
+inline constexpr Schedule kAllSchedules[] = {Schedule::kLanesForward, Schedule::kLanesReverse, Schedule::kLanesRandom,
+                                             Schedule::kWarpsForward, Schedule::kWarpsReverse, Schedule::kWarpsRandom};
 
 inline const char* schedule_name(Schedule s) {
   switch (s) {
@@ -142,6 +145,7 @@ inline Block* g_block = nullptr;
 inline void* g_scheduler_sp = nullptr;
 inline uint3 g_block_idx, g_block_dim, g_grid_dim;
 inline long long g_switches = 0;
+inline long long g_mma_ops = 0;  // mma.sync instructions executed (per lane), for the tests
 
 // Fiber stacks, mapped once and reused: 512 KiB each (enough under AddressSanitizer) with an
 // inaccessible guard page below, so an overflow faults instead of corrupting a neighbour.
@@ -222,9 +226,9 @@ inline void fiber_main() {
 inline void* init_fiber_stack(char* stack) {
   const uintptr_t top = reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t{15};
   uint64_t* p = reinterpret_cast<uint64_t*>(top);
-  *--p = 0;                                         // fiber_main's (never used) return address
+  *--p = 0;                                        // fiber_main's (never used) return address
   *--p = reinterpret_cast<uint64_t>(&fiber_main);  // popped by ret
-  for (int i = 0; i < 6; ++i) *--p = 0;             // rbp rbx r12 r13 r14 r15
+  for (int i = 0; i < 6; ++i) *--p = 0;            // rbp rbx r12 r13 r14 r15
   uint32_t mxcsr;
   uint16_t fpu_cw;
   asm volatile("stmxcsr %0" : "=m"(mxcsr));

@@ -16,10 +16,10 @@
 // sendrecv: the receiver's recv_bytes must equal the sender's send_bytes (NCCL cannot report a
 // mismatch between two ranks; it is checked only for a send to self).
 //
-// The GPU index: CudaDevice does not expose it, so make_nccl_communicator takes the calling
-// thread's current device (make_cuda_device selects its GPU on the thread that makes it) and
-// checks it against the device's stream: CUDA refuses to record an event of one GPU on a stream
-// of another.
+// The GPU index: make_nccl_communicator takes the calling thread's current device (make_cuda_device
+// selects its GPU on the thread that makes it) and checks it against the device's stream: CUDA
+// refuses to record an event of one GPU on a stream of another. Every CUDA and NCCL call of the
+// communicator then runs under a DeviceGuard of that index.
 //
 // Thread safety: like every Communicator, one rank (one thread) uses it.
 #include <nccl.h>
@@ -307,6 +307,16 @@ class NcclCommunicator final : public Communicator {
       UNTIED_CUDA_CHECK(cudaEventRecord(c_.ready_, c_.dev_.stream()));
       UNTIED_CUDA_CHECK(cudaStreamWaitEvent(c_.stream_, c_.ready_, 0));
     }
+    // A call that did not finish (an error after work was queued) waits for the communication
+    // stream before its scratch goes back to the caching allocator: the allocator would hand it
+    // to compute-stream work that is not ordered after a copy still pending here. A failed NCCL
+    // call queues nothing (NCCL discards a group with an error) and an aborted communicator's
+    // kernels stop, so the wait is short. Errors are ignored: the first one is already thrown.
+    ~Call() {
+      if (finished_) return;
+      cudaStreamSynchronize(c_.stream_);
+      cudaGetLastError();
+    }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
 
@@ -340,6 +350,7 @@ class NcclCommunicator final : public Communicator {
         UNTIED_CUDA_CHECK(cudaMemcpyAsync(b.host, b.dev, static_cast<size_t>(b.bytes),
                                           cudaMemcpyDefault, c_.stream_));
       c_.wait(op_);
+      finished_ = true;
     }
 
    private:
@@ -353,6 +364,7 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard guard_;
     std::vector<Buffer> scratch_;
     std::vector<CopyBack> back_;
+    bool finished_ = false;  // finish() returned: the stream's work for this call is done
   };
 
   void check_usable(const char* op) const {
@@ -369,7 +381,8 @@ class NcclCommunicator final : public Communicator {
     }
     if (a.type == cudaMemoryTypeDevice) {
       UNTIED_CHECK(a.device == index_, "nccl ", op, ": a buffer is memory of GPU ", a.device,
-                   ", this communicator moves memory of GPU ", index_, " (", dev_.name(), ")");
+                   ", this communicator moves memory of GPU ", index_, " (", dev_.name(),
+                   "); allocate the buffer from that device's allocator, or pass host memory");
       return true;
     }
     return a.type == cudaMemoryTypeManaged;  // else cudaMemoryTypeHost or cudaMemoryTypeUnregistered

@@ -2,6 +2,7 @@
 // and the cuBLAS handle its GEMMs use. See include/untied/device/cuda.h.
 #include "device/cuda/cuda_device.h"
 
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -132,8 +133,15 @@ CudaDevice::CudaDevice(int index, int64_t budget, std::string gpu_name)
   UNTIED_CUDA_CHECK(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, index_));
   max_pitch_ = max_pitch;
   UNTIED_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  UNTIED_CUBLAS_CHECK(cublasCreate(&cublas_));
-  UNTIED_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  try {
+    UNTIED_CUBLAS_CHECK(cublasCreate(&cublas_));
+    UNTIED_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+    cudaGetLastError();
+    throw;
+  }
 }
 
 CudaDevice::~CudaDevice() {
@@ -198,14 +206,18 @@ StatusOr<CudaMemoryInfo> cuda_memory_info(int index) {
   if (index < 0 || index >= n)
     return Status::invalid_argument("GPU index " + std::to_string(index) + " is out of range: " + std::to_string(n) +
                                     " GPU(s) visible");
-  int current = 0;
+  int current = -1;
   size_t free_b = 0, total_b = 0;
-  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(index) != cudaSuccess ||
-      cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+  // The calling thread's current device is restored on every path: its later allocations and
+  // launches must stay on the GPU it had selected.
+  const bool ok = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(index) == cudaSuccess &&
+                  cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
+  if (current >= 0) cudaSetDevice(current);
+  if (!ok) {
     cudaGetLastError();
-    return Status::unsupported("cannot query the memory of GPU " + std::to_string(index));
+    return Status::unsupported("cannot query the memory of GPU " + std::to_string(index) +
+                               ": check that the GPU is healthy (nvidia-smi)");
   }
-  cudaSetDevice(current);
   return CudaMemoryInfo{static_cast<int64_t>(free_b), static_cast<int64_t>(total_b)};
 }
 
@@ -220,16 +232,29 @@ StatusOr<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& opts
   if (opts.index < 0 || opts.index >= n)
     return Status::invalid_argument("GPU index " + std::to_string(opts.index) + " is out of range: " + std::to_string(n) +
                                     " GPU(s) visible; with NCCL run at most one rank per GPU");
-  if (cudaSetDevice(opts.index) != cudaSuccess) return Status::unsupported("cannot use GPU " + std::to_string(opts.index));
+  // A failed call's error is cleared (cudaGetLastError) so that no later launch check reports it.
+  if (cudaSetDevice(opts.index) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::unsupported("cannot use GPU " + std::to_string(opts.index) +
+                               ": check that the GPU is healthy (nvidia-smi) and not in use by a process that holds it "
+                               "exclusively");
+  }
   size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return Status::unsupported("cannot query GPU memory");
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::unsupported("cannot query the memory of GPU " + std::to_string(opts.index) +
+                               ": check that the GPU is healthy (nvidia-smi)");
+  }
   if (opts.budget_bytes > static_cast<int64_t>(free_b))
     return Status::invalid_argument("--mem-budget " + format_bytes(opts.budget_bytes) + " exceeds the " +
                                     format_bytes(static_cast<int64_t>(free_b)) + " free on GPU " +
                                     std::to_string(opts.index) + " (of " + format_bytes(static_cast<int64_t>(total_b)) +
                                     "): lower the budget");
   cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, opts.index);
+  if (cudaGetDeviceProperties(&prop, opts.index) != cudaSuccess) {
+    cudaGetLastError();  // the name is only for messages
+    std::snprintf(prop.name, sizeof prop.name, "unknown GPU");
+  }
   return std::unique_ptr<Device>(new CudaDevice(opts.index, opts.budget_bytes, prop.name));
 }
 
