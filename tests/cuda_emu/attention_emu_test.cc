@@ -28,6 +28,7 @@
 
 #include "device/cuda/cuda_device.h"  // the emulator's host_device/ version
 #include "kernels/cuda/cuda_kernels.h"
+#include "emu_test_random.h"
 
 namespace {
 
@@ -116,13 +117,6 @@ double tolerance(DType t) { return t == DType::kF32 ? 1e-4 : 2e-2; }
 // leaves about a hundred ulps.
 constexpr double kLseTolerance = 1e-4;
 
-uint64_t g_rng_state = 12345;
-float uniform_pm1() {  // xorshift64, uniform in [-1, 1)
-  g_rng_state ^= g_rng_state << 13;
-  g_rng_state ^= g_rng_state >> 7;
-  g_rng_state ^= g_rng_state << 17;
-  return static_cast<float>((g_rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
 
 // A host tensor of n elements stored as `dtype` (bf16 as bits), read and written as float.
 struct HostTensor {
@@ -131,23 +125,11 @@ struct HostTensor {
   std::vector<unsigned char> raw;
   HostTensor(DType t, int64_t elems) : dtype(t), n(elems), raw(static_cast<size_t>(elems * dtype_size(t))) {}
   float get(int64_t i) const {
-    if (dtype == DType::kF32) {
-      float f;
-      std::memcpy(&f, raw.data() + 4 * i, 4);
-      return f;
-    }
-    uint16_t b;
-    std::memcpy(&b, raw.data() + 2 * i, 2);
-    return bf16_to_float(bf16{b});
+    float f;
+    load_f32(&f, raw.data() + i * dtype_size(dtype), dtype, 1);
+    return f;
   }
-  void set(int64_t i, float f) {
-    if (dtype == DType::kF32) {
-      std::memcpy(raw.data() + 4 * i, &f, 4);
-    } else {
-      const bf16 b = float_to_bf16(f);
-      std::memcpy(raw.data() + 2 * i, &b.bits, 2);
-    }
-  }
+  void set(int64_t i, float f) { store_f32(raw.data() + i * dtype_size(dtype), dtype, &f, 1); }
   void fill_random() {
     for (int64_t i = 0; i < n; ++i) set(i, uniform_pm1());
   }

@@ -1,6 +1,8 @@
-// The few CUDA runtime calls the attention launchers make, answered on the host for the emulator
-// (emu_runtime.h): an sm_90-like device (132 SMs, 227 KiB of opt-in shared memory per block)
-// whose compute capability the test can change, and memsets on host memory. Links in place of
+// The few CUDA runtime calls the emulated kernels' launchers make, answered on the host for the
+// emulator (emu_runtime.h): an sm_90-like device (132 SMs, 227 KiB of opt-in shared memory per
+// block) whose compute capability the test can change, and memsets and copies on host memory
+// (every kernel has finished when its launch returns, so the stream calls have nothing to wait
+// for). Links in place of
 // libcudart; no other runtime call exists in the test binary.
 #include <cuda_runtime.h>
 
@@ -50,6 +52,13 @@ cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, si
   for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
   return cudaSuccess;
 }
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 const char* cudaGetErrorString(cudaError_t) { return "emulated CUDA error"; }

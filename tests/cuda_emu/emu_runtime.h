@@ -1,5 +1,6 @@
-// A CPU emulator of the small part of CUDA that the attention kernels use, force-included
-// (g++ -include) before the rewritten kernel sources (see rewrite_kernels.py) and the test.
+// A CPU emulator of the small part of CUDA that the attention and element-wise kernels use,
+// force-included (g++ -include) before the rewritten kernel sources (see rewrite_kernels.py) and
+// the tests.
 //
 // What it emulates:
 //   - Every CUDA thread of a block runs as a fiber (its own stack; switch in fiber_switch_x86_64.cc)
@@ -11,10 +12,18 @@
 //     __shfl_xor_sync and the warp-collective PTX primitives of emu_ptx_primitives.h.
 //   - Dynamic shared memory: filled with 0xFF (a NaN pattern) at block start; every shared access
 //     of the primitives is checked for range and alignment.
+//   - Static shared memory (`__shared__ T x[N];` in a kernel): rewrite_kernels.py makes it
+//     `static T x[N]; ::emu::shared_array(x, sizeof(x));`, so the threads of a block (fibers of
+//     one host thread) share one copy, filled with 0xFF at every block start like dynamic memory.
 //   - cp.async: either the bytes land at issue ("eager") or only at cp.async.wait_group with the
 //     destination holding the NaN pattern until then ("deferred"), the two extremes of the
 //     hardware's timing.
-//   - atomicAdd on float (trivially atomic: one host thread).
+//   - atomicAdd on float, atomicMin on unsigned long long (trivially atomic: one host thread).
+//   - __shfl_xor_sync on any 4- or 8-byte type (float, double, int, ...).
+//   - The IEEE round-to-nearest intrinsics __fadd_rn, __fsub_rn, __fmul_rn, __fdiv_rn,
+//     __frcp_rn, __fsqrt_rn: one correctly rounded fp32 operation each, never contracted into a
+//     fused multiply-add with a neighbouring operation (an empty asm hides operands and result
+//     from the compiler), as nvcc guarantees; the device min/max overloads.
 //
 // What it does NOT emulate (a pass here says nothing about these):
 //   - Timing, occupancy, register limits, shared-memory bank conflicts, performance.
@@ -28,10 +37,12 @@
 //     masks, and independent thread scheduling inside a warp between barriers.
 //   - Range checks of the kernels' plain shared-memory loads and stores (only the primitives'
 //     accesses are checked; shared memory is a heap vector, so AddressSanitizer can see a plain
-//     access past its end) and of global memory (each tensor is its own malloc, see
+//     access past its end; static __shared__ arrays are plain static arrays, where an access
+//     past one may land unseen in the next) and of global memory (each tensor is its own malloc, see
 //     host_device/device/cuda/cuda_device.h, for the same reason).
-//   - Floating point: host fp32 arithmetic; exp2f/log2f are the libm ones, not the GPU's
-//     approximations, and g++ may contract differently from nvcc.
+//   - Floating point: host fp32 arithmetic; exp2f/log2f/expf/sincos/pow are the libm ones, not
+//     the GPU's (expf within 2 ulp of it on the GPU), and g++ may contract plain expressions
+//     differently from nvcc (the _rn intrinsics above are exact).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -49,6 +60,7 @@
 #include <memory>
 #include <random>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #ifndef __launch_bounds__
@@ -239,7 +251,24 @@ inline void* init_fiber_stack(char* stack) {
   return p;
 }
 
+// The kernels' static __shared__ arrays met so far. shared_array() runs in every thread where
+// the array is declared; the first thread of the first block to get there registers the array
+// before any thread can have written to it, and fills it with the NaN pattern; run_block fills
+// every registered array again at the start of each block.
+struct SharedArray {
+  void* p;
+  size_t bytes;
+};
+inline std::vector<SharedArray> g_shared_arrays;
+inline void shared_array(void* p, size_t bytes) {
+  for (const SharedArray& a : g_shared_arrays)
+    if (a.p == p) return;
+  g_shared_arrays.push_back({p, bytes});
+  std::memset(p, 0xFF, bytes);
+}
+
 inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<void()> body) {
+  for (const SharedArray& a : g_shared_arrays) std::memset(a.p, 0xFF, a.bytes);
   Block b;
   const int n = static_cast<int>(bdim.x * bdim.y * bdim.z);
   const int warps = (n + 31) / 32;
@@ -363,11 +392,14 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   if (mask != 0xffffffffu) emu::die("__syncwarp with a partial mask is not emulated");
   emu::syncwarp();
 }
-inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) <= sizeof(emu::LaneSlot::u) && std::is_trivially_copyable_v<T>);
   if (mask != 0xffffffffu) emu::die("__shfl_xor_sync with a partial mask is not emulated");
-  emu::my_slot().f = v;
+  std::memcpy(emu::my_slot().u, &v, sizeof(T));
   emu::syncwarp();
-  const float r = emu::lane_slot(emu::g_cur->lane ^ lane_mask).f;
+  T r;
+  std::memcpy(&r, emu::lane_slot(emu::g_cur->lane ^ lane_mask).u, sizeof(T));
   emu::syncwarp();  // no lane overwrites its slot before every lane has read
   return r;
 }
@@ -376,3 +408,34 @@ inline float atomicAdd(float* p, float v) {
   *p = old + v;
   return old;
 }
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = std::min(old, v);
+  return old;
+}
+
+// IEEE fp32 operations rounded to nearest even, one rounding each. The empty asm statements make
+// operands and result opaque, so g++ cannot fuse them with a neighbouring multiply or add (which
+// -ffp-contract=fast with FMA hardware would otherwise do after inlining).
+namespace emu {
+inline float opaque(float x) {
+  asm("" : "+x"(x));
+  return x;
+}
+}  // namespace emu
+inline float __fadd_rn(float a, float b) { return emu::opaque(emu::opaque(a) + emu::opaque(b)); }
+inline float __fsub_rn(float a, float b) { return emu::opaque(emu::opaque(a) - emu::opaque(b)); }
+inline float __fmul_rn(float a, float b) { return emu::opaque(emu::opaque(a) * emu::opaque(b)); }
+inline float __fdiv_rn(float a, float b) { return emu::opaque(emu::opaque(a) / emu::opaque(b)); }
+inline float __frcp_rn(float a) { return emu::opaque(1.0f / emu::opaque(a)); }
+inline float __fsqrt_rn(float a) { return emu::opaque(std::sqrt(emu::opaque(a))); }
+
+// The device min/max overloads the kernels call unqualified.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Rewrites the CUDA attention kernels into C++ that g++ compiles for the emulator.
+"""Rewrites CUDA kernel sources into C++ that g++ compiles for the emulator.
 
-  rewrite_kernels.py SRC_DIR OUT_DIR
+  rewrite_kernels.py SRC_DIR OUT_DIR [attention|elementwise]
 
-SRC_DIR is src/kernels/cuda; OUT_DIR receives attention_tiles.cuh, attention_forward.cc and
-attention_backward.cc. Two textual changes, nothing else:
+SRC_DIR is src/kernels/cuda. "attention" (the default): OUT_DIR receives attention_tiles.cuh,
+attention_forward.cc and attention_backward.cc. "elementwise": OUT_DIR receives cuda_util.cuh
+and ELEMENTWISE's .cc files (rope.cc, rmsnorm.cc, ...). Two textual changes, nothing else:
   - attention_tiles.cuh: the block between the "PTX primitives" markers is replaced by
     #include "emu_ptx_primitives.h" (CPU versions of the same functions);
-  - attention_*.cu: every launch `kernel<<<grid, block, smem, stream>>>(args);` becomes
-    `::emu::launch(kernel, grid, block, smem, stream, args);`.
+  - every launch `kernel<<<grid, block, smem, stream>>>(args);` (kernel possibly a template-id,
+    `name<T, 4>`) becomes `::emu::launch(kernel, grid, block, smem, stream, args);`;
+  - every static shared array `__shared__ T name[N]...;` becomes
+    `static T name[N]...; ::emu::shared_array(name, sizeof(name));` (one copy for the fibers of a
+    block, refilled with a NaN pattern at each block start; see emu_runtime.h).
 A source whose markers or launches are missing fails the build, so a change to the kernels that
 the emulator no longer understands cannot pass silently.
 """
@@ -18,7 +22,9 @@ import sys
 
 BEGIN = '// ---- PTX primitives (sm_80+) ----'
 END = '// ---- end PTX primitives ----'
-LAUNCH = re.compile(r'(\w+)<<<(.+?)>>>\((.*?)\);', re.S)
+LAUNCH = re.compile(r'(\w+(?:<[^<>;()]*>)?)<<<(.+?)>>>\((.*?)\);', re.S)
+SHARED = re.compile(r'\b__shared__\s+([\w:<>, ]+?)\s+(\w+)((?:\[[^\]\[;]+\])+);')
+ELEMENTWISE = ('rope', 'rmsnorm', 'swiglu', 'tensor_ops', 'adamw')
 
 
 def write(path, text):
@@ -26,11 +32,36 @@ def write(path, text):
         f.write(text)
 
 
+def rewrite_launches(src, name, ext):
+    """The source src/name.ext with its launches rewritten, under a #line naming the original."""
+    path = os.path.join(src, name + ext)
+    with open(path) as f:
+        text = f.read()
+    text, n = LAUNCH.subn(r'::emu::launch(\1, \2, \3);', text)
+    if n == 0:
+        sys.exit('rewrite_kernels.py: no kernel launch found in %s%s' % (name, ext))
+    text = SHARED.sub(r'static \1 \2\3; ::emu::shared_array(\2, sizeof(\2));', text)
+    if '__shared__' in text:
+        sys.exit('rewrite_kernels.py: a __shared__ declaration in %s%s has a form this script does not rewrite'
+                 % (name, ext))
+    if '<<<' in text:
+        sys.exit('rewrite_kernels.py: a launch in %s%s has a form this script does not rewrite' % (name, ext))
+    return '#line 1 "%s"\n' % path + text
+
+
 def main():
-    if len(sys.argv) != 3:
-        sys.exit('usage: rewrite_kernels.py SRC_DIR OUT_DIR')
+    if len(sys.argv) not in (3, 4):
+        sys.exit('usage: rewrite_kernels.py SRC_DIR OUT_DIR [attention|elementwise]')
     src, out = sys.argv[1], sys.argv[2]
+    mode = sys.argv[3] if len(sys.argv) == 4 else 'attention'
     os.makedirs(out, exist_ok=True)
+    if mode == 'elementwise':
+        write(os.path.join(out, 'cuda_util.cuh'), rewrite_launches(src, 'cuda_util', '.cuh'))
+        for name in ELEMENTWISE:
+            write(os.path.join(out, name + '.cc'), rewrite_launches(src, name, '.cu'))
+        return
+    if mode != 'attention':
+        sys.exit('rewrite_kernels.py: unknown mode %s' % mode)
 
     with open(os.path.join(src, 'attention_tiles.cuh')) as f:
         tiles = f.read()
@@ -41,15 +72,7 @@ def main():
     write(os.path.join(out, 'attention_tiles.cuh'), tiles)
 
     for name in ('attention_forward', 'attention_backward'):
-        with open(os.path.join(src, name + '.cu')) as f:
-            text = f.read()
-        text, n = LAUNCH.subn(r'::emu::launch(\1, \2, \3);', text)
-        if n == 0:
-            sys.exit('rewrite_kernels.py: no kernel launch found in %s.cu' % name)
-        if '<<<' in text:
-            sys.exit('rewrite_kernels.py: a launch in %s.cu has a form this script does not rewrite' % name)
-        write(os.path.join(out, name + '.cc'), '#line 1 "%s"\n' % os.path.join(src, name + '.cu') + text)
-
+        write(os.path.join(out, name + '.cc'), rewrite_launches(src, name, '.cu'))
 
 if __name__ == '__main__':
     main()
