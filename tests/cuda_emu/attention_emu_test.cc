@@ -28,7 +28,7 @@
 
 #include "device/cuda/cuda_device.h"  // the emulator's host_device/ version
 #include "kernels/cuda/cuda_kernels.h"
-#include "emu_test_random.h"
+#include "emu_test_util.h"
 
 namespace {
 

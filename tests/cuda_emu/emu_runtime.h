@@ -12,13 +12,15 @@
 //     __shfl_xor_sync and the warp-collective PTX primitives of emu_ptx_primitives.h.
 //   - Dynamic shared memory: filled with 0xFF (a NaN pattern) at block start; every shared access
 //     of the primitives is checked for range and alignment.
-//   - Static shared memory (`__shared__ T x[N];` in a kernel): rewrite_kernels.py makes it
-//     `static T x[N]; ::emu::shared_array(x, sizeof(x));`, so the threads of a block (fibers of
-//     one host thread) share one copy, filled with 0xFF at every block start like dynamic memory.
+//   - Static shared memory (`__shared__ T x[N];` or `__shared__ T x;` in a kernel):
+//     rewrite_kernels.py makes it `static T x[N]; ::emu::shared_array(&x, sizeof(x));`, so the
+//     threads of a block (fibers of one host thread) share one copy, filled with 0xFF at every
+//     block start like dynamic memory.
 //   - cp.async: either the bytes land at issue ("eager") or only at cp.async.wait_group with the
 //     destination holding the NaN pattern until then ("deferred"), the two extremes of the
 //     hardware's timing.
 //   - atomicAdd on float, atomicMin on unsigned long long (trivially atomic: one host thread).
+//   - cub::DeviceRadixSort::SortPairs on DoubleBuffers (emu_cub_radix_sort.h, a host sort).
 //   - __shfl_xor_sync on any 4- or 8-byte type (float, double, int, ...).
 //   - The IEEE round-to-nearest intrinsics __fadd_rn, __fsub_rn, __fmul_rn, __fdiv_rn,
 //     __frcp_rn, __fsqrt_rn: one correctly rounded fp32 operation each, never contracted into a

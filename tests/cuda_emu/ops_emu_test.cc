@@ -32,7 +32,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/model_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "emu_test_random.h"
+#include "emu_test_util.h"
 
 namespace {
 
@@ -338,23 +338,6 @@ void run_all(Device& dev) {
 }  // namespace
 
 int main() {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const char* sweep_env = std::getenv("UNTIED_EMU_SWEEP");
-  const std::string sweep = sweep_env != nullptr ? sweep_env : "";
-  std::vector<emu::Options> runs;
-  if (sweep.empty() || sweep == "0") {
-    runs = {{.schedule = emu::Schedule::kLanesReverse},
-            {.schedule = emu::Schedule::kWarpsRandom, .seed = 7},
-            {.schedule = emu::Schedule::kWarpsForward}};
-  } else {
-    for (const emu::Schedule s : emu::kAllSchedules) runs.push_back({.schedule = s});
-  }
   CudaDevice dev;
-  for (const emu::Options& o : runs) {
-    std::printf("schedule %s\n", emu::schedule_name(o.schedule));
-    emu::g_options = o;
-    run_all(dev);
-  }
-  std::printf("%d of %d comparisons failed, %lld fiber switches\n", g_failures, g_checks, emu::g_switches);
-  return g_failures == 0 ? 0 : 1;
+  return run_under_schedules([&] { run_all(dev); }, g_failures, g_checks);
 }
