@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 
 #include "comm/comm_checks.h"
 #include "core/expect_error.h"
+#include "untied/device/device.h"
 
 namespace untied::testing {
 namespace {
@@ -194,6 +196,79 @@ TEST(Inproc, ReductionOrderIsRankOrder) {
     got[comm.rank()] = x;
   });
   for (int r = 0; r < 4; ++r) EXPECT_EQ(got[r], want) << "rank " << r;
+}
+
+
+// ---- ranks with a bound (non-CPU) device -------------------------------------------------------
+//
+// bind_device with a GPU device makes the in-process communicator move every byte through that
+// device's copy() and wait for its work (synchronize()) before publishing a buffer; reductions
+// go through host copies. A device that claims to be a GPU but keeps host memory runs that
+// path here: every shared check must stay exact, every byte must go through the device, and
+// every rank must wait for its device before others read its buffers.
+class HostBackedGpuDevice final : public Device {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return "host-backed test gpu"; }
+  Allocator& allocator() override { return alloc_; }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    ++copies;
+    if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
+  }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r)
+      copy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
+  }
+  void fill_zero(void* dst, int64_t bytes) override {
+    if (bytes > 0) std::memset(dst, 0, static_cast<size_t>(bytes));
+  }
+  void synchronize() override { ++syncs; }
+  int threads() const override { return 1; }
+  int64_t copies = 0, syncs = 0;
+
+ private:
+  Allocator alloc_;
+};
+
+class InprocDeviceChecks : public ::testing::TestWithParam<std::tuple<CommCheck, int>> {};
+
+TEST_P(InprocDeviceChecks, EveryElementExactThroughTheDevice) {
+  const auto& [check, ranks] = GetParam();
+  std::vector<int64_t> wrong(ranks, -1), copies(ranks, 0), syncs(ranks, 0);
+  run_in_process(ranks, [&, &check = check](Communicator& comm) {
+    HostBackedGpuDevice dev;
+    comm.bind_device(dev);
+    wrong[comm.rank()] = check.run(comm);
+    copies[comm.rank()] = dev.copies;
+    syncs[comm.rank()] = dev.syncs;
+  });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(wrong[r], 0) << check.name << ": wrong elements on rank " << r << " of " << ranks;
+    EXPECT_GT(syncs[r], 0) << check.name << ": rank " << r << " never waited for its device";
+    if (std::string(check.name) != "argument_errors") {
+      EXPECT_GT(copies[r], 0) << check.name << ": rank " << r << " moved no bytes through its device";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllChecks, InprocDeviceChecks,
+                         ::testing::Combine(::testing::ValuesIn(comm_checks()), ::testing::Values(2, 3)),
+                         [](const ::testing::TestParamInfo<std::tuple<CommCheck, int>>& info) {
+                           return std::string(std::get<0>(info.param).name) + "_np" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// A CPU device leaves the host path as it is: no device copies.
+TEST(Inproc, BindingACpuDeviceKeepsHostCopies) {
+  run_in_process(2, [](Communicator& comm) {
+    auto cpu = make_cpu_device({});
+    comm.bind_device(*cpu);
+    int64_t send[2] = {comm.rank() * 10, comm.rank() * 10 + 1}, recv[2] = {-1, -1};
+    comm.all_to_all(send, recv, sizeof(int64_t));
+    EXPECT_EQ(recv[0], comm.rank());
+    EXPECT_EQ(recv[1], 10 + comm.rank());
+  });
 }
 
 }  // namespace
