@@ -42,6 +42,21 @@ int64_t lm_head_loss_weight_block(const LmHeadLossShape& s) {
   return std::clamp<int64_t>(kWeightBlockBytes / (4 * s.dim), 1, s.vocab);
 }
 
+LmHeadLossWorkspace allocate_lm_head_loss_workspace(Device& dev, const LmHeadLossShape& s, int64_t chunk,
+                                                    bool backward) {
+  const int64_t V = s.vocab, E = s.dim;
+  const bool h_bf16 = s.dtype != DType::kF32, w_bf16 = s.weight_dtype != DType::kF32;
+  Allocator& alloc = dev.allocator();
+  LmHeadLossWorkspace ws;
+  ws.w_block = w_bf16 ? lm_head_loss_weight_block(s) : V;
+  ws.logits = alloc.allocate(chunk * V * 4, Tag::kOther, "lm head logits chunk");
+  ws.losses = alloc.allocate(chunk * 8, Tag::kOther, "lm head row losses");
+  if (h_bf16) ws.h32 = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head h chunk in fp32");
+  if (h_bf16 && backward) ws.dh32 = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head dh chunk in fp32");
+  if (w_bf16) ws.w32 = alloc.allocate(ws.w_block * E * 4, Tag::kOther, "lm head w block in fp32");
+  return ws;
+}
+
 int64_t lm_head_loss_workspace_bytes(const LmHeadLossShape& s, bool backward) {
   const int64_t n = lm_head_loss_chunk(s);
   if (n == 0) return 0;

@@ -9,7 +9,8 @@ and ELEMENTWISE's .cc files (rope.cc, rmsnorm.cc, ...). "model": OUT_DIR receive
 and MODEL's .cc files (embedding.cc, lm_head_loss.cc, and tensor_ops.cc for the loss's
 conversions). These textual changes, nothing else:
   - attention_tiles.cuh: the block between the "PTX primitives" markers is replaced by
-    #include "emu_ptx_primitives.h" (CPU versions of the same functions);
+    #include "emu_ptx_primitives.h" (CPU versions of the same functions), and its launch helper
+    is rewritten as below;
   - every launch `kernel<<<grid, block, smem, stream>>>(args);` (kernel possibly a template-id,
     `name<T, 4>`) becomes `::emu::launch(kernel, grid, block, smem, stream, args);`;
   - every static shared array or variable `__shared__ T name[N]...;` / `__shared__ T name;`
@@ -38,13 +39,15 @@ def write(path, text):
         f.write(text)
 
 
-def rewrite_launches(src, name, ext):
-    """The source src/name.ext with its launches rewritten, under a #line naming the original."""
+def rewrite_launches(src, name, ext, text=None, required=True):
+    """The source src/name.ext (or `text` read from it and changed) with its launches rewritten,
+    under a #line naming the original. required: a source without a launch fails the build."""
     path = os.path.join(src, name + ext)
-    with open(path) as f:
-        text = f.read()
+    if text is None:
+        with open(path) as f:
+            text = f.read()
     text, n = LAUNCH.subn(r'::emu::launch(\1, \2, \3);', text)
-    if n == 0:
+    if n == 0 and required:
         sys.exit('rewrite_kernels.py: no kernel launch found in %s%s' % (name, ext))
     text = SHARED.sub(r'static \1 \2\3; ::emu::shared_array(&\2, sizeof(\2));', text)
     if '__shared__' in text:
@@ -87,10 +90,11 @@ def main():
     if a < 0 or b < a:
         sys.exit('rewrite_kernels.py: attention_tiles.cuh lacks the markers "%s" ... "%s"' % (BEGIN, END))
     tiles = tiles[:a] + '#include "emu_ptx_primitives.h"\n' + tiles[b:]
-    write(os.path.join(out, 'attention_tiles.cuh'), tiles)
+    # The tiled launch helper lives in the header; the kernels' own launches in the .cu files.
+    write(os.path.join(out, 'attention_tiles.cuh'), rewrite_launches(src, 'attention_tiles', '.cuh', tiles))
 
     for name in ('attention_forward', 'attention_backward'):
-        write(os.path.join(out, name + '.cc'), rewrite_launches(src, name, '.cu'))
+        write(os.path.join(out, name + '.cc'), rewrite_launches(src, name, '.cu', required=False))
 
 if __name__ == '__main__':
     main()

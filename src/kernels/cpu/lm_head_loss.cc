@@ -78,27 +78,19 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
   if (chunk == 0) return;  // no tokens
   const int64_t V = s.vocab, E = s.dim;
   const bool h_bf16 = s.dtype != DType::kF32, w_bf16 = s.weight_dtype != DType::kF32;
-  const int64_t wb = w_bf16 ? lm_head_loss_weight_block(s) : V;  // vocab rows per GEMM
-
   // The whole workspace up front (rehearsal counts exactly this); sizes as in the header.
-  Allocator& alloc = dev.allocator();
-  Buffer logits_buf = alloc.allocate(chunk * V * 4, Tag::kOther, "lm head logits chunk");
-  Buffer loss_buf = alloc.allocate(chunk * 8, Tag::kOther, "lm head row losses");
-  Buffer h32_buf, dh32_buf, w32_buf;
-  if (h_bf16) h32_buf = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head h chunk in fp32");
-  if (h_bf16 && backward) dh32_buf = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head dh chunk in fp32");
-  if (w_bf16) w32_buf = alloc.allocate(wb * E * 4, Tag::kOther, "lm head w block in fp32");
+  const LmHeadLossWorkspace ws = allocate_lm_head_loss_workspace(dev, s, chunk, backward);
   if (!dev.backed()) return;
   check_labels(s, labels);
 
-  float* logits = logits_buf.as<float>();
-  double* losses = loss_buf.as<double>();
+  float* logits = ws.logits.as<float>();
+  double* losses = ws.losses.as<double>();
   const int64_t es = dtype_size(s.dtype);
   // Vocab rows [v0, v0 + nb) of w as fp32.
   auto w_block = [&](int64_t v0, int64_t nb) -> const float* {
     if (!w_bf16) return static_cast<const float*>(w) + v0 * E;
-    widen_rows(dev, w32_buf.as<float>(), static_cast<const char*>(w) + v0 * E * 2, s.weight_dtype, nb, E);
-    return w32_buf.as<float>();
+    widen_rows(dev, ws.w32.as<float>(), static_cast<const char*>(w) + v0 * E * 2, s.weight_dtype, nb, E);
+    return ws.w32.as<float>();
   };
 
   for (int64_t t0 = 0; t0 < s.tokens; t0 += chunk) {
@@ -115,11 +107,11 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
     // logits (n, V) = h_c w^T.
     const float* hc = static_cast<const float*>(h) + t0 * E;
     if (h_bf16) {
-      widen_rows(dev, h32_buf.as<float>(), static_cast<const char*>(h) + t0 * E * es, s.dtype, n, E);
-      hc = h32_buf.as<float>();
+      widen_rows(dev, ws.h32.as<float>(), static_cast<const char*>(h) + t0 * E * es, s.dtype, n, E);
+      hc = ws.h32.as<float>();
     }
-    for (int64_t v0 = 0; v0 < V; v0 += wb) {
-      const int64_t nb = std::min(wb, V - v0);
+    for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
+      const int64_t nb = std::min(ws.w_block, V - v0);
       untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = nb, .k = E, .a = hc, .lda = E,
                            .b = w_block(v0, nb), .ldb = E, .c = logits + v0, .ldc = V});
     }
@@ -136,9 +128,9 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
     if (!backward) continue;
 
     // dh_c (n, E) = G w;  dw (V, E) += G^T h_c.
-    float* dhc = h_bf16 ? dh32_buf.as<float>() : reinterpret_cast<float*>(dh_c);
-    for (int64_t v0 = 0; v0 < V; v0 += wb) {
-      const int64_t nb = std::min(wb, V - v0);
+    float* dhc = h_bf16 ? ws.dh32.as<float>() : reinterpret_cast<float*>(dh_c);
+    for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
+      const int64_t nb = std::min(ws.w_block, V - v0);
       const float* wblk = w_block(v0, nb);
       untied::gemm(dev, GemmParams{.m = n, .n = E, .k = nb, .beta = v0 == 0 ? 0.0f : 1.0f,
                            .a = logits + v0, .lda = V, .b = wblk, .ldb = E, .c = dhc, .ldc = E});

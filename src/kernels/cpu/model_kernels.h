@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "untied/core/allocator.h"
 #include "untied/kernels/adamw.h"
 #include "untied/kernels/embedding.h"
 #include "untied/kernels/lm_head_loss.h"
@@ -16,6 +17,16 @@
 namespace untied {
 // Vocab rows per widened block of a bf16 LM head (src/kernels/lm_head_loss.cc; lm_head_loss.h).
 int64_t lm_head_loss_weight_block(const LmHeadLossShape& s);
+
+// The loss's workspace exactly as lm_head_loss.h lays it out, for a chunk of `chunk` rows: every
+// backend allocates this (so rehearsal and the memory figures do not depend on the backend).
+// h32/dh32/w32 are empty unless h / h in backward / w are bf16; w_block = vocab rows per GEMM.
+struct LmHeadLossWorkspace {
+  int64_t w_block = 0;
+  Buffer logits, losses, h32, dh32, w32;
+};
+LmHeadLossWorkspace allocate_lm_head_loss_workspace(Device& dev, const LmHeadLossShape& s, int64_t chunk,
+                                                    bool backward);
 }  // namespace untied
 
 namespace untied::cpu {

@@ -511,23 +511,15 @@ template <int kD>
 void launch_bwd_mma(const BwdParams& p, cudaStream_t stream) {
   constexpr int kBr = 64, kMinBlocks = 1;
   using Cfg = BwdMmaConfig<kD, kBr>;
-  auto* kernel = bwd_mma_kernel<kD, kBr, kMinBlocks>;
-  set_smem(kernel, Cfg::kSmemBytes, "attention backward");
-  const int64_t nkb = (p.a.sk + Cfg::kBc - 1) / Cfg::kBc;
-  const unsigned grid = grid_1d(nkb * p.a.g, "attention backward");
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
+  launch_tiled(bwd_mma_kernel<kD, kBr, kMinBlocks>, Cfg::kThreads, Cfg::kSmemBytes, p.a.sk, Cfg::kBc, p.a.g, p,
+               stream, "attention backward");
 }
 
 template <typename T, int kDMax>
 void launch_bwd_simt(const BwdParams& p, cudaStream_t stream) {
   using Cfg = BwdSimtConfig<kDMax>;
-  auto* kernel = bwd_simt_kernel<T, kDMax>;
-  set_smem(kernel, Cfg::kSmemBytes, "attention backward");
-  const int64_t nkb = (p.a.sk + Cfg::kBc - 1) / Cfg::kBc;
-  const unsigned grid = grid_1d(nkb * p.a.g, "attention backward");
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
+  launch_tiled(bwd_simt_kernel<T, kDMax>, Cfg::kThreads, Cfg::kSmemBytes, p.a.sk, Cfg::kBc, p.a.g, p, stream,
+               "attention backward");
 }
 
 template <typename T>

@@ -365,23 +365,15 @@ template <int kD>
 void launch_fwd_mma(const FwdParams& p, cudaStream_t stream) {
   constexpr int kWarps = 4, kMT = 2, kBc = kD == 64 ? 64 : 32, kMinBlocks = 2;
   using Cfg = FwdMmaConfig<kD, kWarps, kMT, kBc>;
-  auto* kernel = fwd_mma_kernel<kD, kWarps, kMT, kBc, kMinBlocks>;
-  set_smem(kernel, Cfg::kSmemBytes, "attention forward");
-  const int64_t nqb = (p.a.sq + Cfg::kBr - 1) / Cfg::kBr;
-  const unsigned grid = grid_1d(nqb * p.a.h, "attention forward");
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
+  launch_tiled(fwd_mma_kernel<kD, kWarps, kMT, kBc, kMinBlocks>, Cfg::kThreads, Cfg::kSmemBytes, p.a.sq, Cfg::kBr,
+               p.a.h, p, stream, "attention forward");
 }
 
 template <typename T, int kDMax>
 void launch_fwd_simt(const FwdParams& p, cudaStream_t stream) {
   using Cfg = FwdSimtConfig<kDMax>;
-  auto* kernel = fwd_simt_kernel<T, kDMax>;
-  set_smem(kernel, Cfg::kSmemBytes, "attention forward");
-  const int64_t nqb = (p.a.sq + Cfg::kBr - 1) / Cfg::kBr;
-  const unsigned grid = grid_1d(nqb * p.a.h, "attention forward");
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  UNTIED_CUDA_CHECK(cudaGetLastError());
+  launch_tiled(fwd_simt_kernel<T, kDMax>, Cfg::kThreads, Cfg::kSmemBytes, p.a.sq, Cfg::kBr, p.a.h, p, stream,
+               "attention forward");
 }
 
 template <typename T>

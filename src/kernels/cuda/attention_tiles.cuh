@@ -285,4 +285,16 @@ inline unsigned grid_1d(int64_t items, const char* what) {
   return static_cast<unsigned>(items);
 }
 
+// Launches `kernel`(p) with one block of `threads` threads and `smem` bytes of dynamic shared
+// memory per (tile, head): ceil(rows / tile_rows) * heads blocks. The forward tiles the queries,
+// the backward the keys.
+template <typename Kernel, typename Params>
+void launch_tiled(Kernel* kernel, int threads, int64_t smem, int64_t rows, int64_t tile_rows, int64_t heads,
+                  const Params& p, cudaStream_t stream, const char* what) {
+  set_smem(kernel, smem, what);
+  const unsigned grid = grid_1d((rows + tile_rows - 1) / tile_rows * heads, what);
+  kernel<<<grid, threads, static_cast<size_t>(smem), stream>>>(p);
+  UNTIED_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace untied::cuda::attn

@@ -222,25 +222,17 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
   if (chunk == 0) return;  // no tokens
   const int64_t V = s.vocab, E = s.dim;
   const bool h_bf16 = s.dtype != DType::kF32, w_bf16 = s.weight_dtype != DType::kF32;
-  const int64_t wb = w_bf16 ? lm_head_loss_weight_block(s) : V;  // vocab rows per widened block
-
   // The whole workspace up front, as the header (and the CPU kernel) lays it out.
-  Allocator& alloc = dev.allocator();
-  Buffer logits_buf = alloc.allocate(chunk * V * 4, Tag::kOther, "lm head logits chunk");
-  Buffer loss_buf = alloc.allocate(chunk * 8, Tag::kOther, "lm head row losses");
-  Buffer h32_buf, dh32_buf, w32_buf;
-  if (h_bf16) h32_buf = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head h chunk in fp32");
-  if (h_bf16 && backward) dh32_buf = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head dh chunk in fp32");
-  if (w_bf16) w32_buf = alloc.allocate(wb * E * 4, Tag::kOther, "lm head w block in fp32");
+  const LmHeadLossWorkspace ws = allocate_lm_head_loss_workspace(dev, s, chunk, backward);
   if (!dev.backed()) return;
 
   const cudaStream_t st = stream_of(dev);
-  check_labels(st, s, labels, loss_buf.data());  // the row losses are not in use yet
+  check_labels(st, s, labels, ws.losses.data());  // the row losses are not in use yet
 
-  float* logits = logits_buf.as<float>();
-  double* losses = loss_buf.as<double>();
-  float* h32 = h32_buf.as<float>();
-  float* w32 = w32_buf.as<float>();
+  float* logits = ws.logits.as<float>();
+  double* losses = ws.losses.as<double>();
+  float* h32 = ws.h32.as<float>();
+  float* w32 = ws.w32.as<float>();
   const int64_t es = dtype_size(s.dtype);
   const char* hb = static_cast<const char*>(h);
   const char* wbytes = static_cast<const char*>(w);
@@ -274,8 +266,8 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
       untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = V, .k = E, .a = h32, .lda = E, .b = w, .ldb = E,
                                    .c = logits, .ldc = V});
     } else {  // h f32, w bf16: one widened vocab block at a time
-      for (int64_t v0 = 0; v0 < V; v0 += wb) {
-        const int64_t nb = std::min(wb, V - v0);
+      for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
+        const int64_t nb = std::min(ws.w_block, V - v0);
         cuda::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
         untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = nb, .k = E, .a = h_c, .lda = E, .b = w32,
                                      .ldb = E, .c = logits + v0, .ldc = V});
@@ -294,13 +286,13 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
         if (!h_widened) cuda::convert(dev, h32, DType::kF32, h_c, DType::kBF16, n * E);
         hc32 = h32;
       }
-      float* dhc = h_bf16 ? dh32_buf.as<float>() : reinterpret_cast<float*>(static_cast<char*>(dh) + t0 * E * es);
+      float* dhc = h_bf16 ? ws.dh32.as<float>() : reinterpret_cast<float*>(static_cast<char*>(dh) + t0 * E * es);
       if (!w_bf16) {
         untied::gemm(dev, GemmParams{.m = n, .n = E, .k = V, .a = logits, .lda = V, .b = w, .ldb = E, .c = dhc,
                                      .ldc = E});
       } else {
-        for (int64_t v0 = 0; v0 < V; v0 += wb) {
-          const int64_t nb = std::min(wb, V - v0);
+        for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
+          const int64_t nb = std::min(ws.w_block, V - v0);
           cuda::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
           untied::gemm(dev, GemmParams{.m = n, .n = E, .k = nb, .beta = v0 == 0 ? 0.0f : 1.0f, .a = logits + v0,
                                        .lda = V, .b = w32, .ldb = E, .c = dhc, .ldc = E});
