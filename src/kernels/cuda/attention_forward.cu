@@ -29,6 +29,27 @@ namespace untied::cuda {
 namespace attn {
 namespace {
 
+// The (query tile, head) a forward block works on, from blockIdx.x: heads fastest, query tiles
+// longest first (block 0 takes the last tile, which sees the most keys under the causal mask).
+// Rows from q0 (kBr of them, fewer in the last tile); nkb = the key tiles any of its rows sees.
+struct FwdTile {
+  int h, kvh;
+  int64_t q0, nkb;
+};
+
+template <int kBr, int kBc>
+__device__ __forceinline__ FwdTile fwd_tile(const AttnGeom& a) {
+  const int64_t nqb = (a.sq + kBr - 1) / kBr;
+  const int64_t item = blockIdx.x;
+  FwdTile t;
+  t.h = static_cast<int>(item % a.h);
+  t.q0 = (nqb - 1 - item / a.h) * kBr;
+  t.kvh = t.h / a.group;
+  const int64_t q_last = (t.q0 + kBr < a.sq ? t.q0 + kBr : a.sq) - 1;
+  t.nkb = (visible_keys(a, q_last) + kBc - 1) / kBc;
+  return t;
+}
+
 // ---------------------------------------------------------------- tensor-core kernel
 
 template <int kD, int kWarps, int kMT, int kBc>
@@ -57,13 +78,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int64_t nqb = (a.sq + kBr - 1) / kBr;
-  const int64_t item = blockIdx.x;
-  const int h = static_cast<int>(item % a.h);
-  const int64_t q0 = (nqb - 1 - item / a.h) * kBr;
-  const int kvh = h / a.group;
-  const int64_t q_last = (q0 + kBr < a.sq ? q0 + kBr : a.sq) - 1;
-  const int64_t nkb = (visible_keys(a, q_last) + kBc - 1) / kBc;  // key tiles any row sees
+  const FwdTile tile = fwd_tile<kBr, kBc>(a);
+  const int h = tile.h, kvh = tile.kvh;
+  const int64_t q0 = tile.q0, nkb = tile.nkb;
   const int64_t vis_first = visible_keys(a, q0);                  // tiles below this need no mask
 
   const bf16* q = static_cast<const bf16*>(p.q);
@@ -260,13 +277,9 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int d = a.d;
-  const int64_t nqb = (a.sq + kBr - 1) / kBr;
-  const int64_t item = blockIdx.x;
-  const int h = static_cast<int>(item % a.h);
-  const int64_t q0 = (nqb - 1 - item / a.h) * kBr;
-  const int kvh = h / a.group;
-  const int64_t q_last = (q0 + kBr < a.sq ? q0 + kBr : a.sq) - 1;
-  const int64_t nkb = (visible_keys(a, q_last) + kBc - 1) / kBc;
+  const FwdTile tile = fwd_tile<kBr, kBc>(a);
+  const int h = tile.h, kvh = tile.kvh;
+  const int64_t q0 = tile.q0, nkb = tile.nkb;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
