@@ -237,8 +237,8 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
     delta.reset();
     st.q_recv.reset();
     st.o.reset();
-    add_into(dev_, dk_acc.as<float>(), dk.data(), t, C * L * wk * D);
-    add_into(dev_, dv_acc.as<float>(), dv.data(), t, C * L * wk * D);
+    add_into(dev_, dk_acc.data(), DType::kF32, dk.data(), t, C * L * wk * D);
+    add_into(dev_, dv_acc.data(), DType::kF32, dv.data(), t, C * L * wk * D);
     dk.reset();
     dv.reset();
     {

@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "cli/rank_device.h"
 #include "untied/train/trainer.h"
 
 namespace untied::cli {
@@ -41,7 +42,9 @@ void add_train_flags(FlagSet& f) {
   f.add("mlp-tile", FlagKind::kInt, "0", "tokens per MLP tile (0 = automatic)");
   f.add("loss-chunk", FlagKind::kInt, "0", "tokens per LM-head loss chunk (0 = automatic)");
   f.add("ranks", FlagKind::kInt, "1", "in-process ranks when not launched by mpirun");
-  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank (default: cores / ranks)");
+  f.add("device", FlagKind::kString, "cpu",
+        "cpu or cuda (in-process ranks share GPU 0; under mpirun one GPU per rank, NCCL)");
+  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank, CPU only (default: cores / ranks)");
   f.add("mem-budget", FlagKind::kBytes, "", "per-rank memory budget, e.g. 2G (default: none)");
   f.add("checkpoint-dir", FlagKind::kString, "", "save checkpoints here (per-rank shards)");
   f.add("save-every", FlagKind::kInt, "0", "save every N steps (0 = at the end only)");
@@ -94,7 +97,7 @@ Status parse_float(const FlagSet& f, const char* name, float* out) {
   return Status::ok_status();
 }
 
-Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOptions* d) {
+Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOptions* d, DeviceChoice* device) {
   auto m = model_preset(f.get_string("preset"));
   if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
   o->model = m.value();
@@ -110,6 +113,9 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     return Status::invalid_argument("--fit-seq needs --rehearsal and --mem-budget");
   auto st = parse_strategy(f.get_string("strategy"));
   if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());
+  auto dev = parse_device_choice(f.get_string("device"));
+  if (!dev.ok()) return Status::invalid_argument("--device: " + dev.status().message());
+  *device = dev.value();
   auto dt = parse_dtype(f.get_string("dtype"));
   if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
   o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
@@ -124,6 +130,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   }
   o->seed = static_cast<uint64_t>(f.get_int("seed"));
   o->threads = f.get_string("threads").empty() ? default_threads_per_rank(ranks) : static_cast<int>(f.get_int("threads"));
+  if (*device == DeviceChoice::kCuda) o->threads = 1;  // a GPU rank's kernels; its rehearsal counts as one
   o->budget_bytes = f.get_bytes("mem-budget");
   o->checkpoint_dir = f.get_string("checkpoint-dir");
   o->save_every = f.get_int("save-every");
@@ -234,7 +241,8 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (!li.mpi && (inproc < 1 || inproc > 1024)) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));
   TrainOptions opts;
   DataOptions dopts;
-  st = options_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : inproc, &opts, &dopts);
+  DeviceChoice device = DeviceChoice::kCpu;
+  st = options_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : inproc, &opts, &dopts, &device);
   if (!st.ok()) return refuse(st);
   // The data source is built once per process and shared by its in-process ranks (fill is const).
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
@@ -251,13 +259,18 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
 
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
+    // The rank's device and the communicator of its buffers; refusals (no GPU, ...) on every rank.
+    RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = opts.threads,
+                                                             .budget_bytes = opts.budget_bytes,
+                                                             .rehearsal = opts.rehearsal});
     if (comm.rank() == 0 && opts.progress)
-      std::fprintf(stderr, "untied train | %s (%lld parameters) | %s on %d ranks | S=%lld (%lld per rank) | %s | data %s\n",
+      std::fprintf(stderr,
+                   "untied train | %s (%lld parameters) | %s on %d ranks | S=%lld (%lld per rank) | %s | data %s | %s\n",
                    opts.model.name.c_str(), (long long)parameter_count(opts.model),
                    std::string(strategy_name(opts.decoder.strategy)).c_str(), comm.size(), (long long)opts.decoder.seq,
                    (long long)(opts.decoder.seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),
-                   flags.get_string("data").c_str());
-    auto r = train(comm, *data.value(), opts);
+                   flags.get_string("data").c_str(), rd.dev().name().c_str());
+    auto r = train(rd.dev(), rd.comm(), comm, *data.value(), opts);
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
     if (comm.rank() != 0) return;
     const TrainSummary& s = r.value();

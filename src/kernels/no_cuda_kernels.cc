@@ -48,7 +48,7 @@ void scale_in_place(Device& dev, float*, int64_t, float) { none(dev, "scale_in_p
 void row_dot(Device& dev, int64_t, int64_t, DType, const void*, int64_t, const void*, int64_t, float*, int64_t) {
   none(dev, "row_dot (no CUDA backend)");
 }
-void add_into(Device& dev, float*, const void*, DType, int64_t) { none(dev, "add_into (no CUDA backend)"); }
+void add_into(Device& dev, void*, DType, const void*, DType, int64_t) { none(dev, "add_into (no CUDA backend)"); }
 void convert(Device& dev, void*, DType, const void*, DType, int64_t) { none(dev, "convert (no CUDA backend)"); }
 
 }  // namespace untied::cuda

@@ -24,13 +24,14 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int
   }
 }
 
-void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
+void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n) {
   UNTIED_CHECK(n >= 0, "add_into: n must be >= 0, got ", n);
-  check_float(t, "add_into", "x");
+  check_float(acc_t, "add_into", "acc");
+  check_float(x_t, "add_into", "x");
   if (n == 0 || !dev.backed()) return;
   switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::add_into(dev, acc, x, t, n);
-    case DeviceKind::kCuda: return cuda::add_into(dev, acc, x, t, n);
+    case DeviceKind::kCpu: return cpu::add_into(dev, acc, acc_t, x, x_t, n);
+    case DeviceKind::kCuda: return cuda::add_into(dev, acc, acc_t, x, x_t, n);
   }
 }
 

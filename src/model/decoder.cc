@@ -2,31 +2,22 @@
 #include "untied/model/decoder.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "untied/kernels/embedding.h"
 #include "untied/kernels/gemm.h"
 #include "untied/kernels/lm_head_loss.h"
 #include "untied/kernels/rmsnorm.h"
 #include "untied/kernels/swiglu.h"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied {
 namespace {
 
-// dst (n) += src (n), storage t.
+// dst (n) += src (n), each in its own storage type: the device's add_into.
 void add_inplace(Device& dev, const Tensor& dst, const Tensor& src) {
-  UNTIED_ASSERT(dst.numel() == src.numel() && dst.dtype() == src.dtype(), "add_inplace: mismatched tensors");
-  if (!dev.backed()) return;
-  const int64_t n = dst.numel(), es = dtype_size(dst.dtype());
-  constexpr int64_t kChunk = 4096;
-#pragma omp parallel for schedule(static) num_threads(dev.threads())
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    float a[kChunk], b[kChunk];
-    const int64_t m = std::min(kChunk, n - c0);
-    load_f32(a, static_cast<char*>(dst.data()) + c0 * es, dst.dtype(), m);
-    load_f32(b, static_cast<const char*>(src.data()) + c0 * es, src.dtype(), m);
-    for (int64_t i = 0; i < m; ++i) a[i] += b[i];
-    store_f32(static_cast<char*>(dst.data()) + c0 * es, dst.dtype(), a, m);
-  }
+  UNTIED_ASSERT(dst.numel() == src.numel(), "add_inplace: mismatched tensors");
+  add_into(dev, dst.data(), dst.dtype(), src.data(), src.dtype(), dst.numel());
 }
 
 AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
@@ -207,9 +198,8 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
   // da (the attention's dx) in fp32: the attention block accumulates straight into it.
   TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
   attn_->backward(da, ag, dhm, A.a, attention_weights(m_, w), A.saved);
-  if (t != DType::kF32 && dev_.backed())
-    for (size_t k = 0; k < names.size(); ++k)
-      accumulate_f32(g[names[k]].as<float>(), tmp[k].data(), t, g[names[k]].numel());
+  if (t != DType::kF32)
+    for (size_t k = 0; k < names.size(); ++k) add_inplace(dev_, g[names[k]], tmp[k]);
   tmp.clear();
   A.a.reset();
   // dx = dhm + attn_norm'(da), tile by tile (da is narrowed to the block dtype per tile).
@@ -220,7 +210,7 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
     TensorBuffer dat_t;
     if (t != DType::kF32) {
       dat_t = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "d attn_norm output (tile)");
-      if (dev_.backed()) store_f32(dat_t.data(), t, dat.as<float>(), n * E);
+      convert(dev_, dat_t.data(), t, dat.data(), DType::kF32, n * E);
     }
     const Tensor dxt = rows_of(dh, r0, n);
     rmsnorm_backward(dev_, norm_shape(n), dxt.data(), g["attn_norm"].as<float>(), rows_of(x, r0, n).data(),
@@ -240,10 +230,13 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
 
   // Forward: keep only each block's input.
   alloc.set_phase(Phase::kForward);
+  // The ids on the device, for the embedding's forward and backward.
+  TensorBuffer ids(alloc, DType::kI32, {L}, Tag::kOther, "token ids");
+  dev_.copy(ids.data(), tokens, ids.view().bytes());
   TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
   {
     auto w = params.gather(0);
-    embedding_forward(dev_, emb, h.data(), tokens, w["embed"].data());
+    embedding_forward(dev_, emb, h.data(), ids.as<int32_t>(), w["embed"].data());
   }
   std::vector<TensorBuffer> inputs;  // each block's input: on the device, or offloaded to host_
   for (int l = 0; l < N; ++l) {
@@ -273,23 +266,28 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
     rmsnorm_forward(dev_, norm, hn.data(), rstd.as<float>(), h.data(), w["final_norm"].data());
     TensorBuffer dhn(alloc, t, {L, E}, Tag::kOther, "d final_norm output");
     TensorBuffer argmax(alloc, DType::kI32, {L}, Tag::kOther, "predictions");
+    TensorBuffer targets(alloc, DType::kI32, {L}, Tag::kOther, "labels");
+    dev_.copy(targets.data(), labels, targets.view().bytes());
     LossSums ls;
     const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = V, .chunk_tokens = o_.loss_chunk,
                              .grad_scale = global_count > 0 ? 1.0f / static_cast<float>(global_count) : 0.0f,
                              .dtype = t, .weight_dtype = t};
     lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>(), dhn.data(), g["lm_head"].as<float>(),
-                                  hn.data(), labels, w["lm_head"].data());
+                                  hn.data(), targets.as<int32_t>(), w["lm_head"].data());
     rmsnorm_backward(dev_, norm, dh.data(), g["final_norm"].as<float>(), h.data(), rstd.as<float>(),
                      w["final_norm"].data(), dhn.data());
     params.reduce_grads(g);
     sums.loss_sum = ls.loss_sum;
     sums.count = ls.count;
-    if (dev_.backed() && is_answer != nullptr)
+    if (dev_.backed() && is_answer != nullptr) {
+      std::vector<int32_t> predicted(static_cast<size_t>(L));
+      dev_.copy(predicted.data(), argmax.data(), argmax.view().bytes());
       for (int64_t i = 0; i < L; ++i)
         if (is_answer[i]) {
           sums.answers += 1;
-          sums.correct += argmax.as<int32_t>()[i] == labels[i];
+          sums.correct += predicted[i] == labels[i];
         }
+    }
   }
   h.reset();
 
@@ -311,7 +309,7 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
   }
   {
     auto g = params.grad_buffers(0);
-    embedding_backward(dev_, emb, g["embed"].as<float>(), tokens, dh.data());
+    embedding_backward(dev_, emb, g["embed"].as<float>(), ids.as<int32_t>(), dh.data());
     params.reduce_grads(g);
   }
   alloc.set_phase(Phase::kSetup);

@@ -198,11 +198,13 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
       w.put<int64_t>(step);
       w.put_str(identity);
       w.put<uint64_t>(static_cast<uint64_t>(params.num_params()));
+      std::vector<float> state;  // master, m, v of one parameter, staged on the host
       for (int i = 0; i < params.num_params(); ++i) {
         w.put_str(params.desc(i).name);
         w.put<int64_t>(params.shard_elems(i));
-        for (const float* p : {params.master(i), params.moment1(i), params.moment2(i)})
-          w.put(p, static_cast<size_t>(params.shard_elems(i)) * 4);
+        state.resize(static_cast<size_t>(3 * params.shard_elems(i)));
+        params.read_state(i, state.data());
+        w.put(state.data(), state.size() * 4);
       }
       w.finish();
       if (!w.ok()) st = Status::io_error("short write to " + tmp + " (disk full?)");
@@ -244,13 +246,7 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
   comm.all_reduce(&lo, &lo, 1, DType::kI64, ReduceOp::kMin);
   comm.all_reduce(&hi, &hi, 1, DType::kI64, ReduceOp::kMax);
   if (lo != hi) return Status::corrupt("checkpoint " + dir + "/" + sname + ": the ranks' files are of different steps");
-  for (int i = 0; i < params.num_params(); ++i) {
-    const int64_t n = params.shard_elems(i);
-    const float* s = staged[i].data();
-    std::memcpy(params.master(i), s, n * 4);
-    std::memcpy(params.moment1(i), s + n, n * 4);
-    std::memcpy(params.moment2(i), s + 2 * n, n * 4);
-  }
+  for (int i = 0; i < params.num_params(); ++i) params.write_state(i, staged[i].data());
   return step;
 }
 

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "untied/core/random.h"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied {
 namespace {
@@ -51,19 +53,29 @@ int64_t ShardedParams::owned_elems(int i) const {
 void ShardedParams::init(uint64_t seed) {
   if (!dev_.backed()) return;
   const float a = 0.02f * std::sqrt(3.0f);  // uniform(-a, a) has std 0.02
+  std::vector<float> host;  // each shard is generated on the host and copied to the device
   for (int i = 0; i < num_params(); ++i) {
     const ParamDesc& d = descs_[i];
-    float* p = master(i);
     const int64_t start = shard_[i] * comm_.rank(), n = owned_elems(i);
-    if (d.kind == ParamKind::kNorm) {
-      for (int64_t k = 0; k < n; ++k) p[k] = 1.0f;
-      continue;
+    host.assign(static_cast<size_t>(n), 1.0f);  // norm weights
+    if (d.kind != ParamKind::kNorm) {
+      float scale = a;
+      const std::string& nm = d.name;
+      if (nm.ends_with(".wo") || nm.ends_with(".w_down")) scale /= std::sqrt(2.0f * static_cast<float>(cfg_.layers));
+      for (int64_t k = 0; k < n; ++k) host[k] = scale * hash_uniform(seed, 1000 + static_cast<uint64_t>(i), start + k);
     }
-    float scale = a;
-    const std::string& nm = d.name;
-    if (nm.ends_with(".wo") || nm.ends_with(".w_down")) scale /= std::sqrt(2.0f * static_cast<float>(cfg_.layers));
-    for (int64_t k = 0; k < n; ++k) p[k] = scale * hash_uniform(seed, 1000 + static_cast<uint64_t>(i), start + k);
+    dev_.copy(master(i), host.data(), n * 4);
   }
+}
+
+void ShardedParams::read_state(int i, float* out) const {
+  const int64_t n = shard_[i];
+  for (int k = 0; k < 3; ++k) dev_.copy(out + k * n, (k == 0 ? master_ : k == 1 ? m_ : v_)[i].data(), n * 4);
+}
+
+void ShardedParams::write_state(int i, const float* in) {
+  const int64_t n = shard_[i];
+  for (int k = 0; k < 3; ++k) dev_.copy((k == 0 ? master_ : k == 1 ? m_ : v_)[i].data(), in + k * n, n * 4);
 }
 
 ShardedParams::Gathered ShardedParams::gather(int group) {
@@ -77,7 +89,7 @@ ShardedParams::Gathered ShardedParams::gather(int group) {
     Buffer send = alloc.allocate(s * es, Tag::kCommunication, descs_[i].name + " (gather send)");
     TensorBuffer full(alloc, compute_, Shape{C * s}, Tag::kParameters, descs_[i].name + " (gathered)");
     if (dev_.backed()) {
-      store_f32(send.data(), compute_, master(i), s);
+      convert(dev_, send.data(), compute_, master(i), DType::kF32, s);
       comm_.all_gather(send.data(), full.data(), s * es);
     }
     full.reshape_view(descs_[i].shape);  // the buffer is padded to C * s elements
@@ -109,9 +121,7 @@ void ShardedParams::reduce_grads(GradBuffers& g) {
     Buffer recv = dev_.allocator().allocate(s * 4, Tag::kCommunication, descs_[i].name + " (grad shard recv)");
     if (dev_.backed()) {
       comm_.reduce_scatter(g.full[k].data(), recv.data(), s, DType::kF32, ReduceOp::kSum);
-      float* dst = grad(i);
-      const float* r = recv.as<float>();
-      for (int64_t e = 0; e < s; ++e) dst[e] += r[e];
+      add_into(dev_, grad(i), DType::kF32, recv.data(), DType::kF32, s);
     }
     g.full[k].reset();
   }

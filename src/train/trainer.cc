@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <vector>
 
 #include "untied/kernels/adamw.h"
 #include "untied/train/checkpoint.h"
@@ -71,19 +72,30 @@ Status validate(const TrainOptions& o, int ranks) {
 }
 
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
+  Status vs = validate(o, comm.size());  // before the device takes o.threads
+  if (!vs.ok()) return vs;
+  auto dev = make_cpu_device(
+      CpuDeviceOptions{.threads = o.threads, .budget_bytes = o.budget_bytes, .rehearsal = o.rehearsal});
+  return train(*dev, comm, comm, data, o);
+}
+
+StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& comm, const DataSource& data,
+                             const TrainOptions& o) {
+  UNTIED_CHECK(dev_comm.size() == comm.size() && dev_comm.rank() == comm.rank(),
+               "train: the device communicator must have the ranks of the host one");
   Status vs = validate(o, comm.size());
   if (!vs.ok()) return vs;
   if (data.vocab_size() > o.model.vocab)
     return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
                                     ") is larger than the model's (" + std::to_string(o.model.vocab) + ")");
-  auto dev = make_cpu_device(
-      CpuDeviceOptions{.threads = o.threads, .budget_bytes = o.budget_bytes, .rehearsal = o.rehearsal});
-  Allocator& alloc = dev->allocator();
-  ShardedParams params(*dev, comm, o.model, o.decoder.dtype);
+  Allocator& alloc = dev.allocator();
+  ShardedParams params(dev, dev_comm, o.model, o.decoder.dtype);
   params.init(o.seed);
-  // Offloaded block inputs live in host memory: counted apart from the device budget.
-  Allocator host(o.rehearsal ? make_counting_memory() : make_host_memory(), Allocator::Options{.name = "host"});
-  Decoder decoder(*dev, comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
+  // Offloaded block inputs live in host memory (page-locked on a GPU): counted apart from the
+  // device budget.
+  Allocator host(o.rehearsal || !dev.backed() ? make_counting_memory() : dev.host_memory(),
+                 Allocator::Options{.name = "host"});
+  Decoder decoder(dev, dev_comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
   const std::string id = identity(o, comm.size(), data);
 
   int64_t start = 0;
@@ -111,8 +123,10 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
 
   const int64_t S = o.decoder.seq, L = S / comm.size(), r0 = comm.rank() * L;
   const int64_t B = o.batch;
-  TensorBuffer tokens(alloc, DType::kI32, {B, L}, Tag::kOther, "tokens"), labels(alloc, DType::kI32, {B, L}, Tag::kOther, "labels");
-  Buffer answer = alloc.allocate(B * L, Tag::kOther, "is_answer flags");
+  // This rank's positions of the step's sequences, on the host (the decoder copies ids and labels
+  // to the device).
+  std::vector<int32_t> tokens(static_cast<size_t>(B * L)), labels(tokens.size());
+  std::vector<uint8_t> answer(tokens.size());
 
   TrainSummary sum;
   sum.first_step = start;
@@ -121,23 +135,22 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
   for (int64_t s = start; s < end; ++s) {
     const double t0 = now_s();
     Status ds;
-    for (int64_t b = 0; b < B && ds.ok() && dev->backed(); ++b)
-      ds = data.fill(s * B + b, S, r0, L, tokens.as<int32_t>() + b * L, labels.as<int32_t>() + b * L,
-                     answer.as<uint8_t>() + b * L);
+    for (int64_t b = 0; b < B && ds.ok() && dev.backed(); ++b)
+      ds = data.fill(s * B + b, S, r0, L, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L);
     ds = first_failure(comm, ds);
     if (!ds.ok()) {
       if (metrics) std::fclose(metrics);
       return ds;
     }
-    int64_t count = dev->backed() ? 0 : B * L;  // rehearsal: no data, any positive count
-    for (int64_t i = 0; i < B * L && dev->backed(); ++i) count += labels.as<int32_t>()[i] != kIgnoreIndex;
+    int64_t count = dev.backed() ? 0 : B * L;  // rehearsal: no data, any positive count
+    for (int64_t i = 0; i < B * L && dev.backed(); ++i) count += labels[i] != kIgnoreIndex;
     comm.all_reduce(&count, &count, 1, DType::kI64, ReduceOp::kSum);
     const double t1 = now_s();
 
     StepSums st;
     for (int64_t b = 0; b < B; ++b) {
-      const StepSums one = decoder.forward_backward(params, tokens.as<int32_t>() + b * L, labels.as<int32_t>() + b * L,
-                                                    answer.as<uint8_t>() + b * L, count);
+      const StepSums one =
+          decoder.forward_backward(params, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L, count);
       st.loss_sum += one.loss_sum;
       st.answers += one.answers;
       st.correct += one.correct;
@@ -147,14 +160,14 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
     // Global gradient norm, clipping, AdamW.
     alloc.set_phase(Phase::kOptimizer);
     double sq = 0;
-    for (int i = 0; i < params.num_params(); ++i) sq += grad_sum_squares(*dev, params.grad(i), params.owned_elems(i));
+    for (int i = 0; i < params.num_params(); ++i) sq += grad_sum_squares(dev, params.grad(i), params.owned_elems(i));
     comm.all_reduce(&sq, &sq, 1, DType::kF64, ReduceOp::kSum);
     const double norm = std::sqrt(sq);
     const float scale = o.clip > 0 && norm > o.clip ? static_cast<float>(o.clip / norm) : 1.0f;
     const float lr = learning_rate(o, s);
     for (int i = 0; i < params.num_params(); ++i) {
-      if (scale != 1.0f) scale_in_place(*dev, params.grad(i), params.owned_elems(i), scale);
-      adamw_step(*dev, params.master(i), params.moment1(i), params.moment2(i), params.grad(i), params.owned_elems(i),
+      if (scale != 1.0f) scale_in_place(dev, params.grad(i), params.owned_elems(i), scale);
+      adamw_step(dev, params.master(i), params.moment1(i), params.moment2(i), params.grad(i), params.owned_elems(i),
                  AdamWParams{.lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
                              .weight_decay = o.weight_decay, .step = s + 1, .decay = params.desc(i).decay});
     }

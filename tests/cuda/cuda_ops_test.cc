@@ -390,16 +390,17 @@ TEST(CudaOps, AddIntoMatchesTheCpuExactly) {
   REQUIRE_GPU();
   Devices d;
   const int64_t n = 100'003;
+  for (DType acc_t : {DType::kF32, DType::kBF16})
   for (DType t : {DType::kF32, DType::kBF16})
     for (int64_t off_acc : {0, 1})
       for (int64_t off_x : {0, 1}) {
-        const std::string what =
-            "add_into " + dt(t) + " offsets " + std::to_string(off_acc) + "," + std::to_string(off_x);
-        TensorBuffer hacc = random_host(*d.cpu, DType::kF32, {n + 1}, 81);
+        const std::string what = "add_into " + dt(acc_t) + " += " + dt(t) + " offsets " + std::to_string(off_acc) +
+                                 "," + std::to_string(off_x);
+        TensorBuffer hacc = random_host(*d.cpu, acc_t, {n + 1}, 81);
         TensorBuffer hx = random_host(*d.cpu, t, {n + 1}, 82, 3.0f);
         TensorBuffer gacc = to_gpu(*d.gpu, hacc), gx = to_gpu(*d.gpu, hx);
-        add_into(*d.cpu, hacc.as<float>() + off_acc, at(hx.data(), off_x, t), t, n);
-        add_into(*d.gpu, gacc.as<float>() + off_acc, at(gx.data(), off_x, t), t, n);
+        add_into(*d.cpu, at(hacc.data(), off_acc, acc_t), acc_t, at(hx.data(), off_x, t), t, n);
+        add_into(*d.gpu, at(gacc.data(), off_acc, acc_t), acc_t, at(gx.data(), off_x, t), t, n);
         EXPECT_TRUE(same_values(what, host_f32(hacc), to_host_f32(*d.gpu, gacc)));
       }
 }
@@ -506,7 +507,8 @@ TEST(CudaOps, BadArgumentsThrowAndWriteNothing) {
   EXPECT_THROW(swiglu_backward(*d.gpu, SwigluShape{.rows = 4, .dim = 8, .in_row_stride = 4}, p, p, p, p, p), Error);
   EXPECT_THROW(row_dot(*d.gpu, 4, 8, DType::kF32, p, 7, p, 8, f, 1), Error);
   EXPECT_THROW(row_dot(*d.gpu, 4, 8, DType::kF32, p, 8, p, 8, f, 0), Error);
-  EXPECT_THROW(add_into(*d.gpu, f, p, DType::kI32, 8), Error);
+  EXPECT_THROW(add_into(*d.gpu, f, DType::kF32, p, DType::kI32, 8), Error);
+  EXPECT_THROW(add_into(*d.gpu, p, DType::kF64, p, DType::kF32, 8), Error);
   EXPECT_THROW(convert(*d.gpu, p, DType::kF64, p, DType::kF32, 8), Error);
   EXPECT_THROW(convert(*d.gpu, p, DType::kF32, p, DType::kF32, -1), Error);
   EXPECT_TRUE(same_values("buffer after refused calls", host_f32(hbuf), to_host_f32(*d.gpu, gbuf)));

@@ -231,12 +231,12 @@ void row_dot_case(Device& dev, DType t, int64_t rows, int64_t dim, int64_t lda, 
   check("out", out, {rows, 1, out_stride}, tolerance(kF));
 }
 
-void add_into_case(Device& dev, DType t, int64_t n, int64_t acc_skew, int64_t x_skew) {
-  std::printf("  add_into %s n=%ld skews=%ld/%ld\n", tname(t), static_cast<long>(n), static_cast<long>(acc_skew),
-              static_cast<long>(x_skew));
-  Arr acc(dev, kF, n, acc_skew), x(dev, t, n, x_skew);
-  cuda::add_into(dev, acc.df(), x.d(), t, n);
-  cpu::add_into(dev, acc.hf(), x.h(), t, n);
+void add_into_case(Device& dev, DType acc_t, DType t, int64_t n, int64_t acc_skew, int64_t x_skew) {
+  std::printf("  add_into %s += %s n=%ld skews=%ld/%ld\n", tname(acc_t), tname(t), static_cast<long>(n),
+              static_cast<long>(acc_skew), static_cast<long>(x_skew));
+  Arr acc(dev, acc_t, n, acc_skew), x(dev, t, n, x_skew);
+  cuda::add_into(dev, acc.d(), acc_t, x.d(), t, n);
+  cpu::add_into(dev, acc.h(), acc_t, x.h(), t, n);
   check("acc", acc, {1, n, n}, kExact);
 }
 
@@ -315,10 +315,14 @@ void run_all(Device& dev) {
   row_dot_case(dev, kB, 17, 136, 144, 136, 3, 0);  // vector, strides
   row_dot_case(dev, kF, 9, 67, 70, 67, 2, 0);      // scalar: dim 67
   row_dot_case(dev, kB, 10, 64, 64, 64, 1, 1);     // scalar: misaligned
-  add_into_case(dev, kF, 1037, 0, 0);              // vector + tail
-  add_into_case(dev, kB, 1030, 0, 0);              // vector (8-byte bf16 loads) + tail
-  add_into_case(dev, kF, 1029, 1, 0);              // scalar
-  add_into_case(dev, kB, 515, 0, 1);               // scalar
+  add_into_case(dev, kF, kF, 1037, 0, 0);          // vector + tail
+  add_into_case(dev, kF, kB, 1030, 0, 0);          // vector (8-byte bf16 loads) + tail
+  add_into_case(dev, kF, kF, 1029, 1, 0);          // scalar
+  add_into_case(dev, kF, kB, 515, 0, 1);           // scalar
+  add_into_case(dev, kB, kB, 1031, 0, 0);          // bf16 sums rounded: vector + tail
+  add_into_case(dev, kB, kF, 1028, 0, 0);          // vector
+  add_into_case(dev, kB, kB, 517, 1, 0);           // scalar
+  add_into_case(dev, kB, kF, 519, 0, 1);           // scalar
   convert_case(dev, kB, kF, 1027, 0, 0);           // vector + tail
   convert_case(dev, kF, kB, 1026, 0, 0);           // vector + tail
   convert_case(dev, kB, kF, 517, 1, 0);            // scalar

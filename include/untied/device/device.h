@@ -38,6 +38,11 @@ class Device {
   virtual void fill_zero(void* dst, int64_t bytes) = 0;
   // Waits for all work issued on this device (a no-op on the CPU).
   virtual void synchronize() = 0;
+  // A source of host memory for buffers that copy() moves to and from this device (offloaded
+  // activations): page-locked on a GPU, so that those copies run by DMA at the bus's full speed;
+  // plain host memory on the CPU. Its memory is host memory: kernels never take it. Destroy the
+  // source (its Allocator) before the device.
+  virtual std::unique_ptr<MemorySource> host_memory() { return make_host_memory(); }
   // Threads a CPU kernel may use; 1 for devices that do not run kernels on host threads.
   virtual int threads() const = 0;
   // False in rehearsal: buffers are counted, not backed, and kernels skip their compute.

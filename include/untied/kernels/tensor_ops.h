@@ -4,7 +4,8 @@
 //   row_dot:  out[r * out_stride] = sum_d a[r * lda + d] * b[r * ldb + d]    (r < rows, d < dim)
 //             fp32 accumulation; a and b in `dtype` (f32 or bf16); out fp32. Attention's
 //             D_i = rowsum(dO * O) over a packed layout.
-//   add_into: acc[i] += x[i]   (i < n); acc fp32, x f32 or bf16.
+//   add_into: acc[i] = acc[i] + x[i]   (i < n): added in fp32, rounded to acc's dtype (round to
+//             nearest even for bf16, as store_f32 does); acc and x each f32 or bf16.
 //   convert:  dst[i] = src[i]  (i < n) between f32 and bf16 (either way, or the same type);
 //             bf16 results are rounded to nearest even, as store_f32 does.
 //
@@ -24,7 +25,7 @@ namespace untied {
 void row_dot(Device& dev, int64_t rows, int64_t dim, DType dtype, const void* a, int64_t lda, const void* b,
              int64_t ldb, float* out, int64_t out_stride);
 
-void add_into(Device& dev, float* acc, const void* x, DType x_dtype, int64_t n);
+void add_into(Device& dev, void* acc, DType acc_dtype, const void* x, DType x_dtype, int64_t n);
 
 void convert(Device& dev, void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n);
 

@@ -54,8 +54,9 @@ class Decoder {
   Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o, Allocator* host = nullptr);
 
   // Forward and backward of one sequence; gradients are ADDED to the shards of `params`.
-  // tokens, labels, is_answer (nullable): this rank's L positions. global_count: labelled tokens
-  // over all ranks (the loss is their mean).
+  // tokens, labels, is_answer (nullable): this rank's L positions, in host memory (the ids and
+  // labels are copied to the device). global_count: labelled tokens over all ranks (the loss is
+  // their mean).
   StepSums forward_backward(ShardedParams& params, const int32_t* tokens, const int32_t* labels,
                             const uint8_t* is_answer, int64_t global_count);
 

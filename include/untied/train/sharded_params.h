@@ -13,6 +13,8 @@
 // and both free their full-size buffers when they go out of scope, so only one group's full
 // weights and gradients are live at a time.
 //
+// Every buffer is device memory; init and the checkpoint accessors go through the device's copies.
+//
 // Initialisation is counter-based (random.h): element k of parameter i has the same value for any
 // number of ranks, so runs on 1, 2 or 4 ranks start from identical weights.
 // All methods except the accessors are collective over the communicator.
@@ -63,6 +65,11 @@ class ShardedParams {
   int64_t shard_elems(int i) const { return shard_[i]; }
   // Elements of parameter i this rank owns that are real (not padding).
   int64_t owned_elems(int i) const;
+  // This rank's shard of parameter i as 3 * shard_elems(i) host floats: master, then the two
+  // AdamW moments (checkpoints). Copies through the device.
+  void read_state(int i, float* out) const;
+  void write_state(int i, const float* in);
+  // Device memory (host memory on the CPU): for the device's kernels.
   float* master(int i) const { return master_[i].as<float>(); }
   float* grad(int i) const { return grad_[i].as<float>(); }
   float* moment1(int i) const { return m_[i].as<float>(); }

@@ -58,6 +58,13 @@ Status validate(const TrainOptions& o, int ranks);
 
 // Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
 // a Status that is the same on every rank; budget overruns and bugs throw untied::Error.
+//
+// On `dev` (a CPU or CUDA device of this rank, or a counting device for a rehearsal): its
+// buffers move over dev_comm (the NCCL or device-bound communicator), host figures over comm;
+// the two have the same ranks. o.threads and o.budget_bytes are the device's business here.
+StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& comm, const DataSource& data,
+                             const TrainOptions& o);
+// On a CPU device made from o.threads, o.budget_bytes and o.rehearsal; comm moves everything.
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o);
 
 // The learning rate at 0-based step s.

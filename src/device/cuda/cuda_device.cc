@@ -123,7 +123,48 @@ class CudaMemory final : public MemorySource {
   int64_t cached_ = 0;                          // blocks in free_
 };
 
+// Page-locked host memory (cudaHostAlloc) for the buffers copy() moves to and from the GPU.
+// Pinning is slow (it maps the pages for the GPU), so freed blocks are kept by size and handed out
+// again, as the device cache does; all are unpinned when the source is destroyed. copy() waits for
+// its transfer, so a released block has no transfer in flight.
+class PinnedHostMemory final : public MemorySource {
+ public:
+  ~PinnedHostMemory() override {
+    for (auto& [b, list] : free_)
+      for (void* p : list) cudaFreeHost(p);
+  }
+  std::string_view name() const override { return "cuda pinned host"; }
+  void* allocate(int64_t bytes) override {
+    auto it = free_.find(bytes);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kOutOfBudget, error_prefix(__FILE__, __LINE__) + "cudaHostAlloc of " + format_bytes(bytes) +
+                                        " failed: " + cudaGetErrorString(e) +
+                                        "; the host cannot pin that much memory: turn off input offloading or "
+                                        "lower --seq");
+    }
+    return p;
+  }
+  void release(void* ptr, int64_t bytes) noexcept override { free_[bytes].push_back(ptr); }
+  bool backed() const override { return true; }
+
+ private:
+  std::map<int64_t, std::vector<void*>> free_;  // used by the one thread of its rank
+};
+
 }  // namespace
+
+std::unique_ptr<MemorySource> CudaDevice::host_memory() {
+  UNTIED_CUDA_CHECK(cudaSetDevice(index_));
+  return std::make_unique<PinnedHostMemory>();
+}
 
 CudaDevice::CudaDevice(int index, int64_t budget, std::string gpu_name)
     : index_(index), name_(std::move(gpu_name)),

@@ -1,6 +1,7 @@
 // The CUDA Device's concrete type, for the CUDA kernels (its stream and cuBLAS handle).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "device/cuda/cuda_check.h"
@@ -20,6 +21,7 @@ class CudaDevice final : public Device {
                int64_t rows) override;
   void fill_zero(void* dst, int64_t bytes) override;
   void synchronize() override;
+  std::unique_ptr<MemorySource> host_memory() override;  // page-locked, cached by size
   int threads() const override { return 1; }
   int index() const { return index_; }  // the GPU (cudaSetDevice index)
   cudaStream_t stream() const { return stream_; }

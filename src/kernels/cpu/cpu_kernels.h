@@ -20,7 +20,7 @@ void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positio
 
 void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
              float* out, int64_t out_stride);
-void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n);
+void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n);
 void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n);
 
 }  // namespace untied::cpu

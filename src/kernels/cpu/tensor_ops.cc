@@ -19,11 +19,22 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int
                                   t, dim);
 }
 
-void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
-  const int64_t es = dtype_size(t);
+void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n) {
+  const int64_t as = dtype_size(acc_t), xs = dtype_size(x_t);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
-  for (int64_t i = 0; i < n; i += kBlock)
-    accumulate_f32(acc + i, static_cast<const char*>(x) + i * es, t, std::min(kBlock, n - i));
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    char* a = static_cast<char*>(acc) + i * as;
+    if (acc_t == DType::kF32) {
+      accumulate_f32(reinterpret_cast<float*>(a), static_cast<const char*>(x) + i * xs, x_t, m);
+      continue;
+    }
+    float sum[kBlock], add[kBlock];
+    load_f32(sum, a, acc_t, m);
+    load_f32(add, static_cast<const char*>(x) + i * xs, x_t, m);
+    for (int64_t k = 0; k < m; ++k) sum[k] += add[k];
+    store_f32(a, acc_t, sum, m);
+  }
 }
 
 void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {

@@ -68,7 +68,7 @@ void scale_in_place(Device& dev, float* x, int64_t n, float scale);
 
 void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
              float* out, int64_t out_stride);  // tensor_ops.cu
-void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n);
+void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n);
 void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n);
 
 }  // namespace untied::cuda

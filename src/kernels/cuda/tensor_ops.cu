@@ -3,8 +3,8 @@
 //   row_dot:  one warp per row (8 rows per 256-thread block, grid-stride over rows); each lane
 //             sums its strided slice of the row in fp32 (16-byte loads where the strides and
 //             pointers allow), then a butterfly shuffle adds the 32 lane sums.
-//   add_into: element-wise, 4 elements per thread per step (one 16-byte load of acc, a 16- or
-//             8-byte load of x) where both pointers are aligned, else one element per step.
+//   add_into: element-wise, 4 elements per thread per step (a 16- or 8-byte load of acc and of
+//             x) where both pointers are aligned, else one element per step.
 //   convert:  element-wise like add_into; the same type both ways is a stream-ordered
 //             device-to-device memcpy (bit-exact, as the CPU's load/store round trip is for
 //             every non-NaN value).
@@ -63,31 +63,33 @@ void launch_row_dot(cudaStream_t st, int64_t rows, int64_t dim, const void* a, i
 
 // ---- add_into ------------------------------------------------------------------------------
 
-// acc[i] += x[i] for i < n: VEC elements per step over the first n / VEC * VEC elements (acc and
-// x aligned to their VEC-element vectors), then the tail one element per thread.
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) add_into_kernel(float* acc, const T* x, int64_t n) {
+// acc[i] = acc[i] + x[i] for i < n, added in fp32 and rounded to A: VEC elements per step over
+// the first n / VEC * VEC elements (acc and x aligned to their VEC-element vectors), then the
+// tail one element per thread.
+template <typename A, typename X, int VEC>
+__global__ void __launch_bounds__(kThreads) add_into_kernel(A* acc, const X* x, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = n / VEC;
   for (int64_t g = tid; g < groups; g += stride) {
-    Pack<float, VEC> pa = load<float, VEC>(acc + g * VEC);
-    const Pack<T, VEC> px = load<T, VEC>(x + g * VEC);
+    Pack<A, VEC> pa = load<A, VEC>(acc + g * VEC);
+    const Pack<X, VEC> px = load<X, VEC>(x + g * VEC);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) pa.v[k] += to_f32(px.v[k]);
-    store<float, VEC>(acc + g * VEC, pa);
+    for (int k = 0; k < VEC; ++k) pa.v[k] = from_f32<A>(to_f32(pa.v[k]) + to_f32(px.v[k]));
+    store<A, VEC>(acc + g * VEC, pa);
   }
   const int64_t i = groups * VEC + tid;  // the tail: fewer than VEC elements
-  if (i < n) acc[i] += to_f32(x[i]);
+  if (i < n) acc[i] = from_f32<A>(to_f32(acc[i]) + to_f32(x[i]));
 }
 
-template <typename T>
-void launch_add_into(cudaStream_t st, float* acc, const void* x, int64_t n) {
-  const T* tx = static_cast<const T*>(x);
-  if (aligned(acc, 16) && aligned(x, 4 * sizeof(T))) {
-    add_into_kernel<T, 4><<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, st>>>(acc, tx, n);
+template <typename A, typename X>
+void launch_add_into(cudaStream_t st, void* acc, const void* x, int64_t n) {
+  A* ta = static_cast<A*>(acc);
+  const X* tx = static_cast<const X*>(x);
+  if (aligned(acc, 4 * sizeof(A)) && aligned(x, 4 * sizeof(X))) {
+    add_into_kernel<A, X, 4><<<blocks_for(n / 4 + 1, kThreads), kThreads, 0, st>>>(ta, tx, n);
   } else {
-    add_into_kernel<T, 1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(acc, tx, n);
+    add_into_kernel<A, X, 1><<<blocks_for(n, kThreads), kThreads, 0, st>>>(ta, tx, n);
   }
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
@@ -135,13 +137,14 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int
     launch_row_dot<float>(st, rows, dim, a, lda, b, ldb, out, out_stride);
 }
 
-void add_into(Device& dev, float* acc, const void* x, DType t, int64_t n) {
+void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n) {
   if (n == 0) return;
   const cudaStream_t st = stream_of(dev);
-  if (t == DType::kBF16)
-    launch_add_into<bf16_t>(st, acc, x, n);
-  else
-    launch_add_into<float>(st, acc, x, n);
+  const bool acc_bf16 = acc_t == DType::kBF16, x_bf16 = x_t == DType::kBF16;
+  if (acc_bf16 && x_bf16) launch_add_into<bf16_t, bf16_t>(st, acc, x, n);
+  else if (acc_bf16) launch_add_into<bf16_t, float>(st, acc, x, n);
+  else if (x_bf16) launch_add_into<float, bf16_t>(st, acc, x, n);
+  else launch_add_into<float, float>(st, acc, x, n);
 }
 
 void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
