@@ -49,6 +49,7 @@ struct DeviceRadixSort {
       return cudaSuccess;
     }
     if (temp_storage_bytes < need) return cudaErrorInvalidValue;
+    emu::DeviceScope scope;  // a device operation: keys, values and scratch are device memory
     std::memset(d_temp_storage, 0xA5, need);  // the sort's scratch is overwritten
     const int bits = end_bit - begin_bit;
     const KeyT mask = bits == static_cast<int>(sizeof(KeyT) * 8) ? ~KeyT{0} : static_cast<KeyT>((KeyT{1} << bits) - 1);

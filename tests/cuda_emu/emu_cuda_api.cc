@@ -2,11 +2,13 @@
 // emulator (emu_runtime.h): an sm_90-like device (132 SMs, 227 KiB of opt-in shared memory per
 // block) whose compute capability the test can change, and memsets and copies on host memory
 // (every kernel has finished when its launch returns, so the stream calls have nothing to wait
-// for). Links in place of
+// for); each copy and memset is a device operation (emu_device_memory.h). Links in place of
 // libcudart; no other runtime call exists in the test binary.
 #include <cuda_runtime.h>
 
 #include <cstring>
+
+#include "emu_device_memory.h"
 
 namespace emu {
 namespace {
@@ -43,17 +45,20 @@ cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int value) {
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  emu::DeviceScope scope;
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset2DAsync(void* p, size_t pitch, int value, size_t width, size_t height, cudaStream_t) {
   if (width > pitch) return cudaErrorInvalidValue;
+  emu::DeviceScope scope;
   for (size_t r = 0; r < height; ++r) std::memset(static_cast<char*>(p) + r * pitch, value, width);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  emu::DeviceScope scope;
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }

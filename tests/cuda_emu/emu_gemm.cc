@@ -4,9 +4,13 @@
 // tests, only what the kernel does around them (operands, strides, block loops, beta).
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "emu_device_memory.h"
 
 namespace untied::cuda {
 
-void gemm(Device& dev, const GemmParams& p) { cpu::gemm(dev, p); }
+void gemm(Device& dev, const GemmParams& p) {
+  emu::DeviceScope scope;  // a device operation: its operands are device memory
+  cpu::gemm(dev, p);
+}
 
 }  // namespace untied::cuda

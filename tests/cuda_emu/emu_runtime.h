@@ -65,6 +65,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "emu_device_memory.h"
+
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
@@ -367,6 +369,7 @@ inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<v
 // kernel<<<grid, block, smem, stream>>>(args...), run to completion before returning.
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t, Args&&... args) {
+  DeviceScope scope;  // one thread in the emulator at a time; guarded device memory open
   g_grid_dim = make_uint3(grid.x, grid.y, grid.z);
   auto tup = std::make_tuple(static_cast<KArgs>(args)...);
   const long long total = static_cast<long long>(grid.x) * grid.y * grid.z;

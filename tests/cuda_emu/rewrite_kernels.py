@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Rewrites CUDA kernel sources into C++ that g++ compiles for the emulator.
 
-  rewrite_kernels.py SRC_DIR OUT_DIR [attention|elementwise|model]
+  rewrite_kernels.py SRC_DIR OUT_DIR [attention|elementwise|model|all]
 
 SRC_DIR is src/kernels/cuda. "attention" (the default): OUT_DIR receives attention_tiles.cuh,
 attention_forward.cc and attention_backward.cc. "elementwise": OUT_DIR receives cuda_util.cuh
 and ELEMENTWISE's .cc files (rope.cc, rmsnorm.cc, ...). "model": OUT_DIR receives cuda_util.cuh
 and MODEL's .cc files (embedding.cc, lm_head_loss.cc, and tensor_ops.cc for the loss's
-conversions). These textual changes, nothing else:
+conversions). "all": all of these in one OUT_DIR, every kernel of the backend (its GEMMs are
+cuBLAS, not kernels of ours: the emulated build has emu_gemm.cc). These textual changes, nothing
+else:
   - attention_tiles.cuh: the block between the "PTX primitives" markers is replaced by
     #include "emu_ptx_primitives.h" (CPU versions of the same functions), and its launch helper
     is rewritten as below;
@@ -64,12 +66,19 @@ def main():
     src, out = sys.argv[1], sys.argv[2]
     mode = sys.argv[3] if len(sys.argv) == 4 else 'attention'
     os.makedirs(out, exist_ok=True)
-    if mode == 'elementwise':
+    if mode not in ('attention', 'elementwise', 'model', 'all'):
+        sys.exit('rewrite_kernels.py: unknown mode %s' % mode)
+    if mode == 'all':
+        covered = set(ELEMENTWISE) | set(MODEL) | {'attention_forward', 'attention_backward'}
+        missing = sorted(f[:-3] for f in os.listdir(src) if f.endswith('.cu') and f[:-3] not in covered)
+        if missing:
+            sys.exit('rewrite_kernels.py: kernels the emulator does not know: %s (add them to a list here)'
+                     % ', '.join(missing))
+    if mode in ('elementwise', 'all'):
         write(os.path.join(out, 'cuda_util.cuh'), rewrite_launches(src, 'cuda_util', '.cuh'))
         for name in ELEMENTWISE:
             write(os.path.join(out, name + '.cc'), rewrite_launches(src, name, '.cu'))
-        return
-    if mode == 'model':
+    if mode in ('model', 'all'):
         write(os.path.join(out, 'cuda_util.cuh'), rewrite_launches(src, 'cuda_util', '.cuh'))
         for name in MODEL:
             text = rewrite_launches(src, name, '.cu')
@@ -80,9 +89,8 @@ def main():
             if name != 'embedding' and ('cub/' in text or 'cub::' in text):
                 sys.exit('rewrite_kernels.py: %s.cu uses CUB beyond what the emulator stands in for' % name)
             write(os.path.join(out, name + '.cc'), text)
+    if mode not in ('attention', 'all'):
         return
-    if mode != 'attention':
-        sys.exit('rewrite_kernels.py: unknown mode %s' % mode)
 
     with open(os.path.join(src, 'attention_tiles.cuh')) as f:
         tiles = f.read()

@@ -1,7 +1,9 @@
 // The emulator's stand-in for src/device/cuda/cuda_device.h (found first on the include path of
 // the emulated kernels): a CudaDevice whose "GPU memory" is host memory, one exact-size malloc
 // per buffer (so AddressSanitizer sees every overrun) filled with 0xFF (a NaN pattern: an output
-// element the kernel never writes shows as NaN), and no stream.
+// element the kernel never writes shows as NaN), and no stream. CudaDevice(true) takes guarded
+// memory instead (emu_device_memory.h: inaccessible to host code outside the device's own
+// operations). Its copies and fills are device operations (emu::DeviceScope).
 #pragma once
 
 #include <cstdlib>
@@ -10,36 +12,55 @@
 #include <string>
 
 #include "device/cuda/cuda_check.h"
+#include "emu_device_memory.h"
 #include "untied/device/device.h"
 
 namespace untied {
 
 class EmulatedGpuMemory final : public MemorySource {
  public:
-  std::string_view name() const override { return "emulated gpu"; }
+  explicit EmulatedGpuMemory(bool guarded) : guarded_(guarded) {}
+  std::string_view name() const override { return guarded_ ? "emulated gpu (guarded)" : "emulated gpu"; }
   void* allocate(int64_t bytes) override {
+    if (guarded_) return emu::guarded_alloc(static_cast<size_t>(bytes));
     void* p = std::malloc(static_cast<size_t>(bytes));
     if (p != nullptr) std::memset(p, 0xFF, static_cast<size_t>(bytes));
     return p;
   }
-  void release(void* ptr, int64_t) noexcept override { std::free(ptr); }
+  void release(void* ptr, int64_t bytes) noexcept override {
+    if (guarded_) emu::guarded_free(ptr, static_cast<size_t>(bytes));
+    else std::free(ptr);
+  }
   bool backed() const override { return true; }
+
+ private:
+  bool guarded_;
 };
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice()
-      : alloc_(std::make_unique<EmulatedGpuMemory>(), Allocator::Options{.budget_bytes = 0, .name = "emulated gpu"}) {}
+  explicit CudaDevice(bool guarded = false)
+      : alloc_(std::make_unique<EmulatedGpuMemory>(guarded),
+               Allocator::Options{.budget_bytes = 0, .name = "emulated gpu"}) {}
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return "emulated gpu"; }
   Allocator& allocator() override { return alloc_; }
-  void copy(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes <= 0) return;
+    emu::DeviceScope scope;
+    std::memmove(dst, src, bytes);
+  }
   void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
                int64_t rows) override {
+    emu::DeviceScope scope;
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
   }
-  void fill_zero(void* dst, int64_t bytes) override { std::memset(dst, 0, bytes); }
+  void fill_zero(void* dst, int64_t bytes) override {
+    if (bytes <= 0) return;
+    emu::DeviceScope scope;
+    std::memset(dst, 0, bytes);
+  }
   void synchronize() override {}
   int threads() const override { return 1; }
   cudaStream_t stream() const { return nullptr; }
