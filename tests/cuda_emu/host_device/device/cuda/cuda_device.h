@@ -39,9 +39,9 @@ class EmulatedGpuMemory final : public MemorySource {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(bool guarded = false)
+  explicit CudaDevice(bool guarded = false, int64_t budget_bytes = 0)
       : alloc_(std::make_unique<EmulatedGpuMemory>(guarded),
-               Allocator::Options{.budget_bytes = 0, .name = "emulated gpu"}) {}
+               Allocator::Options{.budget_bytes = budget_bytes, .name = "emulated gpu"}) {}
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return "emulated gpu"; }
   Allocator& allocator() override { return alloc_; }
