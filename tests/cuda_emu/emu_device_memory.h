@@ -11,7 +11,10 @@
 // directly, which on a real GPU reads garbage or crashes, faults here at the very access
 // (SIGSEGV). Such a fault prints "emulator: host access to guarded GPU memory at <address>" and a
 // stack trace (symbol names where the program is linked with -rdynamic) before the process dies
-// of it. Opening and closing the range are one mprotect each, whatever the number of buffers.
+// of it. Where the CPU has memory protection keys (pkeys), the range carries a key of its own
+// and a scope opens it for its own thread only, by a register write: other threads (other ranks)
+// stay locked out even then, at no cost per operation. Elsewhere a scope opens and closes the
+// whole range with one mprotect each, for every thread.
 // Each buffer starts on a page of its own; freed pages go back to the system and their addresses
 // are not reused (the range is large), so a stale pointer faults outside a scope too. Inside a
 // scope the whole range is open: this finds host accesses, not overruns (the kernel tests, with
@@ -41,7 +44,13 @@ inline int g_device_depth = 0;       // open scopes (of the thread holding the m
 inline char* g_guarded = nullptr;    // the reserved range (null until the first guarded buffer)
 inline size_t g_guarded_used = 0;    // bytes of it handed out so far (page multiples)
 
+inline int g_pkey = -1;              // the range's protection key, or -1: mprotect instead
+
 inline void set_guarded_access(int prot) {
+  if (g_pkey >= 0) {
+    pkey_set(g_pkey, prot == PROT_NONE ? PKEY_DISABLE_ACCESS : 0);  // this thread's rights only
+    return;
+  }
   if (g_guarded_used > 0 && mprotect(g_guarded, g_guarded_used, prot) != 0) {
     std::perror("emulator: mprotect of guarded device memory");
     std::abort();
@@ -105,6 +114,11 @@ inline void* guarded_alloc(size_t bytes) {
     void* r = mmap(nullptr, kGuardedReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (r == MAP_FAILED) return nullptr;
     g_guarded = static_cast<char*>(r);
+    // Threads deny access to a new key by default (Linux's initial rights); this one is open
+    // while its scope lasts.
+    const int key = pkey_alloc(0, 0);
+    if (key >= 0 && pkey_mprotect(r, kGuardedReserve, PROT_READ | PROT_WRITE, key) == 0) g_pkey = key;
+    else if (key >= 0) pkey_free(key);
   }
   const size_t span = pages_for(bytes);
   if (g_guarded_used + span > kGuardedReserve) {
@@ -113,7 +127,8 @@ inline void* guarded_alloc(size_t bytes) {
   }
   char* p = g_guarded + g_guarded_used;
   g_guarded_used += span;
-  if (mprotect(p, span, PROT_READ | PROT_WRITE) != 0) return nullptr;  // open, as the rest of the range is
+  // Open, as the rest of the range is (with a key it is mapped read-write throughout).
+  if (g_pkey < 0 && mprotect(p, span, PROT_READ | PROT_WRITE) != 0) return nullptr;
   std::memset(p, 0xFF, bytes);
   return p;
 }
