@@ -12,7 +12,8 @@
 // Backward walks the stages again: recompute (upipe) or reuse (ulysses) q/k/v; dO for the
 // stage's heads is projected from dy straight into send layout and exchanged, with
 // D_i = rowsum(dO * O) computed before the exchange where O is local; the kernel gives dq, dk,
-// dv; dq is exchanged back at once, dk/dv once per round.
+// dv; dq is exchanged back at once, dk/dv (summed over the round's stages in fp32) once per
+// round, in the block's dtype.
 #include "attention/head_pipeline.h"
 
 #include "attention/block_ops.h"
@@ -262,29 +263,34 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       st.v_res.reset();
       for (int pass = 0; pass < 2; ++pass) {
         TensorBuffer& acc = pass == 0 ? dk_acc : dv_acc;
-        TensorBuffer recv(alloc, DType::kF32, {C, L, wk, D}, Tag::kCommunication,
+        // The round's sums, RoPE undone (acc's rows are the whole sequence in order), go back
+        // in the block's dtype, as dq does: half the bytes of fp32 for bf16, and every GEMM
+        // operand of the projection backward in one dtype.
+        if (pass == 0) rope_blocks(dev_, acc.data(), DType::kF32, 1, C * L, wk, D, cfg_.rope_theta, 0, true);
+        TensorBuffer send;
+        if (t != DType::kF32) {
+          send = TensorBuffer(alloc, t, {C * L, wk, D}, Tag::kCommunication,
+                              pass == 0 ? "dk all-to-all send" : "dv all-to-all send");
+          convert(dev_, send.data(), t, acc.data(), DType::kF32, C * L * wk * D);
+          acc.reset();
+        }
+        TensorBuffer recv(alloc, t, {C, L, wk, D}, Tag::kCommunication,
                           pass == 0 ? "dk all-to-all receive" : "dv all-to-all receive");
-        exchange(dev_, comm_, acc.data(), recv.data(), L * wk * D * 4);
+        exchange(dev_, comm_, (t != DType::kF32 ? send : acc).data(), recv.data(), L * wk * D * es);
+        send.reset();
         acc.reset();
-        if (pass == 0)
-          rope_blocks(dev_, recv.data(), DType::kF32, C, L, wk, D, cfg_.rope_theta, first_position_, true);
         const void* grad = recv.data();
-        DType grad_t = DType::kF32;
         TensorBuffer dk_pre;
-        if (pass == 0 && qk.on()) {  // through the per-head k norm, in the block's dtype
-          TensorBuffer dk_t(alloc, t, {C, L, wk, D}, Tag::kAttnWorkspace, "dk (block dtype)");
-          convert(dev_, dk_t.data(), t, recv.data(), DType::kF32, C * L * wk * D);
-          dk_pre = qk.backward(false, st.k_pre, st.k_rstd, w.k_norm, dk_t);
+        if (pass == 0 && qk.on()) {  // through the per-head k norm
+          dk_pre = qk.backward(false, st.k_pre, st.k_rstd, w.k_norm, recv);
           st.k_pre.reset();
           st.k_rstd.reset();
           grad = dk_pre.data();
-          grad_t = t;
         }
-        const int64_t ges = dtype_size(grad_t);
         for (int64_t p = 0; p < C; ++p)
           for (int64_t i = 0; i < wk; ++i)
-            project_head_backward(dev_, dx_acc, static_cast<const char*>(grad) + (p * L * wk + i) * D * ges, wk * D,
-                                  grad_t, x.data(), x.dtype(), L, pass == 0 ? w.wk : w.wv, pass == 0 ? g.dwk : g.dwv,
+            project_head_backward(dev_, dx_acc, static_cast<const char*>(grad) + (p * L * wk + i) * D * es, wk * D, t,
+                                  x.data(), x.dtype(), L, pass == 0 ? w.wk : w.wv, pass == 0 ? g.dwk : g.dwv,
                                   sched_.kv_head(round, p, i), D, true);
       }
     }

@@ -6,8 +6,9 @@
 //   - cub::DeviceRadixSort::SortPairs (embedding backward) is emu_cub_radix_sort.h, a host stable
 //     sort over the same key bits; CUB itself is not checked, only the kernel's use of it (size
 //     query, bit range, reading the result from DoubleBuffer::Current()).
-//   - untied::cuda::gemm (the loss's GEMMs, cuBLAS on a GPU) is the CPU GEMM (emu_gemm.cc) on the
-//     same memory. So only the loss's own work is checked: the label check, the chunking and its
+//   - cuBLAS, under the backend's own untied::cuda::gemm (src/kernels/cuda/gemm.cc), is
+//     emu_cublas.cc: cuBLAS's column-major semantics and argument checks, OpenBLAS underneath.
+//     So the GEMM mapping is checked, and the loss's own work: the label check, the chunking and its
 //     ragged last chunk, the skipped chunks, the widening of bf16 operands (cuda::convert of
 //     tensor_ops.cu, emulated too) and the weight-block loop with its beta, the GEMMs' operands
 //     and leading dimensions, the row kernel (max, first argmax, fp64 sum of exponentials, loss,

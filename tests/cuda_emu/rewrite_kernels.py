@@ -8,7 +8,7 @@ attention_forward.cc and attention_backward.cc. "elementwise": OUT_DIR receives 
 and ELEMENTWISE's .cc files (rope.cc, rmsnorm.cc, ...). "model": OUT_DIR receives cuda_util.cuh
 and MODEL's .cc files (embedding.cc, lm_head_loss.cc, and tensor_ops.cc for the loss's
 conversions). "all": all of these in one OUT_DIR, every kernel of the backend (its GEMMs are
-cuBLAS, not kernels of ours: the emulated build has emu_gemm.cc). These textual changes, nothing
+cuBLAS, not kernels of ours: the emulated build has emu_cublas.cc). These textual changes, nothing
 else:
   - attention_tiles.cuh: the block between the "PTX primitives" markers is replaced by
     #include "emu_ptx_primitives.h" (CPU versions of the same functions), and its launch helper

@@ -1,8 +1,8 @@
 // Whole training runs on an emulated GPU, against the same runs on the CPU: every CUDA kernel of
 // the backend (rewritten into gen_all/, see rewrite_kernels.py "all") under the emulator, with
 // the library's own trainer, decoder, sharded parameters, strategies and in-process communicator
-// bound to the device, on the emulator's CudaDevice (host_device/). Its GEMMs are the CPU GEMM
-// (emu_gemm.cc), its copies host copies.
+// bound to the device, on the emulator's CudaDevice (host_device/). Its GEMMs are the backend's
+// own (src/kernels/cuda/gemm.cc) on the emulated cuBLAS (emu_cublas.cc), its copies host copies.
 //
 // What this adds to the kernel tests: the GPU path of the engine runs end to end, and its
 // device buffers are guarded memory (emu_device_memory.h), inaccessible to host code outside the
@@ -30,11 +30,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TrainOptions small_run(Strategy st, DType dtype, int64_t heads = 4, int64_t kv_heads = 2) {
+TrainOptions small_run(Strategy st, DType dtype, int64_t heads = 4, int64_t kv_heads = 2, bool qk_norm = false) {
   TrainOptions o;
   o.model.name = "test";
   o.model.vocab = 35, o.model.hidden = 32, o.model.layers = 2, o.model.heads = heads, o.model.kv_heads = kv_heads;
-  o.model.head_dim = 8, o.model.ffn = 48, o.model.rope_theta = 10000.0;
+  o.model.head_dim = 8, o.model.ffn = 48, o.model.rope_theta = 10000.0, o.model.qk_norm = qk_norm;
   o.decoder = DecoderOptions{.seq = 48, .strategy = st, .dtype = dtype};
   o.steps = 4;
   o.warmup = 1;
@@ -105,15 +105,18 @@ TEST(EmulatedGpuTraining, MatchesTheCpuForEveryStrategy) {
     int ranks;
     DType t;
     int64_t heads, kv_heads;
+    bool qk_norm;
   };
   const DType kF = DType::kF32, kB = DType::kBF16;
-  for (Case c : {Case{Strategy::kLocal, 1, kF, 4, 2}, Case{Strategy::kUlysses, 2, kF, 4, 2},
-                 Case{Strategy::kUPipe, 2, kF, 4, 2}, Case{Strategy::kUPipe, 3, kF, 6, 3},
-                 Case{Strategy::kUPipe, 2, kB, 4, 2}}) {
+  for (Case c : {Case{Strategy::kLocal, 1, kF, 4, 2, false}, Case{Strategy::kUlysses, 2, kF, 4, 2, false},
+                 Case{Strategy::kUPipe, 2, kF, 4, 2, false}, Case{Strategy::kUPipe, 3, kF, 6, 3, true},
+                 Case{Strategy::kLocal, 1, kB, 4, 2, true}, Case{Strategy::kUlysses, 2, kB, 4, 2, false},
+                 Case{Strategy::kUPipe, 2, kB, 4, 2, true}, Case{Strategy::kUPipe, 4, kB, 4, 1, false}}) {
     const std::string what = std::string(strategy_name(c.st)) + " on " + std::to_string(c.ranks) + " ranks, " +
-                             std::string(dtype_name(c.t)) + ", H=" + std::to_string(c.heads);
+                             std::string(dtype_name(c.t)) + ", H=" + std::to_string(c.heads) +
+                             " G=" + std::to_string(c.kv_heads) + (c.qk_norm ? ", qk-norm" : "");
     SCOPED_TRACE(what);
-    const TrainOptions o = small_run(c.st, c.t, c.heads, c.kv_heads);
+    const TrainOptions o = small_run(c.st, c.t, c.heads, c.kv_heads, c.qk_norm);
     auto cpu = run(o, c.ranks, false);
     auto gpu = run(o, c.ranks, true);
     ASSERT_TRUE(cpu.ok()) << cpu.status().message();

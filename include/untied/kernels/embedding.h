@@ -13,7 +13,9 @@
 // Error(kInvalidArgument) naming the first bad id and its position ("ids[17] = 50000 is outside
 // [0, vocab = 32000)"). In rehearsal (!dev.backed()) there is no data and nothing is checked.
 //
-// Workspace: none.
+// Workspace: none on the CPU. On CUDA (dev.allocator(), Tag::kOther, live during the call): 8
+// bytes for the id check; the backward also 16 * tokens bytes for its sort plus CUB's temporary
+// storage (src/kernels/cuda/embedding.cu).
 // REQUIRES: tokens >= 0, vocab >= 1, dim >= 1; outputs do not overlap inputs.
 #pragma once
 

@@ -20,8 +20,8 @@
 //              which is exactly the CPU's order and operations, so the result is bit-identical
 //              to the CPU kernel for any launch shape. Each (id, column) is owned by one thread.
 //
-// Workspace (dev.allocator(), Tag::kOther, live during the call; embedding.h documents none for
-// the CPU): both directions 8 bytes (the first bad position); the backward also the sort's
+// Workspace (dev.allocator(), Tag::kOther, live during the call; the CPU kernels take none):
+// both directions 8 bytes (the first bad position); the backward also the sort's
 // buffers, 16 * tokens bytes (ids and positions, two copies each) plus CUB's temporary storage
 // (what cub::DeviceRadixSort::SortPairs asks for with DoubleBuffer: a few KiB to a few MiB).
 #include <algorithm>

@@ -64,6 +64,8 @@ class CudaDevice final : public Device {
   void synchronize() override {}
   int threads() const override { return 1; }
   cudaStream_t stream() const { return nullptr; }
+  // Any non-null handle: emu_cublas.cc answers every handle alike.
+  cublasHandle_t cublas() const { return reinterpret_cast<cublasHandle_t>(const_cast<CudaDevice*>(this)); }
 
  private:
   Allocator alloc_;
