@@ -370,6 +370,12 @@ inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<v
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t, Args&&... args) {
   DeviceScope scope;  // one thread in the emulator at a time; guarded device memory open
+  // The hardware's launch limits (a launch beyond them fails on a GPU with "invalid configuration").
+  if (block.x < 1 || block.y < 1 || block.z < 1 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+      static_cast<long long>(block.x) * block.y * block.z > 1024)
+    die("launch: block dimensions beyond the hardware's (at most 1024 x 1024 x 64, 1024 threads)");
+  if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
+    die("launch: grid dimensions beyond the hardware's (x < 2^31, y and z <= 65535, none 0)");
   g_grid_dim = make_uint3(grid.x, grid.y, grid.z);
   auto tup = std::make_tuple(static_cast<KArgs>(args)...);
   const long long total = static_cast<long long>(grid.x) * grid.y * grid.z;
