@@ -1,12 +1,20 @@
-// The few CUDA runtime calls the emulated kernels' launchers make, answered on the host for the
-// emulator (emu_runtime.h): an sm_90-like device (132 SMs, 227 KiB of opt-in shared memory per
-// block) whose compute capability the test can change, and memsets and copies on host memory
-// (every kernel has finished when its launch returns, so the stream calls have nothing to wait
-// for); each copy and memset is a device operation (emu_device_memory.h). Links in place of
-// libcudart; no other runtime call exists in the test binary.
+// The CUDA runtime calls of the backend (its kernels' launchers and its CudaDevice,
+// src/device/cuda/cuda_device.cc), answered on the host for the emulator (emu_runtime.h): one
+// sm_90-like GPU (132 SMs, 227 KiB of opt-in shared memory per block, kEmulatedGpuBytes of
+// memory) whose compute capability the test can change. Its memory (cudaMalloc) is guarded
+// device memory (emu_device_memory.h); page-locked host memory (cudaHostAlloc) is plain host
+// memory. Memsets and copies run at once on the host (every kernel has finished when its launch
+// returns, so streams have nothing to wait for), each a device operation, with the runtime's own
+// argument checks where untied's code could get them wrong (cudaMemcpy2DAsync's pitches, memory
+// beyond the GPU's). Links in place of libcudart; no other runtime call exists in the binaries.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include "emu_device_memory.h"
 
@@ -14,6 +22,13 @@ namespace emu {
 namespace {
 int g_cc_major = 9;
 constexpr int kSmemOptin = 232448;
+constexpr size_t kEmulatedGpuBytes = size_t{4} << 30;
+constexpr int kMaxPitch = 0x7fffffff;  // cudaDevAttrMaxPitch of an H100
+
+std::mutex g_mem_mu;
+std::unordered_map<void*, size_t> g_live;  // cudaMalloc'd blocks and their sizes
+size_t g_live_bytes = 0;
+int g_stream_tag;  // what every stream points at
 }  // namespace
 
 void set_compute_capability(int major) { g_cc_major = major; }
@@ -35,6 +50,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu::kSmemOptin; break;
     case cudaDevAttrMultiProcessorCount: *value = 132; break;
+    case cudaDevAttrMaxPitch: *value = emu::kMaxPitch; break;
     default: *value = 0;
   }
   return cudaSuccess;
@@ -63,9 +79,90 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaSuccess;
 }
 
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+  if (dpitch > static_cast<size_t>(emu::kMaxPitch) || spitch > static_cast<size_t>(emu::kMaxPitch))
+    return cudaErrorInvalidPitchValue;
+  emu::DeviceScope scope;
+  for (size_t r = 0; r < height; ++r)
+    std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = reinterpret_cast<cudaStream_t>(&emu::g_stream_tag);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+
+// One GPU. Any index is accepted by cudaSetDevice, because cudaGetDevice answers with the
+// emulated compute capability (above) and callers restore what it answered.
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "emulated GPU");
+  prop->totalGlobalMem = emu::kEmulatedGpuBytes;
+  prop->major = emu::g_cc_major;
+  prop->multiProcessorCount = 132;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(emu::g_mem_mu);
+  *total_bytes = emu::kEmulatedGpuBytes;
+  *free_bytes = emu::kEmulatedGpuBytes - emu::g_live_bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(emu::g_mem_mu);
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > emu::kEmulatedGpuBytes - emu::g_live_bytes) return cudaErrorMemoryAllocation;
+  *p = emu::guarded_alloc(bytes);
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  emu::g_live[*p] = bytes;
+  emu::g_live_bytes += bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(emu::g_mem_mu);
+  auto it = emu::g_live.find(p);
+  if (it == emu::g_live.end()) return cudaErrorInvalidValue;
+  emu::guarded_free(p, it->second);
+  emu::g_live_bytes -= it->second;
+  emu::g_live.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError() { return cudaSuccess; }
-const char* cudaGetErrorString(cudaError_t) { return "emulated CUDA error"; }
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaErrorMemoryAllocation: return "out of memory (emulated)";
+    case cudaErrorInvalidPitchValue: return "invalid pitch argument (emulated)";
+    case cudaErrorInvalidValue: return "invalid argument (emulated)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal (emulated)";
+    default: return "emulated CUDA error";
+  }
+}
 
 }  // extern "C"

@@ -1,11 +1,12 @@
 // Whole training runs on an emulated GPU, against the same runs on the CPU: every CUDA kernel of
 // the backend (rewritten into gen_all/, see rewrite_kernels.py "all") under the emulator, with
 // the library's own trainer, decoder, sharded parameters, strategies and in-process communicator
-// bound to the device, on the emulator's CudaDevice (host_device/). Its GEMMs are the backend's
-// own (src/kernels/cuda/gemm.cc) on the emulated cuBLAS (emu_cublas.cc), its copies host copies.
+// bound to the device, on the backend's own CudaDevice and GEMM (src/device/cuda/cuda_device.cc,
+// src/kernels/cuda/gemm.cc) over the emulated runtime and cuBLAS (emu_cuda_api.cc,
+// emu_cublas.cc): its copies are host copies, its GEMMs OpenBLAS.
 //
 // What this adds to the kernel tests: the GPU path of the engine runs end to end, and its
-// device buffers are guarded memory (emu_device_memory.h), inaccessible to host code outside the
+// device buffers (cudaMalloc) are guarded memory (emu_device_memory.h), inaccessible to host code outside the
 // device's own operations. Any place where the engine reads or writes GPU memory from the host,
 // which on a GPU is garbage or a crash, faults here at that access.
 //
@@ -21,8 +22,8 @@
 #include <mutex>
 #include <optional>
 
-#include "device/cuda/cuda_device.h"  // the emulator's host_device/ version
 #include "untied/comm/inproc.h"
+#include "untied/device/cuda.h"
 #include "untied/train/trainer.h"
 
 namespace untied {
@@ -49,8 +50,8 @@ std::unique_ptr<DataSource> kv_data() {
   return std::move(make_data_source("kv", "", d)).value();
 }
 
-// train() on `ranks` in-process ranks: on the CPU, or each rank on its own emulated GPU with
-// guarded memory and a split of the world bound to it (host figures over the world).
+// train() on `ranks` in-process ranks: on the CPU, or each rank with its own CudaDevice on the
+// emulated GPU and a split of the world bound to it (host figures over the world).
 StatusOr<TrainSummary> run(const TrainOptions& o, int ranks, bool gpu) {
   auto data = kv_data();
   std::mutex mu;
@@ -58,10 +59,10 @@ StatusOr<TrainSummary> run(const TrainOptions& o, int ranks, bool gpu) {
   run_in_process(ranks, [&](Communicator& world) {
     std::optional<StatusOr<TrainSummary>> r;
     if (gpu) {
-      CudaDevice dev(/*guarded=*/true);
+      auto dev = std::move(make_cuda_device({})).value();
       auto dcomm = world.split(0, world.rank());
-      dcomm->bind_device(dev);
-      r.emplace(train(dev, *dcomm, world, *data, o));
+      dcomm->bind_device(*dev);
+      r.emplace(train(*dev, *dcomm, world, *data, o));
     } else {
       r.emplace(train(world, *data, o));
     }
@@ -84,18 +85,18 @@ TEST(EmulatedGpuTraining, GuardedDeviceMemoryFaultsOnHostAccess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
       {
-        CudaDevice dev(/*guarded=*/true);
-        Buffer b = dev.allocator().allocate(256, Tag::kOther, "guarded");
+        auto dev = std::move(make_cuda_device({})).value();
+        Buffer b = dev->allocator().allocate(256, Tag::kOther, "guarded");
         static_cast<volatile char*>(b.data())[0] = 1;  // host code writing GPU memory
       },
       "host access to guarded GPU memory");
   // Through the device, the same memory is fine.
-  CudaDevice dev(/*guarded=*/true);
-  Buffer b = dev.allocator().allocate(256, Tag::kOther, "guarded");
+  auto dev = std::move(make_cuda_device({})).value();
+  Buffer b = dev->allocator().allocate(256, Tag::kOther, "guarded");
   const char src[4] = {1, 2, 3, 4};
   char back[4] = {};
-  dev.copy(b.data(), src, 4);
-  dev.copy(back, b.data(), 4);
+  dev->copy(b.data(), src, 4);
+  dev->copy(back, b.data(), 4);
   EXPECT_EQ(std::memcmp(src, back, 4), 0);
 }
 

@@ -1,9 +1,8 @@
 // The emulator's stand-in for src/device/cuda/cuda_device.h (found first on the include path of
 // the emulated kernels): a CudaDevice whose "GPU memory" is host memory, one exact-size malloc
 // per buffer (so AddressSanitizer sees every overrun) filled with 0xFF (a NaN pattern: an output
-// element the kernel never writes shows as NaN), and no stream. CudaDevice(true) takes guarded
-// memory instead (emu_device_memory.h: inaccessible to host code outside the device's own
-// operations). Its copies and fills are device operations (emu::DeviceScope).
+// element the kernel never writes shows as NaN), and no stream. Its copies and fills are device
+// operations (emu::DeviceScope). The whole-engine tests use the backend's own CudaDevice instead.
 #pragma once
 
 #include <cstdlib>
@@ -19,29 +18,20 @@ namespace untied {
 
 class EmulatedGpuMemory final : public MemorySource {
  public:
-  explicit EmulatedGpuMemory(bool guarded) : guarded_(guarded) {}
-  std::string_view name() const override { return guarded_ ? "emulated gpu (guarded)" : "emulated gpu"; }
+  std::string_view name() const override { return "emulated gpu"; }
   void* allocate(int64_t bytes) override {
-    if (guarded_) return emu::guarded_alloc(static_cast<size_t>(bytes));
     void* p = std::malloc(static_cast<size_t>(bytes));
     if (p != nullptr) std::memset(p, 0xFF, static_cast<size_t>(bytes));
     return p;
   }
-  void release(void* ptr, int64_t bytes) noexcept override {
-    if (guarded_) emu::guarded_free(ptr, static_cast<size_t>(bytes));
-    else std::free(ptr);
-  }
+  void release(void* ptr, int64_t) noexcept override { std::free(ptr); }
   bool backed() const override { return true; }
-
- private:
-  bool guarded_;
 };
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(bool guarded = false, int64_t budget_bytes = 0)
-      : alloc_(std::make_unique<EmulatedGpuMemory>(guarded),
-               Allocator::Options{.budget_bytes = budget_bytes, .name = "emulated gpu"}) {}
+  CudaDevice()
+      : alloc_(std::make_unique<EmulatedGpuMemory>(), Allocator::Options{.budget_bytes = 0, .name = "emulated gpu"}) {}
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return "emulated gpu"; }
   Allocator& allocator() override { return alloc_; }
