@@ -1,7 +1,9 @@
-// The CUDA runtime calls of the backend (its kernels' launchers and its CudaDevice,
-// src/device/cuda/cuda_device.cc), answered on the host for the emulator (emu_runtime.h): one
-// sm_90-like GPU (132 SMs, 227 KiB of opt-in shared memory per block, kEmulatedGpuBytes of
-// memory) whose compute capability the test can change. Its memory (cudaMalloc) is guarded
+// The CUDA runtime calls of the backend (its kernels' launchers, its CudaDevice and the NCCL
+// communicator), answered on the host for the emulator (emu_runtime.h): sm_90-like GPUs (132 SMs,
+// 227 KiB of opt-in shared memory per block, kEmulatedGpuBytes of memory shared by the process),
+// as many as UNTIED_EMU_GPUS says (default 1), GPU i on PCI bus i, so that processes using the
+// same index share "a GPU" as NCCL sees it; the kernel tests can present other compute
+// capabilities (set_compute_capability). Its memory (cudaMalloc) is guarded
 // device memory (emu_device_memory.h); page-locked host memory (cudaHostAlloc) is plain host
 // memory. Memsets and copies run at once on the host (every kernel has finished when its launch
 // returns, so streams have nothing to wait for), each a device operation, with the runtime's own
@@ -20,33 +22,55 @@
 
 namespace emu {
 namespace {
-int g_cc_major = 9;
+constexpr int kDefaultCc = 9;
+constexpr int kCcDevice = 1000;  // devices kCcDevice + major: set_compute_capability's
+thread_local int g_current = 0;  // the calling thread's device, as in CUDA
 constexpr int kSmemOptin = 232448;
 constexpr size_t kEmulatedGpuBytes = size_t{4} << 30;
 constexpr int kMaxPitch = 0x7fffffff;  // cudaDevAttrMaxPitch of an H100
 
 std::mutex g_mem_mu;
-std::unordered_map<void*, size_t> g_live;  // cudaMalloc'd blocks and their sizes
+struct Block {
+  size_t bytes;
+  int device;  // current when it was allocated
+};
+std::unordered_map<void*, Block> g_live;  // cudaMalloc'd blocks
 size_t g_live_bytes = 0;
 int g_stream_tag;  // what every stream points at
+int g_event_tag;   // and every event
+
+int gpu_count() {
+  const char* e = std::getenv("UNTIED_EMU_GPUS");
+  const int n = e != nullptr ? std::atoi(e) : 1;
+  return n >= 1 ? n : 1;
+}
+int cc_of(int device) { return device >= kCcDevice ? device - kCcDevice : kDefaultCc; }
+
+// The device of the cudaMalloc'd block holding p, or -1.
+int device_of(const void* p) {
+  std::lock_guard<std::mutex> lock(g_mem_mu);
+  for (const auto& [q, b] : g_live)
+    if (p >= q && static_cast<const char*>(p) < static_cast<const char*>(q) + b.bytes) return b.device;
+  return -1;
+}
 }  // namespace
 
-void set_compute_capability(int major) { g_cc_major = major; }
+// The kernels cache device capabilities per device index, so each emulated compute capability is
+// a device of its own: the calling thread moves to it.
+void set_compute_capability(int major) { g_current = kCcDevice + major; }
 
 }  // namespace emu
 
 extern "C" {
 
-// The kernels cache device capabilities per device index, so each emulated compute capability is
-// presented as a device of its own.
 cudaError_t cudaGetDevice(int* device) {
-  *device = emu::g_cc_major;
+  *device = emu::g_current;
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   switch (attr) {
-    case cudaDevAttrComputeCapabilityMajor: *value = emu::g_cc_major; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = emu::cc_of(device); break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu::kSmemOptin; break;
     case cudaDevAttrMultiProcessorCount: *value = 132; break;
@@ -97,20 +121,46 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-
-// One GPU. Any index is accepted by cudaSetDevice, because cudaGetDevice answers with the
-// emulated compute capability (above) and callers restore what it answered.
-cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = reinterpret_cast<cudaEvent_t>(&emu::g_event_tag);
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+
+// Device memory for cudaMalloc'd blocks; host memory (registered or not) otherwise.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  *attr = cudaPointerAttributes{};
+  const int device = emu::device_of(p);
+  attr->type = device >= 0 ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+  attr->device = device >= 0 ? device : emu::g_current;
+  attr->devicePointer = attr->type == cudaMemoryTypeDevice ? const_cast<void*>(p) : nullptr;
+  attr->hostPointer = attr->type == cudaMemoryTypeDevice ? nullptr : const_cast<void*>(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = emu::gpu_count();
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if ((device < 0 || device >= emu::gpu_count()) && device < emu::kCcDevice) return cudaErrorInvalidDevice;
+  emu::g_current = device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (device < 0 || device >= emu::gpu_count()) return cudaErrorInvalidDevice;
+  std::snprintf(bus_id, static_cast<size_t>(len), "0000:%02x:00.0", device);
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= emu::gpu_count()) return cudaErrorInvalidDevice;
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "emulated GPU");
   prop->totalGlobalMem = emu::kEmulatedGpuBytes;
-  prop->major = emu::g_cc_major;
+  prop->major = emu::cc_of(device);
   prop->multiProcessorCount = 132;
   return cudaSuccess;
 }
@@ -129,7 +179,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (bytes > emu::kEmulatedGpuBytes - emu::g_live_bytes) return cudaErrorMemoryAllocation;
   *p = emu::guarded_alloc(bytes);
   if (*p == nullptr) return cudaErrorMemoryAllocation;
-  emu::g_live[*p] = bytes;
+  emu::g_live[*p] = emu::Block{bytes, emu::g_current};
   emu::g_live_bytes += bytes;
   return cudaSuccess;
 }
@@ -139,8 +189,8 @@ cudaError_t cudaFree(void* p) {
   std::lock_guard<std::mutex> lock(emu::g_mem_mu);
   auto it = emu::g_live.find(p);
   if (it == emu::g_live.end()) return cudaErrorInvalidValue;
-  emu::guarded_free(p, it->second);
-  emu::g_live_bytes -= it->second;
+  emu::guarded_free(p, it->second.bytes);
+  emu::g_live_bytes -= it->second.bytes;
   emu::g_live.erase(it);
   return cudaSuccess;
 }

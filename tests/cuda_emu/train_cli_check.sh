@@ -2,13 +2,16 @@
 # `untied train` on the CPU and `untied_emu train --device cuda` (the same command line on
 # emulated GPUs) with the same arguments: every step's loss must agree to RTOL of itself.
 # Usage: train_cli_check.sh UNTIED UNTIED_EMU RTOL untied-train-args...
+# UNTIED_LAUNCH, when set, is put before both commands (e.g. "mpirun -np 2").
 set -euo pipefail
 untied="$1" emu="$2" rtol="$3"
 shift 3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-"$untied" train --device cpu "$@" --metrics "$dir/cpu.jsonl"
-"$emu" train --device cuda "$@" --metrics "$dir/gpu.jsonl"
+# shellcheck disable=SC2086  # UNTIED_LAUNCH is a command and its arguments
+${UNTIED_LAUNCH:-} "$untied" train --device cpu "$@" --metrics "$dir/cpu.jsonl"
+# shellcheck disable=SC2086
+${UNTIED_LAUNCH:-} "$emu" train --device cuda "$@" --metrics "$dir/gpu.jsonl"
 losses() { sed -n 's/.*"loss": \([^,]*\),.*/\1/p' "$1"; }
 paste <(losses "$dir/cpu.jsonl") <(losses "$dir/gpu.jsonl") | awk -v rtol="$rtol" '
   { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1;
