@@ -12,65 +12,20 @@
 
 #include <cstring>
 #include <filesystem>
-#include <mutex>
-#include <optional>
 
 #include "gpu_test_util.h"
-#include "untied/comm/inproc.h"
-#include "untied/device/cuda.h"
-#include "untied/train/trainer.h"
+#include "train/train_runs.h"
 
 namespace untied {
 namespace {
 
 namespace fs = std::filesystem;
 
-TrainOptions small_run(Strategy st, DType dtype) {
-  TrainOptions o;
-  o.model.name = "test";
-  o.model.vocab = 35, o.model.hidden = 32, o.model.layers = 2, o.model.heads = 4, o.model.kv_heads = 2;
-  o.model.head_dim = 8, o.model.ffn = 48, o.model.rope_theta = 10000.0;
-  o.decoder = DecoderOptions{.seq = 64, .strategy = st, .dtype = dtype};
-  o.steps = 6;
-  o.warmup = 2;
-  o.lr = 1e-2f;
-  o.progress = false;
-  return o;
-}
+TrainOptions small_run(Strategy st, DType dtype) { return testing::small_train_options(st, dtype); }
 
-std::unique_ptr<DataSource> kv_data() {
-  DataOptions d;
-  d.kv.num_keys = 16, d.kv.num_values = 16;
-  return std::move(make_data_source("kv", "", d)).value();
-}
+StatusOr<TrainSummary> run(const TrainOptions& o, int ranks, bool gpu) { return testing::run_training(o, ranks, gpu); }
 
-// train() on `ranks` in-process ranks, on the CPU or on GPU 0 (each rank its own CUDA device and
-// a split of the world bound to it for the device buffers; host figures over the world).
-StatusOr<TrainSummary> run(const TrainOptions& o, int ranks, bool gpu) {
-  auto data = kv_data();
-  std::mutex mu;
-  std::optional<StatusOr<TrainSummary>> out;
-  run_in_process(ranks, [&](Communicator& world) {
-    std::optional<StatusOr<TrainSummary>> r;
-    if (gpu) {
-      auto dev = std::move(make_cuda_device({})).value();
-      auto dcomm = world.split(0, world.rank());
-      dcomm->bind_device(*dev);
-      r.emplace(train(*dev, *dcomm, world, *data, o));
-    } else {
-      r.emplace(train(world, *data, o));
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (world.rank() == 0) out.emplace(std::move(*r));
-  });
-  return std::move(*out);
-}
-
-void expect_close_losses(const TrainSummary& got, const TrainSummary& want, double rel, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  for (size_t i = 0; i < got.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], rel * want.losses[i]) << what << ", step " << i + 1;
-}
+using testing::expect_close_losses;
 
 TEST(CudaTrain, MatchesTheCpuForEveryStrategy) {
   REQUIRE_GPU();

@@ -95,6 +95,27 @@ ncclResult_t p2p(bool send, const void* buf, size_t count, ncclDataType_t t, int
   return run_p2p(one);
 }
 
+bool collective_args(ncclComm_t comm, ncclDataType_t t, size_t count, MPI_Datatype* mt, size_t* es) {
+  return comm != nullptr && mpi_type(t, mt, es) && count <= static_cast<size_t>(INT32_MAX);
+}
+
+int comm_size(ncclComm_t comm) {
+  int n = 0;
+  MPI_Comm_size(comm->mpi, &n);
+  return n;
+}
+
+// A collective on device buffers: send_bytes of `send` copied to the host, `mpi(host send, host
+// recv)` run there, recv_bytes copied back to `recv`.
+template <typename F>
+ncclResult_t staged(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, F&& mpi) {
+  emu::DeviceScope scope;
+  std::vector<char> s = to_host(send, send_bytes), r(recv_bytes);
+  if (mpi(s.data(), r.data()) != MPI_SUCCESS) return ncclSystemError;
+  if (recv_bytes > 0) std::memcpy(recv, r.data(), recv_bytes);
+  return ncclSuccess;
+}
+
 }  // namespace
 
 extern "C" {
@@ -186,16 +207,11 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
                            cudaStream_t) {
   MPI_Datatype mt;
   size_t es;
-  int n = 0;
-  if (comm == nullptr || !mpi_type(t, &mt, &es) || count > static_cast<size_t>(INT32_MAX)) return ncclInvalidArgument;
-  MPI_Comm_size(comm->mpi, &n);
-  emu::DeviceScope scope;
-  std::vector<char> s = to_host(send, count * es), r(count * es * static_cast<size_t>(n));
-  if (MPI_Allgather(s.data(), static_cast<int>(count), mt, r.data(), static_cast<int>(count), mt, comm->mpi) !=
-      MPI_SUCCESS)
-    return ncclSystemError;
-  if (!r.empty()) std::memcpy(recv, r.data(), r.size());
-  return ncclSuccess;
+  if (!collective_args(comm, t, count, &mt, &es)) return ncclInvalidArgument;
+  const size_t n = static_cast<size_t>(comm_size(comm));
+  return staged(send, count * es, recv, count * es * n, [&](char* s, char* r) {
+    return MPI_Allgather(s, static_cast<int>(count), mt, r, static_cast<int>(count), mt, comm->mpi);
+  });
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
@@ -203,16 +219,11 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
   MPI_Datatype mt;
   MPI_Op mo;
   size_t es;
-  int n = 0;
-  if (comm == nullptr || !mpi_type(t, &mt, &es) || !mpi_op(op, &mo) || count > static_cast<size_t>(INT32_MAX))
-    return ncclInvalidArgument;
-  MPI_Comm_size(comm->mpi, &n);
-  emu::DeviceScope scope;
-  std::vector<char> s = to_host(send, count * es * static_cast<size_t>(n)), r(count * es);
-  if (MPI_Reduce_scatter_block(s.data(), r.data(), static_cast<int>(count), mt, mo, comm->mpi) != MPI_SUCCESS)
-    return ncclSystemError;
-  if (!r.empty()) std::memcpy(recv, r.data(), r.size());
-  return ncclSuccess;
+  if (!collective_args(comm, t, count, &mt, &es) || !mpi_op(op, &mo)) return ncclInvalidArgument;
+  const size_t n = static_cast<size_t>(comm_size(comm));
+  return staged(send, count * es * n, recv, count * es, [&](char* s, char* r) {
+    return MPI_Reduce_scatter_block(s, r, static_cast<int>(count), mt, mo, comm->mpi);
+  });
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
@@ -220,28 +231,24 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   MPI_Datatype mt;
   MPI_Op mo;
   size_t es;
-  if (comm == nullptr || !mpi_type(t, &mt, &es) || !mpi_op(op, &mo) || count > static_cast<size_t>(INT32_MAX))
-    return ncclInvalidArgument;
-  emu::DeviceScope scope;
-  std::vector<char> s = to_host(send, count * es), r(count * es);
-  if (MPI_Allreduce(s.data(), r.data(), static_cast<int>(count), mt, mo, comm->mpi) != MPI_SUCCESS)
-    return ncclSystemError;
-  if (!r.empty()) std::memcpy(recv, r.data(), r.size());
-  return ncclSuccess;
+  if (!collective_args(comm, t, count, &mt, &es) || !mpi_op(op, &mo)) return ncclInvalidArgument;
+  return staged(send, count * es, recv, count * es, [&](char* s, char* r) {
+    return MPI_Allreduce(s, r, static_cast<int>(count), mt, mo, comm->mpi);
+  });
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
                            cudaStream_t) {
   MPI_Datatype mt;
   size_t es;
+  if (!collective_args(comm, t, count, &mt, &es)) return ncclInvalidArgument;
   int me = 0;
-  if (comm == nullptr || !mpi_type(t, &mt, &es) || count > static_cast<size_t>(INT32_MAX)) return ncclInvalidArgument;
   MPI_Comm_rank(comm->mpi, &me);
-  emu::DeviceScope scope;
-  std::vector<char> b = me == root ? to_host(send, count * es) : std::vector<char>(count * es);
-  if (MPI_Bcast(b.data(), static_cast<int>(count), mt, root, comm->mpi) != MPI_SUCCESS) return ncclSystemError;
-  if (!b.empty()) std::memcpy(recv, b.data(), b.size());
-  return ncclSuccess;
+  const size_t bytes = count * es;
+  return staged(send, me == root ? bytes : 0, recv, bytes, [&](char* s, char* r) {
+    if (me == root && bytes > 0) std::memcpy(r, s, bytes);
+    return MPI_Bcast(r, static_cast<int>(count), mt, root, comm->mpi);
+  });
 }
 
 }  // extern "C"

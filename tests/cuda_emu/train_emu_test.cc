@@ -17,68 +17,28 @@
 // later loss by ~1e-2 of itself.
 #include <gtest/gtest.h>
 
-#include <csignal>
 #include <filesystem>
-#include <mutex>
-#include <optional>
 
-#include "untied/comm/inproc.h"
-#include "untied/device/cuda.h"
-#include "untied/train/trainer.h"
+#include "train/train_runs.h"
 
 namespace untied {
 namespace {
 
 namespace fs = std::filesystem;
 
+// The shared small run (train_runs.h), shorter and with S = 48 (divisible by 3 ranks too).
 TrainOptions small_run(Strategy st, DType dtype, int64_t heads = 4, int64_t kv_heads = 2, bool qk_norm = false) {
-  TrainOptions o;
-  o.model.name = "test";
-  o.model.vocab = 35, o.model.hidden = 32, o.model.layers = 2, o.model.heads = heads, o.model.kv_heads = kv_heads;
-  o.model.head_dim = 8, o.model.ffn = 48, o.model.rope_theta = 10000.0, o.model.qk_norm = qk_norm;
-  o.decoder = DecoderOptions{.seq = 48, .strategy = st, .dtype = dtype};
+  TrainOptions o = testing::small_train_options(st, dtype);
+  o.model.heads = heads, o.model.kv_heads = kv_heads, o.model.qk_norm = qk_norm;
+  o.decoder.seq = 48;
   o.steps = 4;
   o.warmup = 1;
-  o.lr = 1e-2f;
-  o.progress = false;
   return o;
 }
 
-std::unique_ptr<DataSource> kv_data() {
-  DataOptions d;
-  d.kv.num_keys = 16, d.kv.num_values = 16;
-  return std::move(make_data_source("kv", "", d)).value();
-}
+StatusOr<TrainSummary> run(const TrainOptions& o, int ranks, bool gpu) { return testing::run_training(o, ranks, gpu); }
 
-// train() on `ranks` in-process ranks: on the CPU, or each rank with its own CudaDevice on the
-// emulated GPU and a split of the world bound to it (host figures over the world).
-StatusOr<TrainSummary> run(const TrainOptions& o, int ranks, bool gpu) {
-  auto data = kv_data();
-  std::mutex mu;
-  std::optional<StatusOr<TrainSummary>> out;
-  run_in_process(ranks, [&](Communicator& world) {
-    std::optional<StatusOr<TrainSummary>> r;
-    if (gpu) {
-      auto dev = std::move(make_cuda_device({})).value();
-      auto dcomm = world.split(0, world.rank());
-      dcomm->bind_device(*dev);
-      r.emplace(train(*dev, *dcomm, world, *data, o));
-    } else {
-      r.emplace(train(world, *data, o));
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (world.rank() == 0) out.emplace(std::move(*r));
-  });
-  return std::move(*out);
-}
-
-void expect_close_losses(const TrainSummary& got, const TrainSummary& want, double rel, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  for (size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(got.losses[i])) << what << ", step " << i + 1;
-    EXPECT_NEAR(got.losses[i], want.losses[i], rel * want.losses[i]) << what << ", step " << i + 1;
-  }
-}
+using testing::expect_close_losses;
 
 TEST(EmulatedGpuTraining, GuardedDeviceMemoryFaultsOnHostAccess) {
   // The guard itself: without it, the other tests would say nothing about host accesses.

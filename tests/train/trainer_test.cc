@@ -6,46 +6,17 @@
 #include <fstream>
 #include <mutex>
 
-#include "untied/comm/inproc.h"
+#include "train/train_runs.h"
 #include "untied/train/checkpoint.h"
-#include "untied/train/trainer.h"
 
 namespace untied {
 namespace {
 
 namespace fs = std::filesystem;
 
-TrainOptions small_run(Strategy st) {
-  TrainOptions o;
-  o.model.name = "test";
-  o.model.vocab = 35, o.model.hidden = 32, o.model.layers = 2, o.model.heads = 4, o.model.kv_heads = 2;
-  o.model.head_dim = 8, o.model.ffn = 48, o.model.rope_theta = 10000.0;
-  o.decoder = DecoderOptions{.seq = 64, .strategy = st};
-  o.steps = 6;
-  o.warmup = 2;
-  o.lr = 1e-2f;
-  o.progress = false;
-  return o;
-}
+TrainOptions small_run(Strategy st) { return testing::small_train_options(st); }
 
-std::unique_ptr<DataSource> kv_data() {
-  DataOptions d;
-  d.kv.num_keys = 16, d.kv.num_values = 16;
-  return std::move(make_data_source("kv", "", d)).value();
-}
-
-// Runs train() on `ranks` in-process ranks; returns rank 0's result.
-StatusOr<TrainSummary> run(const TrainOptions& o, int ranks) {
-  auto data = kv_data();
-  std::mutex mu;
-  std::optional<StatusOr<TrainSummary>> out;
-  run_in_process(ranks, [&](Communicator& comm) {
-    auto r = train(comm, *data, o);
-    std::lock_guard<std::mutex> lock(mu);
-    if (comm.rank() == 0) out.emplace(std::move(r));
-  });
-  return std::move(*out);
-}
+StatusOr<TrainSummary> run(const TrainOptions& o, int ranks) { return testing::run_training(o, ranks); }
 
 std::string temp_dir(const char* name) {
   const fs::path p = fs::temp_directory_path() / (std::string("untied_train_test_") + name + "_" + std::to_string(::getpid()));
