@@ -4,7 +4,8 @@
 //
 // Each communicator is an MPI communicator: ncclCommInitRank splits MPI_COMM_WORLD (so, unlike
 // NCCL, every rank of the world must join the communicator being made, which is how untied
-// bootstraps), ncclCommSplit splits its parent. Every collective runs at once (streams have
+// bootstraps), ncclCommSplit splits its parent. A one-rank communicator needs no MPI (as with
+// NCCL, it may be made in a process that never initialised MPI): its collectives are copies. Every collective runs at once (streams have
 // nothing to wait for in the emulator): the buffers, device memory, are copied to host memory
 // inside a device scope (emu_device_memory.h), exchanged by the matching MPI collective and
 // copied back. Sends and receives between ncclGroupStart and ncclGroupEnd are posted together at
@@ -20,6 +21,7 @@
 
 struct ncclComm {
   MPI_Comm mpi = MPI_COMM_NULL;
+  bool self = false;  // one rank, no MPI
 };
 
 namespace {
@@ -61,8 +63,28 @@ struct PendingP2p {
 thread_local int g_group_depth = 0;
 thread_local std::vector<PendingP2p> g_pending;
 
+// A one-rank communicator's sends and receives (all to itself): the i-th receive gets the i-th
+// send, as NCCL pairs them.
+ncclResult_t run_self_p2p(std::vector<PendingP2p>& ops) {
+  std::vector<PendingP2p*> sends, recvs;
+  for (PendingP2p& o : ops) (o.send ? sends : recvs).push_back(&o);
+  if (sends.size() != recvs.size()) return ncclInvalidUsage;
+  for (size_t i = 0; i < sends.size(); ++i) {
+    if (sends[i]->bytes != recvs[i]->bytes) return ncclInvalidUsage;
+    if (sends[i]->bytes > 0) std::memmove(recvs[i]->buf, sends[i]->buf, sends[i]->bytes);
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t run_p2p(std::vector<PendingP2p>& ops) {
   emu::DeviceScope scope;
+  std::vector<PendingP2p> self_ops;
+  for (const PendingP2p& o : ops)
+    if (o.comm->self) self_ops.push_back(o);
+  if (!self_ops.empty()) {
+    if (self_ops.size() != ops.size()) return ncclInvalidUsage;  // one communicator per group here
+    return run_self_p2p(self_ops);
+  }
   std::vector<std::vector<char>> staged(ops.size());
   std::vector<MPI_Request> req(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -100,9 +122,16 @@ bool collective_args(ncclComm_t comm, ncclDataType_t t, size_t count, MPI_Dataty
 }
 
 int comm_size(ncclComm_t comm) {
-  int n = 0;
-  MPI_Comm_size(comm->mpi, &n);
+  int n = 1;
+  if (!comm->self) MPI_Comm_size(comm->mpi, &n);
   return n;
+}
+
+// The collectives of a one-rank communicator: recv = send.
+ncclResult_t self_copy(const void* send, void* recv, size_t bytes) {
+  emu::DeviceScope scope;
+  if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);
+  return ncclSuccess;
 }
 
 // A collective on device buffers: send_bytes of `send` copied to the host, `mpi(host send, host
@@ -137,6 +166,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int rank) {
+  if (nranks == 1 && rank == 0) {
+    *comm = new ncclComm{MPI_COMM_NULL, true};
+    return ncclSuccess;
+  }
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (nranks != world || rank < 0 || rank >= nranks) return ncclInvalidArgument;  // see the top
@@ -151,6 +184,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int ra
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t*) {
   if (comm == nullptr) return ncclInvalidArgument;
+  if (comm->self) {
+    *newcomm = color == NCCL_SPLIT_NOCOLOR ? nullptr : new ncclComm{MPI_COMM_NULL, true};
+    return ncclSuccess;
+  }
   MPI_Comm m = MPI_COMM_NULL;
   if (MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &m) != MPI_SUCCESS)
     return ncclSystemError;
@@ -164,7 +201,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
-  MPI_Comm_free(&comm->mpi);
+  if (!comm->self) MPI_Comm_free(&comm->mpi);
   delete comm;
   return ncclSuccess;
 }
@@ -174,10 +211,14 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  return comm != nullptr && MPI_Comm_size(comm->mpi, count) == MPI_SUCCESS ? ncclSuccess : ncclInvalidArgument;
+  if (comm == nullptr) return ncclInvalidArgument;
+  *count = comm_size(comm);
+  return ncclSuccess;
 }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  return comm != nullptr && MPI_Comm_rank(comm->mpi, rank) == MPI_SUCCESS ? ncclSuccess : ncclInvalidArgument;
+  if (comm == nullptr) return ncclInvalidArgument;
+  *rank = 0;
+  return comm->self || MPI_Comm_rank(comm->mpi, rank) == MPI_SUCCESS ? ncclSuccess : ncclInvalidArgument;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* error) {
   *error = ncclSuccess;
@@ -208,6 +249,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
   MPI_Datatype mt;
   size_t es;
   if (!collective_args(comm, t, count, &mt, &es)) return ncclInvalidArgument;
+  if (comm->self) return self_copy(send, recv, count * es);
   const size_t n = static_cast<size_t>(comm_size(comm));
   return staged(send, count * es, recv, count * es * n, [&](char* s, char* r) {
     return MPI_Allgather(s, static_cast<int>(count), mt, r, static_cast<int>(count), mt, comm->mpi);
@@ -220,6 +262,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
   MPI_Op mo;
   size_t es;
   if (!collective_args(comm, t, count, &mt, &es) || !mpi_op(op, &mo)) return ncclInvalidArgument;
+  if (comm->self) return self_copy(send, recv, count * es);
   const size_t n = static_cast<size_t>(comm_size(comm));
   return staged(send, count * es * n, recv, count * es, [&](char* s, char* r) {
     return MPI_Reduce_scatter_block(s, r, static_cast<int>(count), mt, mo, comm->mpi);
@@ -232,6 +275,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   MPI_Op mo;
   size_t es;
   if (!collective_args(comm, t, count, &mt, &es) || !mpi_op(op, &mo)) return ncclInvalidArgument;
+  if (comm->self) return self_copy(send, recv, count * es);
   return staged(send, count * es, recv, count * es, [&](char* s, char* r) {
     return MPI_Allreduce(s, r, static_cast<int>(count), mt, mo, comm->mpi);
   });
@@ -241,7 +285,8 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
                            cudaStream_t) {
   MPI_Datatype mt;
   size_t es;
-  if (!collective_args(comm, t, count, &mt, &es)) return ncclInvalidArgument;
+  if (!collective_args(comm, t, count, &mt, &es) || (comm->self && root != 0)) return ncclInvalidArgument;
+  if (comm->self) return self_copy(send, recv, count * es);
   int me = 0;
   MPI_Comm_rank(comm->mpi, &me);
   const size_t bytes = count * es;
