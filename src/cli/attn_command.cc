@@ -148,6 +148,9 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     for (int t = 0; t < kNumTags; ++t)
       std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(r.mem.peak[t]).c_str());
     std::printf("  %-16s %14s\n", "total", format_bytes(r.mem.peak_total).c_str());
+    if (r.reserved_peak > 0)
+      std::printf("  %-16s %14s  (held from cudaMalloc at most, cached blocks included)\n", "gpu reserved",
+                  format_bytes(r.reserved_peak).c_str());
     std::printf("attention intermediates (attn_workspace + communication live together):\n");
     std::printf("  forward  %14s   backward %14s\n", format_bytes(r.intermediates_fwd).c_str(),
                 format_bytes(r.intermediates_bwd).c_str());

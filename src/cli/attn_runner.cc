@@ -157,6 +157,7 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   r.mem = reduce_max(world, m);
   r.intermediates_fwd = reduce_max(world, fwd_inter);
   r.intermediates_bwd = reduce_max(world, m.phase_watch_peak[static_cast<int>(Phase::kBackward)]);
+  r.reserved_peak = reduce_max(world, alloc.reserved_peak_bytes());
 
   if (!opts.dump_dir.empty() && !opts.rehearsal) {
     const int64_t S = cfg.seq;

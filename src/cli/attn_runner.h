@@ -29,6 +29,9 @@ struct AttnRunResult {
   MemoryStats mem;                // max over ranks, field by field
   int64_t intermediates_fwd = 0;  // peak live attn_workspace + communication, forward (max over ranks)
   int64_t intermediates_bwd = 0;  // the same in backward
+  // GPU: the most bytes a rank's caching allocator held from cudaMalloc, warm-up included
+  // (max over ranks): the real footprint, against mem.peak_total (live). 0 on the CPU.
+  int64_t reserved_peak = 0;
   int64_t stage_heads = 0;
   std::string device_name;  // rank 0's device, "cuda:0 (NVIDIA H200)"
   std::string backend;      // the communicator that moved the device buffers

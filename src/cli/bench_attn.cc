@@ -238,12 +238,12 @@ int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& arg
                       "\"fit_target_bytes\": %lld, \"max_seq\": %lld, \"peak_bytes_at_max_seq\": %lld, "
                       "\"run_seq\": %lld, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"peak_bytes\": %lld, "
                       "\"attn_intermediate_bytes_fwd\": %lld, \"attn_intermediate_bytes_bwd\": %lld, "
-                      "\"peak_bytes_by_tag\": %s, \"device\": \"%s\"}%s\n",
+                      "\"gpu_reserved_bytes\": %lld, \"peak_bytes_by_tag\": %s, \"device\": \"%s\"}%s\n",
                       r.preset.c_str(), r.strategy.c_str(), (long long)r.U, C, (long long)target,
                       (long long)r.max_seq, (long long)r.peak_at_max, (long long)r.run_seq, r.run.fwd_ms,
                       r.run.bwd_ms, (long long)r.run.mem.peak_total, (long long)r.run.intermediates_fwd,
-                      (long long)r.run.intermediates_bwd, memory_json(r.run.mem).c_str(), r.run.device_name.c_str(),
-                      i + 1 < rows.size() ? "," : "");
+                      (long long)r.run.intermediates_bwd, (long long)r.run.reserved_peak,
+                      memory_json(r.run.mem).c_str(), r.run.device_name.c_str(), i + 1 < rows.size() ? "," : "");
         }
         std::printf("]\n");
         return;
@@ -257,8 +257,9 @@ int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& arg
         target_text += " (--mem-budget)";
       std::printf("untied bench attn --fit | %s | %s storage | memory to fit in: %s\n", where.c_str(),
                   std::string(dtype_name(dt.value())).c_str(), target_text.c_str());
-      std::printf("%-10s %-8s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s\n", "preset", "strategy", "U", "max_seq",
-                  "peak@max", "run_seq", "fwd_ms", "bwd_ms", "t/uly", "peak_run", "inter_fwd", "inter_bwd");
+      std::printf("%-10s %-8s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
+                  "max_seq", "peak@max", "run_seq", "fwd_ms", "bwd_ms", "t/uly", "peak_run", "inter_fwd", "inter_bwd",
+                  gpu ? "  gpu_reserved" : "");
       std::map<std::string, const FitRow*> base;
       for (const FitRow& r : rows)
         if (r.strategy == "ulysses") base[r.preset] = &r;
@@ -268,18 +269,22 @@ int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& arg
         char tr[16] = "-";
         if (ran && b && b->run_seq > 0)
           std::snprintf(tr, sizeof tr, "%.3f", (r.run.fwd_ms + r.run.bwd_ms) / (b->run.fwd_ms + b->run.bwd_ms));
-        std::printf("%-10s %-8s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s\n", r.preset.c_str(),
+        const std::string reserved = gpu ? "  " + (ran ? format_bytes(r.run.reserved_peak) : std::string("-")) : "";
+        std::printf("%-10s %-8s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", r.preset.c_str(),
                     r.strategy.c_str(), (long long)r.U, (long long)r.max_seq, bytes_or_dash(r.peak_at_max).c_str(),
                     ran ? std::to_string(r.run_seq).c_str() : "-", ms_or_dash(ran, r.run.fwd_ms).c_str(),
                     ms_or_dash(ran, r.run.bwd_ms).c_str(), tr, ran ? format_bytes(r.run.mem.peak_total).c_str() : "-",
                     ran ? format_bytes(r.run.intermediates_fwd).c_str() : "-",
-                    ran ? format_bytes(r.run.intermediates_bwd).c_str() : "-");
+                    ran ? format_bytes(r.run.intermediates_bwd).c_str() : "-", reserved.c_str());
       }
       std::printf("max_seq: longest multiple of %lld tokens whose rehearsal peak per rank (peak@max) fits in the\n"
                   "memory above%s; run_seq: the length every strategy of the preset fits, at most --fit-run-max,\n"
                   "where all are timed (forward+backward, slowest rank; t/uly relative to Ulysses); peak_run: the\n"
-                  "measured peak per rank of that run.\n",
-                  (long long)step, gpu ? " (rehearsal counted as GPU ranks, one kernel thread each)" : "");
+                  "measured peak per rank of that run%s.\n",
+                  (long long)step, gpu ? " (rehearsal counted as GPU ranks, one kernel thread each)" : "",
+                  gpu ? "; gpu_reserved: the most its caching allocator held from cudaMalloc\n(cached blocks "
+                        "of other sizes included), the footprint the headroom is for"
+                      : "");
       if (gpu && ranks_per_gpu(world) > 1)
         std::printf("%d in-process ranks share one GPU, each on its own stream: times are those of all ranks' work "
                     "on one GPU.\n", C);

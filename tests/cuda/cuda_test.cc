@@ -86,6 +86,12 @@ TEST(Cuda, AllocatorCountsGpuBuffersAndReusesThem) {
   Buffer again = alloc.allocate(1 << 20, Tag::kAttnWorkspace, "two");
   EXPECT_EQ(again.data(), first) << "a freed block of the same size is reused";
   EXPECT_EQ(alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)], 1 << 20);
+  // What the cache holds from cudaMalloc: the reused block once, then a block of another size too.
+  EXPECT_EQ(alloc.reserved_peak_bytes(), 1 << 20);
+  again.reset();
+  Buffer other = alloc.allocate(1 << 19, Tag::kAttnWorkspace, "three");
+  EXPECT_EQ(alloc.stats().peak_total, 1 << 20) << "live bytes never exceeded 1 MiB";
+  EXPECT_EQ(alloc.reserved_peak_bytes(), (1 << 20) + (1 << 19)) << "the cached 1 MiB block is still held";
 }
 
 }  // namespace

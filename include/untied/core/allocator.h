@@ -56,6 +56,9 @@ class MemorySource {
   virtual void release(void* ptr, int64_t bytes) noexcept = 0;
   // True when allocate() returns real memory that kernels may touch.
   virtual bool backed() const = 0;
+  // The most bytes this source has held from the system at once, blocks it keeps for reuse
+  // included (the real footprint, against the allocator's live peak); 0 where not tracked.
+  virtual int64_t reserved_peak_bytes() const { return 0; }
 };
 
 std::unique_ptr<MemorySource> make_host_memory();      // 64-byte aligned, zero-initialised: no
@@ -133,6 +136,8 @@ class Allocator {
   MemoryStats stats() const;
   int64_t budget_bytes() const { return opts_.budget_bytes; }
   bool backed() const { return source_->backed(); }
+  // The source's reserved_peak_bytes(): 0 unless it caches (the CUDA device's does).
+  int64_t reserved_peak_bytes() const { return source_->reserved_peak_bytes(); }
   const std::string& name() const { return opts_.name; }
 
   // "live 1.50 GiB of budget 2.00 GiB: parameters 1.00 GiB, activations 512.00 MiB"

@@ -2,6 +2,7 @@
 // and the cuBLAS handle its GEMMs use. See include/untied/device/cuda.h.
 #include "device/cuda/cuda_device.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -74,6 +75,9 @@ class CudaMemory final : public MemorySource {
                                         " failed: " + cudaGetErrorString(e) +
                                         "; the GPU is out of memory: lower --seq or choose a smaller configuration");
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ += bytes;
+    peak_reserved_ = std::max(peak_reserved_, reserved_);
     return p;
   }
   void release(void* ptr, int64_t bytes) noexcept override {
@@ -82,6 +86,10 @@ class CudaMemory final : public MemorySource {
     cached_ += 1;
   }
   bool backed() const override { return true; }
+  int64_t reserved_peak_bytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_reserved_;
+  }
 
  private:
   // Gives every cached block of every source on GPU `index` back to the driver; returns how many.
@@ -112,15 +120,20 @@ class CudaMemory final : public MemorySource {
   // cudaFree of every cached block. REQUIRES: mu_ held, or no other thread can reach this.
   void free_cached_locked() {
     for (auto& [b, list] : free_)
-      for (void* q : list) cudaFree(q);
+      for (void* q : list) {
+        cudaFree(q);
+        reserved_ -= b;
+      }
     free_.clear();
     cached_ = 0;
   }
 
   const int index_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<int64_t, std::vector<void*>> free_;  // cached blocks by size
   int64_t cached_ = 0;                          // blocks in free_
+  int64_t reserved_ = 0;                        // bytes cudaMalloc'd and not freed (live + cached)
+  int64_t peak_reserved_ = 0;
 };
 
 // Page-locked host memory (cudaHostAlloc) for the buffers copy() moves to and from the GPU.
