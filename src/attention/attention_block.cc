@@ -48,16 +48,18 @@ Status validate(const AttentionConfig& c, int ranks) {
         return bad("strategy local runs on one rank, not " + std::to_string(ranks) +
                    ": use ulysses or upipe to spread the sequence over ranks");
       return Status::ok_status();
-    case Strategy::kUlysses: {
-      auto s = make_head_schedule(c.heads, c.kv_heads, ranks, c.heads);
-      return s.ok() ? Status::ok_status() : bad("ulysses: " + s.status().message());
-    }
+    case Strategy::kUlysses:
     case Strategy::kUPipe: {
-      auto s = make_head_schedule(c.heads, c.kv_heads, ranks, c.upipe_heads > 0 ? c.upipe_heads : ranks);
-      return s.ok() ? Status::ok_status() : bad("upipe: " + s.status().message());
+      auto s = make_head_schedule(c.heads, c.kv_heads, ranks, stage_heads_of(c, ranks));
+      return s.ok() ? Status::ok_status() : bad(std::string(strategy_name(c.strategy)) + ": " + s.status().message());
     }
   }
   return bad("unknown strategy");
+}
+
+int64_t stage_heads_of(const AttentionConfig& c, int ranks) {
+  if (c.strategy != Strategy::kUPipe) return c.heads;
+  return c.upipe_heads > 0 ? c.upipe_heads : ranks;
 }
 
 std::unique_ptr<AttentionBlock> make_attention_block(Device& dev, Communicator& comm, const AttentionConfig& cfg) {
@@ -65,8 +67,8 @@ std::unique_ptr<AttentionBlock> make_attention_block(Device& dev, Communicator& 
   UNTIED_CHECK(st.ok(), st.message());
   switch (cfg.strategy) {
     case Strategy::kLocal: return std::make_unique<attn::LocalAttention>(dev, cfg);
-    case Strategy::kUlysses: return std::make_unique<attn::HeadPipeline>(dev, comm, cfg, /*recompute=*/false);
-    case Strategy::kUPipe: return std::make_unique<attn::HeadPipeline>(dev, comm, cfg, /*recompute=*/true);
+    case Strategy::kUlysses: return std::make_unique<attn::HeadPipeline>(dev, comm, cfg, attn::Saving::kKeepStages);
+    case Strategy::kUPipe: return std::make_unique<attn::HeadPipeline>(dev, comm, cfg, attn::Saving::kRecompute);
   }
   return nullptr;
 }

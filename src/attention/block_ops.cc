@@ -55,7 +55,7 @@ void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, 
 
 void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, const void* x,
                            DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
-                           int64_t d, bool accumulate_dw) {
+                           int64_t d, Write dw_write) {
   const int64_t e = w.dim(1);
   const char* wrow = static_cast<const char*>(w.data()) + head * d * e * dtype_size(w.dtype());
   char* dwrow = static_cast<char*>(dw.data()) + head * d * e * dtype_size(dw.dtype());
@@ -63,17 +63,17 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
   gemm(dev, GemmParams{.m = rows, .n = e, .k = d, .beta = 1.0f, .a = g, .lda = ld_g, .a_dtype = g_t,
                        .b = wrow, .ldb = e, .b_dtype = w.dtype(), .c = dx, .ldc = e});
   // dw_head (D, E) = g^T (D, rows) x (rows, E)
-  gemm(dev, GemmParams{.trans_a = true, .m = d, .n = e, .k = rows, .beta = accumulate_dw ? 1.0f : 0.0f, .a = g,
+  gemm(dev, GemmParams{.trans_a = true, .m = d, .n = e, .k = rows, .beta = dw_write == Write::kAccumulate ? 1.0f : 0.0f, .a = g,
                        .lda = ld_g, .a_dtype = g_t, .b = x, .ldb = e, .b_dtype = x_t, .c = dwrow, .ldc = e,
                        .c_dtype = dw.dtype()});
 }
 
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, int64_t first_position, bool inverse) {
+                 double theta, int64_t first_position, Rope dir) {
   RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t, .first_position = first_position};
   for (int64_t b = 0; b < blocks; ++b) {
     void* p = static_cast<char*>(buf) + b * rows * heads * d * dtype_size(t);
-    if (inverse) rope_backward(dev, s, p, nullptr);
+    if (dir == Rope::kInverse) rope_backward(dev, s, p, nullptr);
     else rope_forward(dev, s, p, nullptr);
   }
 }
@@ -83,9 +83,9 @@ void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int
   comm.all_to_all(send, recv, block_bytes);
 }
 
-QkNorm::QkNorm(Device& dev, const AttentionConfig& c, bool grads)
+QkNorm::QkNorm(Device& dev, const AttentionConfig& c, QkGrads grads)
     : dev_(dev), on_(c.qk_norm), d_(c.head_dim), eps_(c.norm_eps), t_(c.dtype) {
-  if (!on_ || !grads) return;
+  if (!on_ || grads == QkGrads::kNone) return;
   dq_ = TensorBuffer(dev.allocator(), DType::kF32, {d_}, Tag::kGradients, "dq_norm fp32 accumulator");
   dk_ = TensorBuffer(dev.allocator(), DType::kF32, {d_}, Tag::kGradients, "dk_norm fp32 accumulator");
   dev.fill_zero(dq_.data(), d_ * 4);
@@ -101,11 +101,11 @@ TensorBuffer QkNorm::forward(const Tensor& x, const Tensor& w, TensorBuffer* rst
   return y;
 }
 
-TensorBuffer QkNorm::backward(bool is_q, const Tensor& x, const Tensor& rstd, const Tensor& w, const Tensor& dy) {
+TensorBuffer QkNorm::backward(QkPart part, const Tensor& x, const Tensor& rstd, const Tensor& w, const Tensor& dy) {
   const int64_t rows = x.numel() / d_;
   TensorBuffer dx(dev_.allocator(), t_, x.shape(), Tag::kAttnWorkspace, "d pre-norm q/k");
   rmsnorm_backward(dev_, RmsNormShape{.rows = rows, .dim = d_, .eps = eps_, .dtype = t_, .weight_dtype = t_},
-                   dx.data(), (is_q ? dq_ : dk_).as<float>(), x.data(), rstd.as<float>(), w.data(), dy.data());
+                   dx.data(), (part == QkPart::kQ ? dq_ : dk_).as<float>(), x.data(), rstd.as<float>(), w.data(), dy.data());
   return dx;
 }
 

@@ -11,6 +11,24 @@
 
 namespace untied::attn {
 
+enum class Rope { kForward, kInverse };         // RoPE, or its inverse (the backward of a rotation)
+enum class Write { kOverwrite, kAccumulate };   // a weight gradient: = or +=
+enum class QkPart { kQ, kK };                   // which of Qwen3's per-head norms
+enum class QkGrads { kNone, kAccumulate };      // forward passes need no weight gradients
+
+// A buffer packed by rank for the all-to-all: blocks p < C of (rows, heads, D) elements of
+// elem_bytes each (send buffers: block p goes to rank p; receives: block p came from rank p).
+// slot(p, j) is head j of block p, its rows ld() elements apart. The one place the layout
+// [C][rows][heads][D] is spelled out.
+struct PackedHeads {
+  void* base = nullptr;
+  int64_t rows = 0, heads = 0, d = 0, elem_bytes = 0;
+  char* slot(int64_t p, int64_t j) const {
+    return static_cast<char*>(base) + (p * rows * heads + j) * d * elem_bytes;
+  }
+  int64_t ld() const { return heads * d; }
+};
+
 // Throws Error(kInvalidArgument) naming the tensor when x (rows, E), the weights or the
 // gradient/output tensors do not match the configuration (shapes and dtype).
 void check_tensors(const AttentionConfig& cfg, int64_t rows, const Tensor& x, const AttentionWeights& w,
@@ -29,12 +47,12 @@ void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, 
 //   dx (rows, E) (f32 accumulator) += g (rows, D) w_head,      dw_head (D, E) (= or +=) g^T x.
 void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, const void* x,
                            DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
-                           int64_t d, bool accumulate_dw);
+                           int64_t d, Write dw_write);
 
 // RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens,
 // at positions first_position + [0, rows) (a rank's contiguous slice of the sequence).
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, int64_t first_position, bool inverse);
+                 double theta, int64_t first_position, Rope dir);
 
 // all_to_all of equal blocks; skipped in rehearsal (unbacked buffers).
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes);
@@ -45,13 +63,13 @@ void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int
 // backward pass and stored (=) into the block's gradients at its end.
 class QkNorm {
  public:
-  // grads: allocate the fp32 weight-gradient accumulators (backward passes).
-  QkNorm(Device& dev, const AttentionConfig& cfg, bool grads);
+  // kAccumulate: allocate the fp32 weight-gradient accumulators (backward passes).
+  QkNorm(Device& dev, const AttentionConfig& cfg, QkGrads grads);
   bool on() const { return on_; }
   // y = rmsnorm(x) over each D-vector of x (any shape, numel % D == 0); rstd receives one per vector.
   TensorBuffer forward(const Tensor& x, const Tensor& w, TensorBuffer* rstd, const char* what);
-  // dx from the saved x and rstd and dy; accumulates the q (is_q) or k weight gradient.
-  TensorBuffer backward(bool is_q, const Tensor& x, const Tensor& rstd, const Tensor& w, const Tensor& dy);
+  // dx from the saved x and rstd and dy; accumulates the q or k weight gradient.
+  TensorBuffer backward(QkPart part, const Tensor& x, const Tensor& rstd, const Tensor& w, const Tensor& dy);
   void store_grads(const AttentionGrads& g);
 
  private:

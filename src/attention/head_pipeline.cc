@@ -1,91 +1,57 @@
 // Ulysses and UPipe: the sequence-sharded block run as stages of heads (head_schedule.h).
 //
-// One stage on rank r (buffers are packed by destination rank p: [C][L][n][D]):
-//   q_send[p][:, j]  = RoPE(x wq[h(s,p,j)]^T)        projection written straight in send layout
-//   q_recv (S, u, D) = all_to_all(q_send)            sequence -> heads
-//   first stage of a round: k_res, v_res (S, w, D) the same way, resident for the round
-//   o (S, u, D), lse (u, S) = attention(q_recv, k_res, v_res)
-//   o_recv[p][:, j]  = all_to_all(o)                 heads -> sequence (o is already packed:
-//                                                    its rows are the C sequence blocks)
-//   attn_out[:, h(s,p,j)] = o_recv[p][:, j]          into the preallocated (L, H, D) output
-// y = attn_out wo^T.
-// Backward walks the stages again: recompute (upipe) or reuse (ulysses) q/k/v; dO for the
-// stage's heads is projected from dy straight into send layout and exchanged, with
-// D_i = rowsum(dO * O) computed before the exchange where O is local; the kernel gives dq, dk,
-// dv; dq is exchanged back at once, dk/dv (summed over the round's stages in fp32) once per
-// round, in the block's dtype.
+// Send and receive buffers are packed by rank, [C][L][n][D] (PackedHeads, block_ops.h). One
+// stage s on rank r, forward:
+//   project_q      q_send[p][:, j] = RoPE(norm(x wq[h(s,p,j)]^T))   written straight in send layout
+//                  st.q (S, u, D) = all_to_all(q_send)               sequence -> heads
+//   project_kv     first stage of round t: rd.k, rd.v (S, w, D) the same way, resident for the round
+//   attention      st.o (S, u, D), st.lse (u, S) = attention(st.q, rd.k, rd.v)
+//   return_output  o_recv[p][:, j] = all_to_all(st.o)                 heads -> sequence (st.o is
+//                  already packed: its rows are the C sequence blocks)
+//                  attn_out[:, h(s,p,j)] = o_recv[p][:, j]           into the preallocated (L, H, D)
+// then y = attn_out wo^T.
+// Backward walks the stages again, each one the forward in reverse:
+//   recompute (upipe) or take from `saved` (ulysses) st.q, rd.k, rd.v
+//   exchange_dout     dO for the stage's heads, projected from dy straight into send layout,
+//                     with D = rowsum(dO * O) computed before the exchange where O is local
+//   attention backward dq, dk, dv; dk/dv summed over the round's stages in fp32
+//   return_dq         dq back to the sequence at once, RoPE and the q norm undone, into dx, dwq
+//   return_round_dkv  last stage of a round: the round's dk/dv sums back, in the block's dtype,
+//                     RoPE and the k norm undone, into dx, dwk, dwv
 #include "attention/head_pipeline.h"
 
-#include "attention/block_ops.h"
 #include "untied/kernels/attention.h"
 #include "untied/kernels/tensor_ops.h"
 
 namespace untied::attn {
 
-HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfig& cfg, bool recompute)
-    : dev_(dev), comm_(comm), cfg_(cfg), recompute_(recompute) {
-  const int64_t U = cfg.strategy == Strategy::kUPipe ? (cfg.upipe_heads > 0 ? cfg.upipe_heads : comm.size())
-                                                     : cfg.heads;
-  sched_ = make_head_schedule(cfg.heads, cfg.kv_heads, comm.size(), U).value();
+namespace {
+
+// qk_norm: send (any shape, D-vectors) = norm(send) per head, into a new buffer. The pre-norm
+// projection and its rstd go to `kept` (KeepNorm::kYes: backward needs them) or are freed.
+void normalise(Device& dev, const AttentionConfig& cfg, TensorBuffer& send, const Tensor& norm_w, KeepNorm keep,
+               SavedQkNorm& kept) {
+  QkNorm qk(dev, cfg, QkGrads::kNone);
+  if (!qk.on()) return;
+  TensorBuffer rstd, normed = qk.forward(send, norm_w, &rstd, "q/k normed (send layout)");
+  if (keep == KeepNorm::kYes) {
+    kept.pre = std::move(send);
+    kept.rstd = std::move(rstd);
+  }
+  send = std::move(normed);
+}
+
+}  // namespace
+
+HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfig& cfg, Saving saving)
+    : dev_(dev), comm_(comm), cfg_(cfg), saving_(saving) {
+  sched_ = make_head_schedule(cfg.heads, cfg.kv_heads, comm.size(), stage_heads_of(cfg, comm.size())).value();
   rows_ = cfg.seq / comm.size();
   first_position_ = comm.rank() * rows_;
 }
 
-// Per-stage buffers: projections in send layout, their exchange, the kernel's output.
-struct HeadPipeline::Stage {
-  TensorBuffer q_recv, k_res, v_res, o;
-  // qk_norm, backward only: pre-norm projections (send layout) and their rstd, kept until the
-  // gradients come back (q for the stage, k for the round).
-  TensorBuffer q_pre, q_rstd, k_pre, k_rstd;
-};
-
-void HeadPipeline::project_exchange(const AttentionWeights& w, const Tensor& x, int64_t s, bool kv, Stage& st,
-                                    bool keep_pre) {
-  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank, nkv = sched_.kv_per_rank;
-  const DType t = cfg_.dtype;
-  const int64_t es = dtype_size(t);
-  QkNorm qk(dev_, cfg_, /*grads=*/false);
-  // With qk_norm the projection is normalised per head into a new send buffer; the pre-norm
-  // projection and rstd are kept for backward when asked.
-  auto normalise = [&](TensorBuffer& send, const Tensor& wn, TensorBuffer* pre, TensorBuffer* rstd) {
-    if (!qk.on()) return;
-    TensorBuffer r, normed = qk.forward(send, wn, &r, "q/k normed (send layout)");
-    if (keep_pre) {
-      *pre = std::move(send);
-      *rstd = std::move(r);
-    }
-    send = std::move(normed);
-  };
-  {
-    TensorBuffer q_send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
-    for (int64_t p = 0; p < C; ++p)
-      for (int64_t j = 0; j < u; ++j)
-        project_head(dev_, q_send.as<char>() + (p * L * u + j) * D * es, u * D, t, x.data(), x.dtype(), L, w.wq,
-                     sched_.q_head(s, p, j), D);
-    normalise(q_send, w.q_norm, &st.q_pre, &st.q_rstd);
-    rope_blocks(dev_, q_send.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, false);
-    st.q_recv = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
-    exchange(dev_, comm_, q_send.data(), st.q_recv.data(), L * u * D * es);
-  }
-  if (!kv) return;
-  const int64_t round = sched_.round(s);
-  for (int which = 0; which < 2; ++which) {
-    const Tensor& wt = which == 0 ? w.wk : w.wv;
-    TensorBuffer send(dev_.allocator(), t, {C, L, nkv, D}, Tag::kAttnWorkspace,
-                      which == 0 ? "k projection (send layout)" : "v projection (send layout)");
-    for (int64_t p = 0; p < C; ++p)
-      for (int64_t i = 0; i < nkv; ++i)
-        project_head(dev_, send.as<char>() + (p * L * nkv + i) * D * es, nkv * D, t, x.data(), x.dtype(), L, wt,
-                     sched_.kv_head(round, p, i), D);
-    if (which == 0) {
-      normalise(send, w.k_norm, &st.k_pre, &st.k_rstd);
-      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, first_position_, false);
-    }
-    TensorBuffer& res = which == 0 ? st.k_res : st.v_res;
-    res = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication,
-                       which == 0 ? "k all-to-all receive (resident)" : "v all-to-all receive (resident)");
-    exchange(dev_, comm_, send.data(), res.data(), L * nkv * D * es);
-  }
+PackedHeads HeadPipeline::packed(void* base, int64_t heads, int64_t elem_bytes) const {
+  return PackedHeads{.base = base, .rows = rows_, .heads = heads, .d = cfg_.head_dim, .elem_bytes = elem_bytes};
 }
 
 AttentionShape HeadPipeline::kernel_shape() const {
@@ -94,52 +60,84 @@ AttentionShape HeadPipeline::kernel_shape() const {
                         .dtype = cfg_.dtype};
 }
 
+void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
+  const DType t = cfg_.dtype;
+  TensorBuffer send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
+  const PackedHeads q = packed(send.data(), u);
+  for (int64_t p = 0; p < C; ++p)
+    for (int64_t j = 0; j < u; ++j)
+      project_head(dev_, q.slot(p, j), q.ld(), t, x.data(), x.dtype(), L, w.wq, sched_.q_head(s, p, j), D);
+  normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
+  rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, Rope::kForward);
+  st.q = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
+  exchange(dev_, comm_, send.data(), st.q.data(), L * u * D * dtype_size(t));
+}
+
+void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_t round, SavedRound& rd,
+                              KeepNorm keep) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, nkv = sched_.kv_per_rank;
+  const DType t = cfg_.dtype;
+  // k is normed (qk_norm) and rotated like q; v is neither.
+  struct Part {
+    const Tensor& w;
+    TensorBuffer& recv;
+    const Tensor* norm_w;  // k only
+    SavedQkNorm* kept;     // k only
+    const char* send_what;
+    const char* recv_what;
+  };
+  const Part parts[] = {
+      {w.wk, rd.k, &w.k_norm, &rd.k_norm, "k projection (send layout)", "k all-to-all receive (resident)"},
+      {w.wv, rd.v, nullptr, nullptr, "v projection (send layout)", "v all-to-all receive (resident)"}};
+  for (const Part& part : parts) {
+    TensorBuffer send(dev_.allocator(), t, {C, L, nkv, D}, Tag::kAttnWorkspace, part.send_what);
+    const PackedHeads kv = packed(send.data(), nkv);
+    for (int64_t p = 0; p < C; ++p)
+      for (int64_t i = 0; i < nkv; ++i)
+        project_head(dev_, kv.slot(p, i), kv.ld(), t, x.data(), x.dtype(), L, part.w, sched_.kv_head(round, p, i), D);
+    if (part.norm_w != nullptr) {
+      normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
+      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, first_position_, Rope::kForward);
+    }
+    part.recv = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication, part.recv_what);
+    exchange(dev_, comm_, send.data(), part.recv.data(), L * nkv * D * dtype_size(t));
+  }
+}
+
+void HeadPipeline::return_output(int64_t s, const Tensor& o, const Tensor& attn_out) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
+  const DType t = cfg_.dtype;
+  const int64_t es = dtype_size(t);
+  TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "attention output all-to-all receive");
+  exchange(dev_, comm_, o.data(), recv.data(), L * u * D * es);
+  const PackedHeads from = packed(recv.data(), u), out = packed(attn_out.data(), cfg_.heads);
+  for (int64_t p = 0; p < C; ++p)  // o_recv[p][:, j] -> attn_out[:, h(s, p, j)]
+    for (int64_t j = 0; j < u; ++j)
+      dev_.copy_2d(out.slot(0, sched_.q_head(s, p, j)), out.ld() * es, from.slot(p, j), from.ld() * es, D * es, L);
+}
+
 void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, y);
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
-  const int64_t es = dtype_size(t);
   Allocator& alloc = dev_.allocator();
+  const KeepNorm keep = saving_ == Saving::kKeepStages ? KeepNorm::kYes : KeepNorm::kNo;
   saved.reset();
   saved.attn_out = TensorBuffer(alloc, t, {L, H, D}, Tag::kActivations, "attention output (saved)");
-
-  Stage st;
   for (int64_t s = 0; s < sched_.stages; ++s) {
-    project_exchange(w, x, s, sched_.first_of_round(s), st, /*keep_pre=*/!recompute_);
+    SavedStage& st = saved.stages.emplace_back();
+    project_q(w, x, s, st, keep);
+    if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), keep);
+    SavedRound& rd = saved.rounds.back();
     st.o = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "attention output (head-sharded)");
-    saved.lse.emplace_back(alloc, DType::kF32, Shape{u, C * L}, Tag::kActivations, "attention LSE (saved)");
-    attention_forward(dev_, kernel_shape(), st.o.data(), saved.lse.back().as<float>(), st.q_recv.data(),
-                      st.k_res.data(), st.v_res.data());
-    {
-      TensorBuffer o_recv(alloc, t, {C, L, u, D}, Tag::kCommunication, "attention output all-to-all receive");
-      exchange(dev_, comm_, st.o.data(), o_recv.data(), L * u * D * es);
-      for (int64_t p = 0; p < C; ++p)  // o_recv[p][:, j] -> attn_out[:, h(s, p, j)]
-        for (int64_t j = 0; j < u; ++j)
-          dev_.copy_2d(saved.attn_out.as<char>() + sched_.q_head(s, p, j) * D * es, H * D * es,
-                       o_recv.as<char>() + (p * L * u + j) * D * es, u * D * es, D * es, L);
-    }
-    if (recompute_) {
-      st.q_recv.reset();
+    st.lse = TensorBuffer(alloc, DType::kF32, {u, C * L}, Tag::kActivations, "attention LSE (saved)");
+    attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
+    return_output(s, st.o, saved.attn_out);
+    if (saving_ == Saving::kRecompute) {  // only the LSE stays; backward recomputes the rest
+      st.q.reset();
       st.o.reset();
-      if (sched_.last_of_round(s)) {
-        st.k_res.reset();
-        st.v_res.reset();
-      }
-    } else {
-      saved.qkv_out.push_back(std::move(st.q_recv));
-      if (sched_.first_of_round(s)) {
-        saved.qkv_out.push_back(std::move(st.k_res));
-        saved.qkv_out.push_back(std::move(st.v_res));
-      }
-      saved.qkv_out.push_back(std::move(st.o));
-      if (cfg_.qk_norm) {
-        saved.qkv_out.push_back(std::move(st.q_pre));
-        saved.qkv_out.push_back(std::move(st.q_rstd));
-        if (sched_.first_of_round(s)) {
-          saved.qkv_out.push_back(std::move(st.k_pre));
-          saved.qkv_out.push_back(std::move(st.k_rstd));
-        }
-      }
+      if (sched_.last_of_round(s)) saved.rounds.pop_back();
     }
   }
   // y (L, E) = attn_out (L, H*D) wo^T
@@ -148,23 +146,133 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
                         .c = y.data(), .ldc = cfg_.hidden, .c_dtype = y.dtype()});
 }
 
+// dO (S, u, D) of one stage, head-sharded, and D = rowsum(dO * O) in the kernel's (u, S) layout.
+struct HeadPipeline::DoutStage {
+  TensorBuffer dout, delta;
+};
+
+// The fp32 sums of one round's dk and dv (S, w, D) over its stages.
+struct HeadPipeline::RoundGrads {
+  TensorBuffer dk, dv;
+};
+
+HeadPipeline::DoutStage HeadPipeline::exchange_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
+                                                    const Tensor& attn_out) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
+  const DType t = cfg_.dtype;
+  const int64_t es = dtype_size(t);
+  Allocator& alloc = dev_.allocator();
+  DoutStage d;
+  d.dout = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kCommunication, "dO all-to-all receive");
+  d.delta = TensorBuffer(alloc, DType::kF32, {u, C * L}, Tag::kAttnWorkspace, "attention D (head-sharded)");
+  TensorBuffer do_send(alloc, t, {C, L, u, D}, Tag::kAttnWorkspace, "dO projection (send layout)");
+  // D in send layout [C][u][L]: row j of block p is head slot j's L values.
+  TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
+  TensorBuffer delta_recv(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
+  const PackedHeads dout = packed(do_send.data(), u), out = packed(attn_out.data(), cfg_.heads);
+  for (int64_t p = 0; p < C; ++p)
+    for (int64_t j = 0; j < u; ++j)
+      project_out_grad_head(dev_, dout.slot(p, j), dout.ld(), t, dy.data(), dy.dtype(), L, w.wo,
+                            sched_.q_head(s, p, j), D);
+  // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j]
+  for (int64_t p = 0; p < C; ++p)
+    for (int64_t j = 0; j < u; ++j)
+      row_dot(dev_, L, D, t, out.slot(0, sched_.q_head(s, p, j)), out.ld(), dout.slot(p, j), dout.ld(),
+              delta_send.as<float>() + (p * u + j) * L, 1);
+  exchange(dev_, comm_, do_send.data(), d.dout.data(), L * u * D * es);
+  exchange(dev_, comm_, delta_send.data(), delta_recv.data(), L * u * 4);
+  // delta_recv [src][j][i] -> delta [j][src*L + i] (the kernel's (heads, seq) layout)
+  for (int64_t src = 0; src < C; ++src)
+    dev_.copy_2d(d.delta.as<float>() + src * L, C * L * 4, delta_recv.as<float>() + src * u * L, L * 4, L * 4, u);
+  return d;
+}
+
+void HeadPipeline::return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const AttentionWeights& w,
+                             const Tensor& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
+  const DType t = cfg_.dtype;
+  TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "dq all-to-all receive");
+  exchange(dev_, comm_, dq.data(), recv.data(), L * u * D * dtype_size(t));
+  dq.reset();
+  rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, Rope::kInverse);
+  if (qk.on()) {  // through the per-head q norm
+    recv = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, recv);
+    st.q_norm = SavedQkNorm{};
+  }
+  // Every query head is in exactly one slot of one stage: its dwq rows are written once.
+  const PackedHeads dq_seq = packed(recv.data(), u);
+  for (int64_t p = 0; p < C; ++p)
+    for (int64_t j = 0; j < u; ++j)
+      project_head_backward(dev_, dx_acc, dq_seq.slot(p, j), dq_seq.ld(), t, x.data(), x.dtype(), L, w.wq, g.dwq,
+                            sched_.q_head(s, p, j), D, Write::kOverwrite);
+}
+
+void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w,
+                                    const Tensor& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, nkv = sched_.kv_per_rank;
+  const DType t = cfg_.dtype;
+  Allocator& alloc = dev_.allocator();
+  rd.k.reset();
+  rd.v.reset();
+  // k's sum goes back through RoPE and the k norm; v's straight into the projection backward.
+  struct Part {
+    TensorBuffer& sum;
+    const Tensor& w;
+    const Tensor& dw;
+    bool is_k;
+    const char* send_what;
+    const char* recv_what;
+  };
+  const Part parts[] = {{acc.dk, w.wk, g.dwk, true, "dk all-to-all send", "dk all-to-all receive"},
+                        {acc.dv, w.wv, g.dwv, false, "dv all-to-all send", "dv all-to-all receive"}};
+  for (const Part& part : parts) {
+    // The sums, RoPE undone (their rows are the whole sequence in order), go back in the block's
+    // dtype, as dq does: half the bytes of fp32 for bf16, and every GEMM operand of the
+    // projection backward in one dtype.
+    if (part.is_k) rope_blocks(dev_, part.sum.data(), DType::kF32, 1, C * L, nkv, D, cfg_.rope_theta, 0, Rope::kInverse);
+    TensorBuffer send;
+    if (t != DType::kF32) {
+      send = TensorBuffer(alloc, t, {C * L, nkv, D}, Tag::kCommunication, part.send_what);
+      convert(dev_, send.data(), t, part.sum.data(), DType::kF32, C * L * nkv * D);
+      part.sum.reset();
+    }
+    TensorBuffer recv(alloc, t, {C, L, nkv, D}, Tag::kCommunication, part.recv_what);
+    exchange(dev_, comm_, (t != DType::kF32 ? send : part.sum).data(), recv.data(), L * nkv * D * dtype_size(t));
+    send.reset();
+    part.sum.reset();
+    const bool through_norm = part.is_k && qk.on();
+    TensorBuffer dk_pre;
+    if (through_norm) {  // through the per-head k norm
+      dk_pre = qk.backward(QkPart::kK, rd.k_norm.pre, rd.k_norm.rstd, w.k_norm, recv);
+      rd.k_norm = SavedQkNorm{};
+    }
+    // A KV head replicated over ranks (G < C) appears in several slots: its dw rows add up.
+    const PackedHeads grad = packed((through_norm ? dk_pre : recv).data(), nkv);
+    for (int64_t p = 0; p < C; ++p)
+      for (int64_t i = 0; i < nkv; ++i)
+        project_head_backward(dev_, dx_acc, grad.slot(p, i), grad.ld(), t, x.data(), x.dtype(), L, part.w, part.dw,
+                              sched_.kv_head(round, p, i), D, Write::kAccumulate);
+  }
+}
+
 void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, dy);
   check_grads(cfg_, rows_, dx, g);
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden;
-  const int64_t u = sched_.q_per_rank, wk = sched_.kv_per_rank;
+  const int64_t u = sched_.q_per_rank, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
-  const int64_t es = dtype_size(t);
   Allocator& alloc = dev_.allocator();
-  UNTIED_CHECK(static_cast<int64_t>(saved.lse.size()) == sched_.stages,
-               "attention backward without a matching forward (", saved.lse.size(), " saved stages, expected ",
-               sched_.stages, ")");
+  const int64_t rounds = sched_.stages / sched_.stages_per_round;
+  const size_t kept_rounds = saving_ == Saving::kKeepStages ? static_cast<size_t>(rounds) : 0;
+  UNTIED_CHECK(static_cast<int64_t>(saved.stages.size()) == sched_.stages && saved.rounds.size() == kept_rounds,
+               "attention backward without a matching forward (", saved.stages.size(), " saved stages and ",
+               saved.rounds.size(), " rounds, expected ", sched_.stages, " and ", kept_rounds, ")");
 
   // dwo (E, H*D) = dy^T attn_out
   gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = L, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(),
-                        .b = saved.attn_out.data(),
-                        .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D, .c_dtype = g.dwo.dtype()});
+                        .b = saved.attn_out.data(), .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D,
+                        .c_dtype = g.dwo.dtype()});
   // dx accumulates in fp32; dwk/dwv accumulate over KV replicas.
   Buffer dx_acc_buf;
   float* dx_acc = dx.as<float>();
@@ -176,124 +284,38 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   dev_.fill_zero(g.dwk.data(), g.dwk.bytes());
   dev_.fill_zero(g.dwv.data(), g.dwv.bytes());
 
-  QkNorm qk(dev_, cfg_, /*grads=*/true);
-  Stage st;
-  size_t saved_idx = 0;
-  TensorBuffer dk_acc, dv_acc;  // (S, w, D) fp32, per round
+  QkNorm qk(dev_, cfg_, QkGrads::kAccumulate);
+  RoundGrads acc;
   for (int64_t s = 0; s < sched_.stages; ++s) {
     const int64_t round = sched_.round(s);
-    if (recompute_) {
-      project_exchange(w, x, s, sched_.first_of_round(s), st, /*keep_pre=*/true);
-    } else {
-      st.q_recv = std::move(saved.qkv_out[saved_idx++]);
-      if (sched_.first_of_round(s)) {
-        st.k_res = std::move(saved.qkv_out[saved_idx++]);
-        st.v_res = std::move(saved.qkv_out[saved_idx++]);
-      }
-      st.o = std::move(saved.qkv_out[saved_idx++]);
-      if (cfg_.qk_norm) {
-        st.q_pre = std::move(saved.qkv_out[saved_idx++]);
-        st.q_rstd = std::move(saved.qkv_out[saved_idx++]);
-        if (sched_.first_of_round(s)) {
-          st.k_pre = std::move(saved.qkv_out[saved_idx++]);
-          st.k_rstd = std::move(saved.qkv_out[saved_idx++]);
-        }
-      }
+    SavedStage& st = saved.stages[s];
+    if (saving_ == Saving::kRecompute) {  // the forward's projections again, keeping the norms' inputs
+      project_q(w, x, s, st, KeepNorm::kYes);
+      if (sched_.first_of_round(s)) project_kv(w, x, round, saved.rounds.emplace_back(), KeepNorm::kYes);
     }
+    SavedRound& rd = saved.rounds[round];
     if (sched_.first_of_round(s)) {
-      dk_acc = TensorBuffer(alloc, DType::kF32, {C * L, wk, D}, Tag::kAttnWorkspace, "dk accumulator (round)");
-      dv_acc = TensorBuffer(alloc, DType::kF32, {C * L, wk, D}, Tag::kAttnWorkspace, "dv accumulator (round)");
-      dev_.fill_zero(dk_acc.data(), dk_acc.view().bytes());
-      dev_.fill_zero(dv_acc.data(), dv_acc.view().bytes());
+      acc.dk = TensorBuffer(alloc, DType::kF32, {C * L, nkv, D}, Tag::kAttnWorkspace, "dk accumulator (round)");
+      acc.dv = TensorBuffer(alloc, DType::kF32, {C * L, nkv, D}, Tag::kAttnWorkspace, "dv accumulator (round)");
+      dev_.fill_zero(acc.dk.data(), acc.dk.view().bytes());
+      dev_.fill_zero(acc.dv.data(), acc.dv.view().bytes());
     }
-    // dO for the stage's heads, in send layout, and D = rowsum(dO * O) where both are local.
-    TensorBuffer do_recv(alloc, t, {C * L, u, D}, Tag::kCommunication, "dO all-to-all receive");
-    TensorBuffer delta(alloc, DType::kF32, {u, C * L}, Tag::kAttnWorkspace, "attention D (head-sharded)");
-    {
-      TensorBuffer do_send(alloc, t, {C, L, u, D}, Tag::kAttnWorkspace, "dO projection (send layout)");
-      TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
-      TensorBuffer delta_recv(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
-      for (int64_t p = 0; p < C; ++p)
-        for (int64_t j = 0; j < u; ++j)
-          project_out_grad_head(dev_, do_send.as<char>() + (p * L * u + j) * D * es, u * D, t, dy.data(), dy.dtype(),
-                                L, w.wo, sched_.q_head(s, p, j), D);
-      // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j]
-      for (int64_t p = 0; p < C; ++p)
-        for (int64_t j = 0; j < u; ++j)
-          row_dot(dev_, L, D, t, saved.attn_out.as<char>() + sched_.q_head(s, p, j) * D * es, H * D,
-                  do_send.as<char>() + (p * L * u + j) * D * es, u * D, delta_send.as<float>() + (p * u + j) * L, 1);
-      exchange(dev_, comm_, do_send.data(), do_recv.data(), L * u * D * es);
-      exchange(dev_, comm_, delta_send.data(), delta_recv.data(), L * u * 4);
-      // delta_recv [src][j][i] -> delta [j][src*L + i] (the kernel's (heads, seq) layout)
-      for (int64_t src = 0; src < C; ++src)
-        dev_.copy_2d(delta.as<float>() + src * L, C * L * 4, delta_recv.as<float>() + src * u * L, L * 4, L * 4, u);
-    }
+    DoutStage d = exchange_dout(s, dy, w, saved.attn_out);
     TensorBuffer dq(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
-    TensorBuffer dk(alloc, t, {C * L, wk, D}, Tag::kAttnWorkspace, "dk (head-sharded, stage)");
-    TensorBuffer dv(alloc, t, {C * L, wk, D}, Tag::kAttnWorkspace, "dv (head-sharded, stage)");
-    attention_backward_with_delta(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q_recv.data(),
-                                  st.k_res.data(), st.v_res.data(), delta.as<float>(), saved.lse[s].as<float>(),
-                                  do_recv.data());
-    do_recv.reset();
-    delta.reset();
-    st.q_recv.reset();
+    TensorBuffer dk(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dk (head-sharded, stage)");
+    TensorBuffer dv(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dv (head-sharded, stage)");
+    attention_backward_with_delta(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q.data(), rd.k.data(),
+                                  rd.v.data(), d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
+    d.dout.reset();
+    d.delta.reset();
+    st.q.reset();
     st.o.reset();
-    add_into(dev_, dk_acc.data(), DType::kF32, dk.data(), t, C * L * wk * D);
-    add_into(dev_, dv_acc.data(), DType::kF32, dv.data(), t, C * L * wk * D);
+    add_into(dev_, acc.dk.data(), DType::kF32, dk.data(), t, C * L * nkv * D);
+    add_into(dev_, acc.dv.data(), DType::kF32, dv.data(), t, C * L * nkv * D);
     dk.reset();
     dv.reset();
-    {
-      // dq back to sequence sharding; inverse RoPE; dx and dwq for each head.
-      TensorBuffer dq_recv(alloc, t, {C, L, u, D}, Tag::kCommunication, "dq all-to-all receive");
-      exchange(dev_, comm_, dq.data(), dq_recv.data(), L * u * D * es);
-      dq.reset();
-      rope_blocks(dev_, dq_recv.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, true);
-      if (qk.on()) {  // through the per-head q norm
-        dq_recv = qk.backward(true, st.q_pre, st.q_rstd, w.q_norm, dq_recv);
-        st.q_pre.reset();
-        st.q_rstd.reset();
-      }
-      for (int64_t p = 0; p < C; ++p)
-        for (int64_t j = 0; j < u; ++j)
-          project_head_backward(dev_, dx_acc, dq_recv.as<char>() + (p * L * u + j) * D * es, u * D, t, x.data(),
-                                x.dtype(), L, w.wq, g.dwq, sched_.q_head(s, p, j), D, false);
-    }
-    if (sched_.last_of_round(s)) {
-      st.k_res.reset();
-      st.v_res.reset();
-      for (int pass = 0; pass < 2; ++pass) {
-        TensorBuffer& acc = pass == 0 ? dk_acc : dv_acc;
-        // The round's sums, RoPE undone (acc's rows are the whole sequence in order), go back
-        // in the block's dtype, as dq does: half the bytes of fp32 for bf16, and every GEMM
-        // operand of the projection backward in one dtype.
-        if (pass == 0) rope_blocks(dev_, acc.data(), DType::kF32, 1, C * L, wk, D, cfg_.rope_theta, 0, true);
-        TensorBuffer send;
-        if (t != DType::kF32) {
-          send = TensorBuffer(alloc, t, {C * L, wk, D}, Tag::kCommunication,
-                              pass == 0 ? "dk all-to-all send" : "dv all-to-all send");
-          convert(dev_, send.data(), t, acc.data(), DType::kF32, C * L * wk * D);
-          acc.reset();
-        }
-        TensorBuffer recv(alloc, t, {C, L, wk, D}, Tag::kCommunication,
-                          pass == 0 ? "dk all-to-all receive" : "dv all-to-all receive");
-        exchange(dev_, comm_, (t != DType::kF32 ? send : acc).data(), recv.data(), L * wk * D * es);
-        send.reset();
-        acc.reset();
-        const void* grad = recv.data();
-        TensorBuffer dk_pre;
-        if (pass == 0 && qk.on()) {  // through the per-head k norm
-          dk_pre = qk.backward(false, st.k_pre, st.k_rstd, w.k_norm, recv);
-          st.k_pre.reset();
-          st.k_rstd.reset();
-          grad = dk_pre.data();
-        }
-        for (int64_t p = 0; p < C; ++p)
-          for (int64_t i = 0; i < wk; ++i)
-            project_head_backward(dev_, dx_acc, static_cast<const char*>(grad) + (p * L * wk + i) * D * es, wk * D, t,
-                                  x.data(), x.dtype(), L, pass == 0 ? w.wk : w.wv, pass == 0 ? g.dwk : g.dwv,
-                                  sched_.kv_head(round, p, i), D, true);
-      }
-    }
+    return_dq(s, dq, st, w, x, dx_acc, g, qk);
+    if (sched_.last_of_round(s)) return_round_dkv(round, acc, rd, w, x, dx_acc, g, qk);
   }
   if (dx.dtype() != DType::kF32) convert(dev_, dx.data(), dx.dtype(), dx_acc, DType::kF32, L * E);
   qk.store_grads(g);

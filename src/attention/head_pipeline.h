@@ -1,19 +1,25 @@
-// The staged sequence-sharded attention block behind kUlysses (one stage of all heads, saved
-// q/k/v/out) and kUPipe (H/U stages, recompute in backward). See head_pipeline.cc.
+// The staged sequence-sharded attention block behind kUlysses (one stage of all heads; q, k, v
+// and the output kept for backward) and kUPipe (H/U stages, recomputed in backward). See
+// head_pipeline.cc for the steps and their shapes.
 #pragma once
 
-#include <vector>
-
+#include "attention/block_ops.h"
 #include "untied/attention/attention_block.h"
 #include "untied/attention/head_schedule.h"
 #include "untied/kernels/attention.h"
 
 namespace untied::attn {
 
+// What forward keeps of each stage: everything (ulysses), or only the LSE, the rest recomputed
+// by backward (upipe).
+enum class Saving { kKeepStages, kRecompute };
+// qk_norm: whether a projection keeps its pre-norm values and rstd (for backward) or frees them.
+enum class KeepNorm { kNo, kYes };
+
 class HeadPipeline final : public AttentionBlock {
  public:
   // REQUIRES: validate(cfg, comm.size()).ok().
-  HeadPipeline(Device& dev, Communicator& comm, const AttentionConfig& cfg, bool recompute);
+  HeadPipeline(Device& dev, Communicator& comm, const AttentionConfig& cfg, Saving saving);
   void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
@@ -21,19 +27,39 @@ class HeadPipeline final : public AttentionBlock {
   int64_t stage_heads() const override { return sched_.stage_heads; }
 
  private:
-  struct Stage;
-  // Projects stage s's query heads (and, when kv, the round's K/V heads) from x (L, E) into
-  // send layout, applies RoPE, exchanges into st.q_recv (and st.k_res, st.v_res).
-  // keep_pre (qk_norm): keep the pre-norm projections and rstd in st for backward.
-  void project_exchange(const AttentionWeights& w, const Tensor& x, int64_t s, bool kv, Stage& st, bool keep_pre);
+  struct DoutStage;
+  struct RoundGrads;
+
+  // Send layouts on this rank: per destination rank p, L rows of `heads` heads.
+  PackedHeads packed(void* base, int64_t heads, int64_t elem_bytes) const;
+  PackedHeads packed(void* base, int64_t heads) const { return packed(base, heads, dtype_size(cfg_.dtype)); }
+
+  // ---- forward steps (backward's recompute runs the first two again) ----
+  // st.q (S, u, D) = all_to_all(RoPE(norm(x wq[stage s heads]^T)))     sequence -> heads
+  void project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep);
+  // rd.k, rd.v (S, w, D) the same for the KV heads of round t (k normed and rotated)
+  void project_kv(const AttentionWeights& w, const Tensor& x, int64_t t, SavedRound& rd, KeepNorm keep);
+  // attn_out[:, heads of stage s] = all_to_all(o)                       heads -> sequence
+  void return_output(int64_t s, const Tensor& o, const Tensor& attn_out);
+
+  // ---- backward steps, the forward's in reverse ----
+  // dO (S, u, D) and D = rowsum(dO * O) (u, S) for stage s, from dy:  sequence -> heads
+  DoutStage exchange_dout(int64_t s, const Tensor& dy, const AttentionWeights& w, const Tensor& attn_out);
+  // dq back to the sequence (heads -> sequence), through RoPE and the q norm, into dx and dwq.
+  void return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const AttentionWeights& w, const Tensor& x,
+                 float* dx_acc, AttentionGrads& g, QkNorm& qk);
+  // The round's dk/dv sums back to the sequence, through RoPE and the k norm, into dx, dwk, dwv.
+  void return_round_dkv(int64_t t, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w, const Tensor& x,
+                        float* dx_acc, AttentionGrads& g, QkNorm& qk);
+
   AttentionShape kernel_shape() const;
 
   Device& dev_;
   Communicator& comm_;
   AttentionConfig cfg_;
-  bool recompute_;
+  Saving saving_;
   HeadSchedule sched_;
-  int64_t rows_;  // L
+  int64_t rows_;                // L
   int64_t first_position_ = 0;  // global position of this rank's first token
 };
 

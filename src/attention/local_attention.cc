@@ -22,43 +22,36 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
   saved.reset();
-  TensorBuffer q(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "q (local)");
-  TensorBuffer k(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "k (local)");
-  TensorBuffer v(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "v (local)");
+  // One stage of every head, one round of every KV head.
+  SavedStage& st = saved.stages.emplace_back();
+  SavedRound& rd = saved.rounds.emplace_back();
+  TensorBuffer &q = st.q, &k = rd.k, &v = rd.v;
+  q = TensorBuffer(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "q (local)");
+  k = TensorBuffer(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "k (local)");
+  v = TensorBuffer(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "v (local)");
   // q = x wq^T, k = x wk^T, v = x wv^T
   for (auto [dst, wt, n] : {std::tuple{&q, &w.wq, H * D}, {&k, &w.wk, G * D}, {&v, &w.wv, G * D}})
     gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = n, .k = E, .a = x.data(), .lda = E, .a_dtype = x.dtype(),
                           .b = wt->data(), .ldb = E, .b_dtype = wt->dtype(), .c = dst->data(), .ldc = n, .c_dtype = t});
   // Qwen3: per-head RMSNorm of q and k before RoPE; the pre-norm tensors are kept for backward.
-  TensorBuffer q_pre, k_pre, q_rstd, k_rstd;
   if (cfg_.qk_norm) {
-    QkNorm qk(dev_, cfg_, /*grads=*/false);
-    q_pre = std::move(q);
-    k_pre = std::move(k);
-    q = qk.forward(q_pre, w.q_norm, &q_rstd, "q (normed, local)");
-    k = qk.forward(k_pre, w.k_norm, &k_rstd, "k (normed, local)");
+    QkNorm qk(dev_, cfg_, QkGrads::kNone);
+    st.q_norm.pre = std::move(q);
+    rd.k_norm.pre = std::move(k);
+    q = qk.forward(st.q_norm.pre, w.q_norm, &st.q_norm.rstd, "q (normed, local)");
+    k = qk.forward(rd.k_norm.pre, w.k_norm, &rd.k_norm.rstd, "k (normed, local)");
   }
   rope_forward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, q.data(),
                nullptr);
   rope_forward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, k.data(),
                nullptr);
   saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
-  saved.lse.emplace_back(alloc, DType::kF32, Shape{H, S}, Tag::kActivations, "attention LSE (saved)");
-  attention_forward(dev_, kernel_shape(), saved.attn_out.data(), saved.lse[0].as<float>(), q.data(), k.data(),
-                    v.data());
+  st.lse = TensorBuffer(alloc, DType::kF32, {H, S}, Tag::kActivations, "attention LSE (saved)");
+  attention_forward(dev_, kernel_shape(), saved.attn_out.data(), st.lse.as<float>(), q.data(), k.data(), v.data());
   // y = attn_out wo^T
   gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = E, .k = H * D, .a = saved.attn_out.data(), .lda = H * D,
                         .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = y.data(), .ldc = E,
                         .c_dtype = y.dtype()});
-  saved.qkv_out.push_back(std::move(q));
-  saved.qkv_out.push_back(std::move(k));
-  saved.qkv_out.push_back(std::move(v));
-  if (cfg_.qk_norm) {
-    saved.qkv_out.push_back(std::move(q_pre));
-    saved.qkv_out.push_back(std::move(q_rstd));
-    saved.qkv_out.push_back(std::move(k_pre));
-    saved.qkv_out.push_back(std::move(k_rstd));
-  }
 }
 
 void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
@@ -68,11 +61,10 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
   const int64_t S = cfg_.seq, E = cfg_.hidden, H = cfg_.heads, G = cfg_.kv_heads, D = cfg_.head_dim;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
-  UNTIED_CHECK(saved.qkv_out.size() == (cfg_.qk_norm ? 7u : 3u) && saved.lse.size() == 1,
-               "attention backward without a matching forward");
-  const Tensor& q = saved.qkv_out[0];
-  const Tensor& k = saved.qkv_out[1];
-  const Tensor& v = saved.qkv_out[2];
+  UNTIED_CHECK(saved.stages.size() == 1 && saved.rounds.size() == 1, "attention backward without a matching forward");
+  const SavedStage& st = saved.stages[0];
+  const SavedRound& rd = saved.rounds[0];
+  const Tensor &q = st.q, &k = rd.k, &v = rd.v;
   // dwo = dy^T attn_out;  dout = dy wo
   gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = S, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(),
                         .b = saved.attn_out.data(), .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D,
@@ -84,15 +76,15 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
   TensorBuffer dk(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dk (local)");
   TensorBuffer dv(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dv (local)");
   attention_backward(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
-                     saved.attn_out.data(), saved.lse[0].as<float>(), dout.data());
+                     saved.attn_out.data(), st.lse.as<float>(), dout.data());
   rope_backward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
                 dq.data(), nullptr);
   rope_backward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
                 dk.data(), nullptr);
-  QkNorm qk(dev_, cfg_, /*grads=*/true);
+  QkNorm qk(dev_, cfg_, QkGrads::kAccumulate);
   if (qk.on()) {
-    dq = qk.backward(true, saved.qkv_out[3], saved.qkv_out[4], w.q_norm, dq);
-    dk = qk.backward(false, saved.qkv_out[5], saved.qkv_out[6], w.k_norm, dk);
+    dq = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, dq);
+    dk = qk.backward(QkPart::kK, rd.k_norm.pre, rd.k_norm.rstd, w.k_norm, dk);
   }
   // dx = dq wq + dk wk + dv wv (fp32 accumulation);  dw = d^T x
   Buffer dx_acc_buf;

@@ -149,8 +149,8 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
 void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t host_peak) {
   std::printf("one training step, rehearsal | %s, %lld layers | %s U=%lld on %d ranks | S=%lld | %s\n",
               o.model.name.c_str(), (long long)o.model.layers, std::string(strategy_name(o.decoder.strategy)).c_str(),
-              (long long)(o.decoder.strategy != Strategy::kUPipe ? o.model.heads
-                          : o.decoder.upipe_heads > 0 ? o.decoder.upipe_heads : ranks),
+              (long long)stage_heads_of(AttentionConfig{.heads = o.model.heads, .strategy = o.decoder.strategy,
+                                                        .upipe_heads = o.decoder.upipe_heads}, ranks),
               ranks, (long long)o.decoder.seq,
               std::string(dtype_name(o.decoder.dtype)).c_str());
   std::printf("peak memory per rank (max over ranks):\n");

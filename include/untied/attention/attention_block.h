@@ -82,15 +82,36 @@ struct AttentionGrads {
   Tensor dq_norm = {}, dk_norm = {};  // (D), with qk_norm only; overwritten with local partial sums
 };
 
-// What forward keeps for backward; owned by the caller between the two calls.
+// Heads per stage that `cfg`'s strategy runs on `ranks` ranks: H for local and ulysses (one
+// stage), upipe_heads for upipe (0 = ranks). The one place U is resolved.
+int64_t stage_heads_of(const AttentionConfig& cfg, int ranks);
+
+// What forward keeps for backward; owned by the caller between the two calls. Typed records, one
+// per stage and one per round of stages (head_schedule.h), so that forward and backward name
+// each tensor they hand over. Tags: kActivations for attn_out and lse; the head-sharded tensors
+// keep the tags they were made with (kCommunication for all-to-all receives, kAttnWorkspace).
+struct SavedQkNorm {  // Qwen3 (qk_norm): the pre-norm projection and its rstd, for the norm's backward
+  TensorBuffer pre, rstd;
+};
+struct SavedStage {
+  TensorBuffer lse;       // (u, S) fp32: every strategy
+  // Unless the strategy recomputes (upipe): q after norm and RoPE (S, u, D) and the kernel's
+  // output (S, u, D), head-sharded; local keeps q (S, H, D) only (its output is attn_out).
+  TensorBuffer q, o;
+  SavedQkNorm q_norm;     // qk_norm only, unless recomputed
+};
+struct SavedRound {       // the KV heads resident for one round, unless recomputed
+  TensorBuffer k, v;      // (S, w, D) head-sharded (local: (S, G, D)), k after norm and RoPE
+  SavedQkNorm k_norm;     // qk_norm only
+};
 struct AttentionSaved {
-  TensorBuffer attn_out;               // (L, H, D) kActivations: attention output, standard head order
-  std::vector<TensorBuffer> lse;       // per stage (heads of the stage on this rank, S) fp32
-  std::vector<TensorBuffer> qkv_out;   // ulysses and local only: per stage q, k, v, out (head-sharded)
+  TensorBuffer attn_out;            // (L, H, D) kActivations: attention output, standard head order
+  std::vector<SavedStage> stages;   // one per stage, in stage order
+  std::vector<SavedRound> rounds;   // one per round, in round order (empty when recomputed)
   void reset() {
     attn_out.reset();
-    lse.clear();
-    qkv_out.clear();
+    stages.clear();
+    rounds.clear();
   }
 };
 
