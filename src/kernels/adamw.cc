@@ -2,8 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/cpu/model_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -22,27 +21,19 @@ void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64
                 const AdamWParams& a) {
   UNTIED_CHECK(n >= 0, "adamw: n must be >= 0, got ", n);
   validate(a);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::adamw_step(dev, p, m, v, g, n, a);
-    case DeviceKind::kCuda: return cuda::adamw_step(dev, p, m, v, g, n, a);
-  }
+  run_op(dev, &KernelTable::adamw, "adamw_step", AdamWCall{.p = p, .m = m, .v = v, .g = g, .n = n, .a = a});
 }
 
 double grad_sum_squares(Device& dev, const float* g, int64_t n) {
   UNTIED_CHECK(n >= 0, "grad_sum_squares: n must be >= 0, got ", n);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::grad_sum_squares(dev, g, n);
-    case DeviceKind::kCuda: return cuda::grad_sum_squares(dev, g, n);
-  }
-  unsupported(dev, "grad_sum_squares");
+  double sum = 0.0;  // 0 in rehearsal
+  run_op(dev, &KernelTable::grad_sum_squares, "grad_sum_squares", SumSquaresCall{.g = g, .n = n, .result = &sum});
+  return sum;
 }
 
 void scale_in_place(Device& dev, float* x, int64_t n, float scale) {
   UNTIED_CHECK(n >= 0, "scale_in_place: n must be >= 0, got ", n);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::scale_in_place(dev, x, n, scale);
-    case DeviceKind::kCuda: return cuda::scale_in_place(dev, x, n, scale);
-  }
+  run_op(dev, &KernelTable::scale_in_place, "scale_in_place", ScaleCall{.x = x, .n = n, .scale = scale});
 }
 
 }  // namespace untied

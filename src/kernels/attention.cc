@@ -1,7 +1,6 @@
 #include "untied/kernels/attention.h"
 
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 
 namespace untied {
 
@@ -29,32 +28,28 @@ void validate(const AttentionShape& s) {
 void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse, const void* q,
                        const void* k, const void* v) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::attention_forward(dev, s, out, lse, q, k, v);
-    case DeviceKind::kCuda: return cuda::attention_forward(dev, s, out, lse, q, k, v);
-  }
+  run_op(dev, &KernelTable::attention_forward, "attention_forward",
+         AttentionForwardCall{.s = s, .out = out, .lse = lse, .q = q, .k = k, .v = v});
 }
 
 void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
                         const float* lse, const void* dout) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu:
-      return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, out, nullptr, lse, dout);
-    case DeviceKind::kCuda: return cuda::attention_backward(dev, s, dq, dk, dv, q, k, v, out, nullptr, lse, dout);
-  }
+  run_op(dev, &KernelTable::attention_backward, "attention_backward",
+         AttentionBackwardCall{.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v,
+                               .delta_source = DeltaSource::kFromOut, .out = out, .delta = nullptr, .lse = lse,
+                               .dout = dout});
 }
 
 void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                                    const void* q, const void* k, const void* v, const float* delta,
                                    const float* lse, const void* dout) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu:
-      return cpu::attention_backward(dev, s, dq, dk, dv, q, k, v, nullptr, &delta, lse, dout);
-    case DeviceKind::kCuda: return cuda::attention_backward(dev, s, dq, dk, dv, q, k, v, nullptr, delta, lse, dout);
-  }
+  run_op(dev, &KernelTable::attention_backward, "attention_backward",
+         AttentionBackwardCall{.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v,
+                               .delta_source = DeltaSource::kGiven, .out = nullptr, .delta = delta, .lse = lse,
+                               .dout = dout});
 }
 
 double attention_forward_flops(const AttentionShape& s) {

@@ -1,7 +1,6 @@
 #include "untied/kernels/embedding.h"
 
-#include "kernels/cpu/model_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -21,19 +20,15 @@ void validate(const EmbeddingShape& s) {
 void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const int32_t* ids,
                        const void* table) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::embedding_forward(dev, s, out, ids, table);
-    case DeviceKind::kCuda: return cuda::embedding_forward(dev, s, out, ids, table);
-  }
+  run_op(dev, &KernelTable::embedding_forward, "embedding_forward",
+         EmbeddingForwardCall{.s = s, .out = out, .ids = ids, .table = table});
 }
 
 void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, const int32_t* ids,
                         const void* dout) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::embedding_backward(dev, s, dtable, ids, dout);
-    case DeviceKind::kCuda: return cuda::embedding_backward(dev, s, dtable, ids, dout);
-  }
+  run_op(dev, &KernelTable::embedding_backward, "embedding_backward",
+         EmbeddingBackwardCall{.s = s, .dtable = dtable, .ids = ids, .dout = dout});
 }
 
 }  // namespace untied

@@ -1,7 +1,6 @@
 #include "untied/kernels/gemm.h"
 
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 
 namespace untied {
 
@@ -15,10 +14,7 @@ void gemm(Device& dev, const GemmParams& p) {
   for (DType t : {p.a_dtype, p.b_dtype, p.c_dtype})
     UNTIED_CHECK(t == DType::kF32 || t == DType::kBF16, "gemm: operands must be f32 or bf16, got ",
                  dtype_name(t));
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::gemm(dev, p);
-    case DeviceKind::kCuda: return cuda::gemm(dev, p);
-  }
+  run_op(dev, &KernelTable::gemm, "gemm", p);
 }
 
 }  // namespace untied

@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/model_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -42,19 +41,19 @@ int64_t lm_head_loss_weight_block(const LmHeadLossShape& s) {
   return std::clamp<int64_t>(kWeightBlockBytes / (4 * s.dim), 1, s.vocab);
 }
 
-LmHeadLossWorkspace allocate_lm_head_loss_workspace(Device& dev, const LmHeadLossShape& s, int64_t chunk,
-                                                    bool backward) {
-  const int64_t V = s.vocab, E = s.dim;
+ScratchRequest lm_head_loss_scratch(const Device&, const LmHeadLossCall& c) {
+  const LmHeadLossShape& s = c.s;
+  const int64_t chunk = lm_head_loss_chunk(s), V = s.vocab, E = s.dim;
   const bool h_bf16 = s.dtype != DType::kF32, w_bf16 = s.weight_dtype != DType::kF32;
-  Allocator& alloc = dev.allocator();
-  LmHeadLossWorkspace ws;
-  ws.w_block = w_bf16 ? lm_head_loss_weight_block(s) : V;
-  ws.logits = alloc.allocate(chunk * V * 4, Tag::kOther, "lm head logits chunk");
-  ws.losses = alloc.allocate(chunk * 8, Tag::kOther, "lm head row losses");
-  if (h_bf16) ws.h32 = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head h chunk in fp32");
-  if (h_bf16 && backward) ws.dh32 = alloc.allocate(chunk * E * 4, Tag::kOther, "lm head dh chunk in fp32");
-  if (w_bf16) ws.w32 = alloc.allocate(ws.w_block * E * 4, Tag::kOther, "lm head w block in fp32");
-  return ws;
+  ScratchRequest r;
+  if (chunk == 0) return r;  // no tokens
+  r.set(kLossLogits, chunk * V * 4, Tag::kOther, "lm head logits chunk");
+  r.set(kLossRowLosses, chunk * 8, Tag::kOther, "lm head row losses");
+  if (h_bf16) r.set(kLossH32, chunk * E * 4, Tag::kOther, "lm head h chunk in fp32");
+  if (h_bf16 && c.pass == LossPass::kForwardBackward)
+    r.set(kLossDh32, chunk * E * 4, Tag::kOther, "lm head dh chunk in fp32");
+  if (w_bf16) r.set(kLossW32, lm_head_loss_weight_block(s) * E * 4, Tag::kOther, "lm head w block in fp32");
+  return r;
 }
 
 int64_t lm_head_loss_workspace_bytes(const LmHeadLossShape& s, bool backward) {
@@ -71,23 +70,18 @@ void lm_head_loss_forward_backward(Device& dev, const LmHeadLossShape& s, LossSu
                                    const int32_t* labels, const void* w) {
   validate(s);
   UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::lm_head_loss(dev, s, /*backward=*/true, sums, argmax, dh, dw, h, labels, w);
-    case DeviceKind::kCuda: return cuda::lm_head_loss(dev, s, /*backward=*/true, sums, argmax, dh, dw, h, labels, w);
-  }
+  run_op(dev, &KernelTable::lm_head_loss, "lm_head_loss",
+         LmHeadLossCall{.s = s, .pass = LossPass::kForwardBackward, .sums = sums, .argmax = argmax, .dh = dh,
+                        .dw = dw, .h = h, .labels = labels, .w = w});
 }
 
 void lm_head_loss_forward(Device& dev, const LmHeadLossShape& s, LossSums* sums, int32_t* argmax,
                           const void* h, const int32_t* labels, const void* w) {
   validate(s);
   UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
-  switch (dev.kind()) {
-    case DeviceKind::kCpu:
-      return cpu::lm_head_loss(dev, s, /*backward=*/false, sums, argmax, nullptr, nullptr, h, labels,
-                               w);
-    case DeviceKind::kCuda:
-      return cuda::lm_head_loss(dev, s, /*backward=*/false, sums, argmax, nullptr, nullptr, h, labels, w);
-  }
+  run_op(dev, &KernelTable::lm_head_loss, "lm_head_loss",
+         LmHeadLossCall{.s = s, .pass = LossPass::kForward, .sums = sums, .argmax = argmax, .dh = nullptr,
+                        .dw = nullptr, .h = h, .labels = labels, .w = w});
 }
 
 }  // namespace untied

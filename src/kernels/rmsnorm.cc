@@ -2,8 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/cpu/model_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -23,19 +22,22 @@ void validate(const RmsNormShape& s) {
 void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, const void* x,
                      const void* w) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::rmsnorm_forward(dev, s, y, rstd, x, w);
-    case DeviceKind::kCuda: return cuda::rmsnorm_forward(dev, s, y, rstd, x, w);
-  }
+  run_op(dev, &KernelTable::rmsnorm_forward, "rmsnorm_forward",
+         RmsNormForwardCall{.s = s, .y = y, .rstd = rstd, .x = x, .w = w});
+}
+
+ScratchRequest rmsnorm_backward_scratch(const Device&, const RmsNormBackwardCall& c) {
+  ScratchRequest r;
+  const int64_t blocks = (c.s.rows + kRmsNormRowBlock - 1) / kRmsNormRowBlock;
+  r.set(kRmsNormBlockSums, blocks * c.s.dim * 8, Tag::kOther, "rmsnorm dw block sums");
+  return r;
 }
 
 void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, const void* x,
                       const float* rstd, const void* w, const void* dy) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::rmsnorm_backward(dev, s, dx, dw, x, rstd, w, dy);
-    case DeviceKind::kCuda: return cuda::rmsnorm_backward(dev, s, dx, dw, x, rstd, w, dy);
-  }
+  run_op(dev, &KernelTable::rmsnorm_backward, "rmsnorm_backward",
+         RmsNormBackwardCall{.s = s, .dx = dx, .dw = dw, .x = x, .rstd = rstd, .w = w, .dy = dy});
 }
 
 }  // namespace untied

@@ -1,7 +1,6 @@
 #include "untied/kernels/rope.h"
 
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 
 namespace untied {
 
@@ -20,18 +19,12 @@ void validate(const RopeShape& s) {
 
 void rope_forward(Device& dev, const RopeShape& s, void* x, const int64_t* positions) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::rope_apply(dev, s, x, positions, /*inverse=*/false);
-    case DeviceKind::kCuda: return cuda::rope_apply(dev, s, x, positions, /*inverse=*/false);
-  }
+  run_op(dev, &KernelTable::rope, "rope", RopeCall{.s = s, .x = x, .positions = positions, .dir = Direction::kForward});
 }
 
 void rope_backward(Device& dev, const RopeShape& s, void* dx, const int64_t* positions) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::rope_apply(dev, s, dx, positions, /*inverse=*/true);
-    case DeviceKind::kCuda: return cuda::rope_apply(dev, s, dx, positions, /*inverse=*/true);
-  }
+  run_op(dev, &KernelTable::rope, "rope", RopeCall{.s = s, .x = dx, .positions = positions, .dir = Direction::kInverse});
 }
 
 }  // namespace untied

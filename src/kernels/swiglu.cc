@@ -1,7 +1,6 @@
 #include "untied/kernels/swiglu.h"
 
-#include "kernels/cpu/model_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 #include "untied/core/check.h"
 
 namespace untied {
@@ -19,19 +18,14 @@ void validate(const SwigluShape& s) {
 
 void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* gate, const void* up) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::swiglu_forward(dev, s, out, gate, up);
-    case DeviceKind::kCuda: return cuda::swiglu_forward(dev, s, out, gate, up);
-  }
+  run_op(dev, &KernelTable::swiglu_forward, "swiglu_forward", SwigluForwardCall{.s = s, .out = out, .gate = gate, .up = up});
 }
 
 void swiglu_backward(Device& dev, const SwigluShape& s, void* dgate, void* dup, const void* gate,
                      const void* up, const void* dout) {
   validate(s);
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::swiglu_backward(dev, s, dgate, dup, gate, up, dout);
-    case DeviceKind::kCuda: return cuda::swiglu_backward(dev, s, dgate, dup, gate, up, dout);
-  }
+  run_op(dev, &KernelTable::swiglu_backward, "swiglu_backward",
+         SwigluBackwardCall{.s = s, .dgate = dgate, .dup = dup, .gate = gate, .up = up, .dout = dout});
 }
 
 }  // namespace untied

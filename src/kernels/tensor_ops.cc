@@ -1,7 +1,6 @@
 #include "untied/kernels/tensor_ops.h"
 
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/backend.h"
 
 namespace untied {
 
@@ -17,33 +16,28 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int
   UNTIED_CHECK(lda >= dim && ldb >= dim && out_stride >= 1, "row_dot: strides too short: lda=", lda, " ldb=", ldb,
                " (need >= dim = ", dim, "), out_stride=", out_stride);
   check_float(t, "row_dot", "dtype");
-  if (rows == 0 || !dev.backed()) return;
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::row_dot(dev, rows, dim, t, a, lda, b, ldb, out, out_stride);
-    case DeviceKind::kCuda: return cuda::row_dot(dev, rows, dim, t, a, lda, b, ldb, out, out_stride);
-  }
+  if (rows == 0) return;
+  run_op(dev, &KernelTable::row_dot, "row_dot",
+         RowDotCall{.rows = rows, .dim = dim, .dtype = t, .a = a, .lda = lda, .b = b, .ldb = ldb, .out = out,
+                    .out_stride = out_stride});
 }
 
 void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n) {
   UNTIED_CHECK(n >= 0, "add_into: n must be >= 0, got ", n);
   check_float(acc_t, "add_into", "acc");
   check_float(x_t, "add_into", "x");
-  if (n == 0 || !dev.backed()) return;
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::add_into(dev, acc, acc_t, x, x_t, n);
-    case DeviceKind::kCuda: return cuda::add_into(dev, acc, acc_t, x, x_t, n);
-  }
+  if (n == 0) return;
+  run_op(dev, &KernelTable::add_into, "add_into",
+         AddIntoCall{.acc = acc, .acc_dtype = acc_t, .x = x, .x_dtype = x_t, .n = n});
 }
 
 void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
   UNTIED_CHECK(n >= 0, "convert: n must be >= 0, got ", n);
   check_float(dst_t, "convert", "dst");
   check_float(src_t, "convert", "src");
-  if (n == 0 || !dev.backed()) return;
-  switch (dev.kind()) {
-    case DeviceKind::kCpu: return cpu::convert(dev, dst, dst_t, src, src_t, n);
-    case DeviceKind::kCuda: return cuda::convert(dev, dst, dst_t, src, src_t, n);
-  }
+  if (n == 0) return;
+  run_op(dev, &KernelTable::convert, "convert",
+         ConvertCall{.dst = dst, .dst_dtype = dst_t, .src = src, .src_dtype = src_t, .n = n});
 }
 
 }  // namespace untied

@@ -27,11 +27,9 @@ AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) 
                          .norm_eps = m.norm_eps};
 }
 
-// The block's attention weights, with Qwen3's q/k norms when the model has them.
-AttentionWeights attention_weights(const ModelConfig& m, const ShardedParams::Gathered& w) {
-  AttentionWeights a{w["wq"], w["wk"], w["wv"], w["wo"], {}, {}};
-  if (m.qk_norm) a.q_norm = w["q_norm"], a.k_norm = w["k_norm"];
-  return a;
+// The block's attention weights (with Qwen3's q/k norms when the model has them: else empty).
+AttentionWeights attention_weights(const BlockWeights& w) {
+  return AttentionWeights{.wq = w.wq, .wk = w.wk, .wv = w.wv, .wo = w.wo, .q_norm = w.q_norm, .k_norm = w.k_norm};
 }
 
 // Rows [r0, r0 + n) of a contiguous (rows, cols) tensor.
@@ -71,7 +69,7 @@ struct Decoder::MlpTile {
   TensorBuffer b, rstd, gate, up;
 };
 
-Decoder::MlpTile Decoder::mlp_tile_inputs(const ShardedParams::Gathered& w, const Tensor& hm_tile) {
+Decoder::MlpTile Decoder::mlp_tile_inputs(const BlockWeights& w, const Tensor& hm_tile) {
   const int64_t n = hm_tile.dim(0), E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -79,17 +77,17 @@ Decoder::MlpTile Decoder::mlp_tile_inputs(const ShardedParams::Gathered& w, cons
   // b_t = mlp_norm(hm_t): the norm runs tile by tile too, so no (L, E) normed copy exists.
   m.b = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
   m.rstd = TensorBuffer(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
-  rmsnorm_forward(dev_, norm_shape(n), m.b.data(), m.rstd.as<float>(), hm_tile.data(), w["mlp_norm"].data());
+  rmsnorm_forward(dev_, norm_shape(n), m.b.data(), m.rstd.as<float>(), hm_tile.data(), w.mlp_norm.data());
   m.gate = TensorBuffer(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)");
   m.up = TensorBuffer(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
   // gate, up (n, F) = b_t w_gate^T, b_t w_up^T
-  for (auto [dst, wt] : {std::pair{&m.gate, &w["w_gate"]}, {&m.up, &w["w_up"]}})
+  for (auto [dst, wt] : {std::pair{&m.gate, &w.w_gate}, {&m.up, &w.w_up}})
     gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = F, .k = E, .a = m.b.data(), .lda = E, .a_dtype = t,
                           .b = wt->data(), .ldb = E, .b_dtype = t, .c = dst->data(), .ldc = F, .c_dtype = t});
   return m;
 }
 
-void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& hm, const Tensor& out_add) {
+void Decoder::mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
@@ -101,13 +99,13 @@ void Decoder::mlp_forward(const ShardedParams::Gathered& w, const Tensor& hm, co
     swiglu_forward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, gate.data(), gate.data(), m.up.data());
     // out_t (n, E) += s w_down^T   (s written over gate: swiglu reads each element before writing)
     gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = F, .beta = 1.0f, .a = gate.data(), .lda = F,
-                          .a_dtype = t, .b = w["w_down"].data(), .ldb = F, .b_dtype = t, .c = ot.data(), .ldc = E,
+                          .a_dtype = t, .b = w.w_down.data(), .ldb = F, .b_dtype = t, .c = ot.data(), .ldc = E,
                           .c_dtype = t});
   }
 }
 
-void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& hm,
-                           const Tensor& dy, const Tensor& dhm) {
+void Decoder::mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy,
+                           const Tensor& dhm) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -122,8 +120,8 @@ void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::Grad
     swiglu_forward(dev_, SwigluShape{.rows = n, .dim = F, .dtype = t}, s.data(), gate.data(), up.data());
     // dw_down (E, F) += dy_t^T s;  ds (n, F) = dy_t w_down
     gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = F, .k = n, .beta = 1.0f, .a = dyt.data(), .lda = E,
-                          .a_dtype = t, .b = s.data(), .ldb = F, .b_dtype = t, .c = g["w_down"].data(), .ldc = F});
-    gemm(dev_, GemmParams{.m = n, .n = F, .k = E, .a = dyt.data(), .lda = E, .a_dtype = t, .b = w["w_down"].data(),
+                          .a_dtype = t, .b = s.data(), .ldb = F, .b_dtype = t, .c = g.w_down.data(), .ldc = F});
+    gemm(dev_, GemmParams{.m = n, .n = F, .k = E, .a = dyt.data(), .lda = E, .a_dtype = t, .b = w.w_down.data(),
                           .ldb = F, .b_dtype = t, .c = ds.data(), .ldc = F, .c_dtype = t});
     s.reset();
     // dgate, dup written over gate, up.
@@ -132,22 +130,21 @@ void Decoder::mlp_backward(const ShardedParams::Gathered& w, ShardedParams::Grad
     ds.reset();
     // dw_gate, dw_up (F, E) += d^T b_t;  db_t (n, E) = dgate w_gate + dup w_up
     float beta = 0.0f;
-    for (auto [d, name] : {std::pair{&gate, "w_gate"}, {&up, "w_up"}}) {
+    for (auto [d, wt, dw] : {std::tuple{&gate, &w.w_gate, &g.w_gate}, {&up, &w.w_up, &g.w_up}}) {
       gemm(dev_, GemmParams{.trans_a = true, .m = F, .n = E, .k = n, .beta = 1.0f, .a = d->data(), .lda = F,
-                            .a_dtype = t, .b = bt.data(), .ldb = E, .b_dtype = t, .c = g[name].data(), .ldc = E});
+                            .a_dtype = t, .b = bt.data(), .ldb = E, .b_dtype = t, .c = dw->data(), .ldc = E});
       gemm(dev_, GemmParams{.m = n, .n = E, .k = F, .beta = beta, .a = d->data(), .lda = F, .a_dtype = t,
-                            .b = w[name].data(), .ldb = E, .b_dtype = t, .c = dbt.data(), .ldc = E, .c_dtype = t});
+                            .b = wt->data(), .ldb = E, .b_dtype = t, .c = dbt.data(), .ldc = E, .c_dtype = t});
       beta = 1.0f;
     }
     // dhm_t = dy_t + mlp_norm'(db_t)
-    rmsnorm_backward(dev_, norm_shape(n), dhmt.data(), g["mlp_norm"].as<float>(), hmt.data(), m.rstd.as<float>(),
-                     w["mlp_norm"].data(), dbt.data());
+    rmsnorm_backward(dev_, norm_shape(n), dhmt.data(), g.mlp_norm.as<float>(), hmt.data(), m.rstd.as<float>(),
+                     w.mlp_norm.data(), dbt.data());
     add_inplace(dev_, dhmt, dyt);
   }
 }
 
-void Decoder::block_forward(int l, const ShardedParams::Gathered& w, const Tensor& x, const Tensor& y,
-                            BlockActs* acts) {
+void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor& y, BlockActs* acts) {
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -157,20 +154,19 @@ void Decoder::block_forward(int l, const ShardedParams::Gathered& w, const Tenso
   // a = attn_norm(x);  hm = x + attn(a)
   A.a = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "attn_norm output");
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
-  rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w["attn_norm"].data());
+  rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w.attn_norm.data());
   A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
-  attn_->forward(A.hm, A.a, attention_weights(m_, w), A.saved);
+  attn_->forward(A.hm, A.a, attention_weights(w), A.saved);
   add_inplace(dev_, A.hm, x);
   if (acts != nullptr) return;  // recompute for backward: the MLP is recomputed tile by tile there
   A.saved.reset();
   // y = hm + mlp(mlp_norm(hm)), tile by tile
   dev_.copy(y.data(), A.hm.data(), y.bytes());
   mlp_forward(w, A.hm, y);
-  (void)l;
 }
 
-void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
-                             TensorBuffer& dh, BlockActs& A) {
+void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& x, TensorBuffer& dh,
+                             BlockActs& A) {
   const Tensor& dy = dh;  // in: the gradient of the block's output; out (dx): of its input
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
@@ -181,25 +177,36 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
   A.hm.reset();
   dh.reset();  // dy is folded into dhm; dx gets a new buffer at the end
   // hm = x + attn(attn_norm(x)):  dx = dhm + attn_norm'(attn'(dhm))
-  std::vector<const char*> names = {"wq", "wk", "wv", "wo"};
-  if (m_.qk_norm) names.insert(names.end(), {"q_norm", "k_norm"});
-  std::vector<TensorBuffer> tmp;  // bf16 attention gradients, added into the fp32 buffers after
-  std::vector<Tensor> grads;
-  for (const char* name : names) {
+  // The attention's weight gradients: g's fp32 buffers, or, for a bf16 block, buffers in the
+  // compute dtype added into g's after (tmp).
+  struct AttnGrad {
+    const Tensor* full;  // fp32 (g)
+    Tensor* out;         // what the attention block writes
+    const char* what;
+  };
+  AttentionGrads ag;
+  std::vector<AttnGrad> attn_grads = {{&g.wq, &ag.dwq, "dwq (compute dtype)"},
+                                      {&g.wk, &ag.dwk, "dwk (compute dtype)"},
+                                      {&g.wv, &ag.dwv, "dwv (compute dtype)"},
+                                      {&g.wo, &ag.dwo, "dwo (compute dtype)"}};
+  if (m_.qk_norm)
+    attn_grads.insert(attn_grads.end(), {{&g.q_norm, &ag.dq_norm, "dq_norm (compute dtype)"},
+                                         {&g.k_norm, &ag.dk_norm, "dk_norm (compute dtype)"}});
+  std::vector<TensorBuffer> tmp;
+  tmp.reserve(attn_grads.size());
+  for (const AttnGrad& a : attn_grads) {
     if (t == DType::kF32) {
-      grads.push_back(g[name]);
+      *a.out = *a.full;
     } else {
-      tmp.emplace_back(alloc, t, g[name].shape(), Tag::kGradients, std::string("d") + name + " (compute dtype)");
-      grads.push_back(tmp.back());
+      tmp.emplace_back(alloc, t, a.full->shape(), Tag::kGradients, a.what);
+      *a.out = tmp.back();
     }
   }
-  AttentionGrads ag{grads[0], grads[1], grads[2], grads[3], {}, {}};
-  if (m_.qk_norm) ag.dq_norm = grads[4], ag.dk_norm = grads[5];
   // da (the attention's dx) in fp32: the attention block accumulates straight into it.
   TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
-  attn_->backward(da, ag, dhm, A.a, attention_weights(m_, w), A.saved);
+  attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
   if (t != DType::kF32)
-    for (size_t k = 0; k < names.size(); ++k) add_inplace(dev_, g[names[k]], tmp[k]);
+    for (size_t k = 0; k < attn_grads.size(); ++k) add_inplace(dev_, *attn_grads[k].full, tmp[k]);
   tmp.clear();
   A.a.reset();
   // dx = dhm + attn_norm'(da), tile by tile (da is narrowed to the block dtype per tile).
@@ -213,14 +220,13 @@ void Decoder::block_backward(int l, const ShardedParams::Gathered& w, ShardedPar
       convert(dev_, dat_t.data(), t, dat.data(), DType::kF32, n * E);
     }
     const Tensor dxt = rows_of(dh, r0, n);
-    rmsnorm_backward(dev_, norm_shape(n), dxt.data(), g["attn_norm"].as<float>(), rows_of(x, r0, n).data(),
-                     A.rstd1.as<float>() + r0, w["attn_norm"].data(), t != DType::kF32 ? dat_t.data() : dat.data());
+    rmsnorm_backward(dev_, norm_shape(n), dxt.data(), g.attn_norm.as<float>(), rows_of(x, r0, n).data(),
+                     A.rstd1.as<float>() + r0, w.attn_norm.data(), t != DType::kF32 ? dat_t.data() : dat.data());
     add_inplace(dev_, dxt, rows_of(dhm, r0, n));
   }
-  (void)l;
 }
 
-StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens, const int32_t* labels,
+StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                                    const uint8_t* is_answer, int64_t global_count) {
   const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
   const int N = static_cast<int>(m_.layers);
@@ -235,14 +241,14 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
   dev_.copy(ids.data(), tokens, ids.view().bytes());
   TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
   {
-    auto w = params.gather(0);
-    embedding_forward(dev_, emb, h.data(), ids.as<int32_t>(), w["embed"].data());
+    const ParamGroup w = params.gather(0);
+    embedding_forward(dev_, emb, h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
   }
   std::vector<TensorBuffer> inputs;  // each block's input: on the device, or offloaded to host_
   for (int l = 0; l < N; ++l) {
-    auto w = params.gather(l + 1);
+    const ParamGroup w = params.gather(l + 1);
     TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
-    block_forward(l, w, h, y, nullptr);
+    block_forward(bind_block(m_, w), h, y, nullptr);
     if (host_ != nullptr) {
       TensorBuffer c(*host_, t, {L, E}, Tag::kActivations, "block " + std::to_string(l) + " input (offloaded)");
       dev_.copy(c.data(), h.data(), h.view().bytes());
@@ -258,12 +264,13 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
   StepSums sums;
   TensorBuffer dh(alloc, t, {L, E}, Tag::kOther, "dh");
   {
-    auto w = params.gather(N + 1);
-    auto g = params.grad_buffers(N + 1);
+    const ParamGroup wg = params.gather(N + 1);
+    ParamGroup gg = params.grad_buffers(N + 1);
+    const HeadWeights w = bind_head(wg), g = bind_head(gg);
     TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
     TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
     const RmsNormShape norm = norm_shape(L);
-    rmsnorm_forward(dev_, norm, hn.data(), rstd.as<float>(), h.data(), w["final_norm"].data());
+    rmsnorm_forward(dev_, norm, hn.data(), rstd.as<float>(), h.data(), w.final_norm.data());
     TensorBuffer dhn(alloc, t, {L, E}, Tag::kOther, "d final_norm output");
     TensorBuffer argmax(alloc, DType::kI32, {L}, Tag::kOther, "predictions");
     TensorBuffer targets(alloc, DType::kI32, {L}, Tag::kOther, "labels");
@@ -272,11 +279,11 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
     const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = V, .chunk_tokens = o_.loss_chunk,
                              .grad_scale = global_count > 0 ? 1.0f / static_cast<float>(global_count) : 0.0f,
                              .dtype = t, .weight_dtype = t};
-    lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>(), dhn.data(), g["lm_head"].as<float>(),
-                                  hn.data(), targets.as<int32_t>(), w["lm_head"].data());
-    rmsnorm_backward(dev_, norm, dh.data(), g["final_norm"].as<float>(), h.data(), rstd.as<float>(),
-                     w["final_norm"].data(), dhn.data());
-    params.reduce_grads(g);
+    lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>(), dhn.data(), g.lm_head.as<float>(),
+                                  hn.data(), targets.as<int32_t>(), w.lm_head.data());
+    rmsnorm_backward(dev_, norm, dh.data(), g.final_norm.as<float>(), h.data(), rstd.as<float>(),
+                     w.final_norm.data(), dhn.data());
+    params.reduce_grads(gg);
     sums.loss_sum = ls.loss_sum;
     sums.count = ls.count;
     if (dev_.backed() && is_answer != nullptr) {
@@ -293,8 +300,9 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
 
   // Backward, last block first: recompute the block from its input, then its backward.
   for (int l = N - 1; l >= 0; --l) {
-    auto w = params.gather(l + 1);
-    auto g = params.grad_buffers(l + 1);
+    const ParamGroup wg = params.gather(l + 1);
+    ParamGroup gg = params.grad_buffers(l + 1);
+    const BlockWeights w = bind_block(m_, wg), g = bind_block(m_, gg);
     TensorBuffer fetched;  // the offloaded input, back on the device for the recompute
     if (host_ != nullptr) {
       fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched)");
@@ -302,14 +310,14 @@ StepSums Decoder::forward_backward(ShardedParams& params, const int32_t* tokens,
     }
     const Tensor& x = host_ != nullptr ? fetched.view() : inputs[l].view();
     BlockActs acts;
-    block_forward(l, w, x, Tensor(), &acts);
-    block_backward(l, w, g, x, dh, acts);  // dh: d output in, d input out
-    params.reduce_grads(g);
+    block_forward(w, x, Tensor(), &acts);
+    block_backward(w, g, x, dh, acts);  // dh: d output in, d input out
+    params.reduce_grads(gg);
     inputs[l].reset();
   }
   {
-    auto g = params.grad_buffers(0);
-    embedding_backward(dev_, emb, g["embed"].as<float>(), ids.as<int32_t>(), dh.data());
+    ParamGroup g = params.grad_buffers(0);
+    embedding_backward(dev_, emb, bind_embedding(g).embed.as<float>(), ids.as<int32_t>(), dh.data());
     params.reduce_grads(g);
   }
   alloc.set_phase(Phase::kSetup);

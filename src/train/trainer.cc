@@ -10,7 +10,7 @@
 
 #include "untied/kernels/adamw.h"
 #include "untied/train/checkpoint.h"
-#include "untied/train/sharded_params.h"
+#include "untied/dist/sharded_params.h"
 
 namespace untied {
 namespace {
@@ -89,8 +89,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
                                     ") is larger than the model's (" + std::to_string(o.model.vocab) + ")");
   Allocator& alloc = dev.allocator();
-  ShardedParams params(dev, dev_comm, o.model, o.decoder.dtype);
-  params.init(o.seed);
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype);
+  params.init(parameter_init(o.model, o.seed));
   // Offloaded block inputs live in host memory (page-locked on a GPU): counted apart from the
   // device budget.
   Allocator host(o.rehearsal || !dev.backed() ? make_counting_memory() : dev.host_memory(),

@@ -8,6 +8,7 @@
 
 #include "untied/comm/inproc.h"
 #include "untied/core/random.h"
+#include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
 
 namespace untied {
@@ -49,8 +50,8 @@ Result run(const ModelConfig& m, DecoderOptions o, int ranks, uint64_t seed = 3,
   std::mutex mu;
   run_in_process(ranks, [&](Communicator& comm) {
     auto dev = make_cpu_device({.threads = 1});
-    ShardedParams params(*dev, comm, m, o.dtype);
-    params.init(seed);
+    ShardedParams params(*dev, comm, parameter_descriptors(m), o.dtype);
+    params.init(parameter_init(m, seed));
     if (perturb) {
       const int i = perturb->first;
       const int64_t start = params.shard_elems(i) * comm.rank();

@@ -10,6 +10,7 @@
 
 #include "untied/comm/inproc.h"
 #include "untied/core/npy.h"
+#include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
 
 #ifndef UNTIED_FIXTURES
@@ -93,7 +94,7 @@ TEST_P(DecoderVsPyTorch, LossAndEveryGradient) {
     std::vector<std::vector<float>> got(descs.size());
     run_in_process(ranks, [&](Communicator& comm) {
       auto dev = make_cpu_device({.threads = 1});
-      ShardedParams params(*dev, comm, fx.m, DType::kF32);
+      ShardedParams params(*dev, comm, parameter_descriptors(fx.m), DType::kF32);
       for (int i = 0; i < params.num_params(); ++i) {
         const int64_t start = params.shard_elems(i) * comm.rank();
         for (int64_t k = 0; k < params.owned_elems(i); ++k) params.master(i)[k] = weights[i][start + k];

@@ -1,7 +1,8 @@
 // Communicator: the collectives untied needs, over a group of ranks.
 //
-// Backends: MPI (one process per rank, launched with mpirun; comm/mpi) and in-process (one
-// thread per rank inside one process; comm/inproc), and later NCCL. The same tests run on all.
+// Backends: MPI (one process per rank, launched with mpirun; comm/mpi), in-process (one thread per
+// rank inside one process; comm/inproc) and NCCL (one GPU per rank, bootstrapped through MPI;
+// comm/nccl). The same exact checks run on all (tests/comm, tests/nccl).
 //
 // Conventions for every collective:
 //   - Buffers are memory of the rank's device (bind_device; host memory until one is bound) or

@@ -2,7 +2,7 @@
 //
 // UNTIED_CHECK(cond, ...) is always on. On failure it throws untied::Error whose
 // message reads
-//     rank 3: src/attention/upipe.cc:120: check `heads % ranks == 0` failed: <message>
+//     rank 3: src/attention/block_ops.cc:20: check `t.dtype() == dtype` failed: <message>
 // The message parts are streamed, so UNTIED_CHECK(a == b, "got ", a, ", expected ", b) works.
 //
 // The rank printed is the one registered for the calling thread with set_thread_rank();

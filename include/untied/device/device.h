@@ -2,7 +2,7 @@
 //
 // One Device per rank. It owns that rank's tagged Allocator (every buffer of the rank comes
 // from it), copies and fills memory, and orders work (synchronize). Kernels take a Device&
-// and dispatch on kind(); a backend that lacks an op fails with
+// and dispatch through kernels(); a backend that lacks an op fails with
 // "<backend> does not support <op>" (see unsupported()).
 //
 // CpuDevice: host memory, kernels on `threads` OpenMP/BLAS threads of the calling thread.
@@ -21,6 +21,8 @@
 namespace untied {
 
 enum class DeviceKind { kCpu, kCuda };
+
+struct KernelTable;  // the kernels that run on a device (src/kernels/backend.h)
 
 class Device {
  public:
@@ -47,6 +49,9 @@ class Device {
   virtual int threads() const = 0;
   // False in rehearsal: buffers are counted, not backed, and kernels skip their compute.
   bool backed() { return allocator().backed(); }
+  // The kernel table of this device's backend, for the kernels layer's dispatch; null: the host
+  // (CPU) kernels. A backend that runs kernels elsewhere (CUDA) hands out its own.
+  virtual const KernelTable* kernels() const { return nullptr; }
 };
 
 struct CpuDeviceOptions {

@@ -11,8 +11,9 @@
 // where block(x) = x + attn(rmsnorm(x)) + mlp(rmsnorm(x + attn(...))), the MLP and its RMSNorm
 // run over tiles of `mlp_tile` tokens (w_down(silu(w_gate b) * w_up b)), forward and backward,
 // so neither its (L, F) intermediates nor a normed (L, E) copy ever exist at once.
-// Weights come from ShardedParams one group at a time (gathered before use, freed after); each
-// group's gradients are reduce-scattered into the shards right after its backward.
+// Weights come from a ParameterStore (parameters.h) one group at a time, gathered before use and
+// freed after, as typed views (BlockWeights); each group's gradients go back to the store right
+// after its backward (with ZeRO-3 sharding, dist/sharded_params.h, a reduce-scatter).
 //
 // Tags: saved block inputs kActivations; norms, residual and MLP tiles kOther; the attention
 // block's own buffers as attention_block.h says.
@@ -23,7 +24,7 @@
 #include "untied/attention/attention_block.h"
 #include "untied/kernels/rmsnorm.h"
 #include "untied/model/model_config.h"
-#include "untied/train/sharded_params.h"
+#include "untied/model/parameters.h"
 
 namespace untied {
 
@@ -53,30 +54,29 @@ class Decoder {
   // fetched back for its recompute (offload: the device holds one block input at a time).
   Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o, Allocator* host = nullptr);
 
-  // Forward and backward of one sequence; gradients are ADDED to the shards of `params`.
+  // Forward and backward of one sequence; gradients are ADDED to `params` (reduce_grads).
   // tokens, labels, is_answer (nullable): this rank's L positions, in host memory (the ids and
   // labels are copied to the device). global_count: labelled tokens over all ranks (the loss is
   // their mean).
-  StepSums forward_backward(ShardedParams& params, const int32_t* tokens, const int32_t* labels,
+  StepSums forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                             const uint8_t* is_answer, int64_t global_count);
 
  private:
   struct BlockActs;
   struct MlpTile;
   RmsNormShape norm_shape(int64_t rows) const;  // the block norms over (rows, E)
-  MlpTile mlp_tile_inputs(const ShardedParams::Gathered& w, const Tensor& hm_tile);
+  MlpTile mlp_tile_inputs(const BlockWeights& w, const Tensor& hm_tile);
   // y (L, E) = block(x). With acts, keeps what backward needs.
-  void block_forward(int l, const ShardedParams::Gathered& w, const Tensor& x, const Tensor& y, BlockActs* acts);
+  void block_forward(const BlockWeights& w, const Tensor& x, const Tensor& y, BlockActs* acts);
   // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:
   // the old one is freed as soon as it is folded in, before the attention backward). Block
-  // weight gradients (fp32, full local) into g.
-  void block_backward(int l, const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& x,
-                      TensorBuffer& dh, BlockActs& acts);
+  // weight gradients (fp32, full local) into g (+=).
+  void block_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& x, TensorBuffer& dh, BlockActs& acts);
   // out_add (L, E) += mlp(mlp_norm(hm)), norm and MLP tile by tile.
-  void mlp_forward(const ShardedParams::Gathered& w, const Tensor& hm, const Tensor& out_add);
-  // dhm (L, E) = dy + mlp_norm'(mlp'(dy)), tile by tile; MLP and mlp_norm gradients into g.
-  void mlp_backward(const ShardedParams::Gathered& w, ShardedParams::GradBuffers& g, const Tensor& hm,
-                    const Tensor& dy, const Tensor& dhm);
+  void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
+  // dhm (L, E) = dy + mlp_norm'(mlp'(dy)), tile by tile; MLP and mlp_norm gradients into g (+=).
+  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy,
+                    const Tensor& dhm);
 
   Device& dev_;
   Communicator& comm_;

@@ -16,7 +16,7 @@
 
 #include "untied/comm/communicator.h"
 #include "untied/core/status.h"
-#include "untied/train/sharded_params.h"
+#include "untied/dist/sharded_params.h"
 
 namespace untied {
 

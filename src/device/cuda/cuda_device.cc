@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "untied/device/cuda.h"
 
 namespace untied {
@@ -204,6 +205,8 @@ CudaDevice::~CudaDevice() {
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);
 }
+
+const KernelTable* CudaDevice::kernels() const { return &cuda::kernel_table(); }
 
 std::string CudaDevice::name() const { return "cuda:" + std::to_string(index_) + " (" + name_ + ")"; }
 

@@ -14,6 +14,7 @@ class CudaDevice final : public Device {
   CudaDevice(int index, int64_t budget, std::string gpu_name);
   ~CudaDevice() override;
   DeviceKind kind() const override { return DeviceKind::kCuda; }
+  const KernelTable* kernels() const override;
   std::string name() const override;
   Allocator& allocator() override { return alloc_; }
   void copy(void* dst, const void* src, int64_t bytes) override;

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/model_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace untied::cpu {
 namespace {
@@ -13,12 +13,13 @@ constexpr int64_t kBlock = 65536;  // elements per fp64 partial sum (adamw.h)
 constexpr int64_t kLanes = 8;
 
 int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
+enum SumSquaresScratch { kBlockSums };
 
 }  // namespace
 
-void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64_t n,
-                const AdamWParams& a) {
-  if (!dev.backed() || n == 0) return;
+void adamw_step(Device& dev, const AdamWCall& c, const Scratch&) {
+  const auto& [p, m, v, g, n, a] = c;
+  if (n == 0) return;
   const double t = static_cast<double>(a.step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), t);
   const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), t);
@@ -42,11 +43,18 @@ void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64
   }
 }
 
-double grad_sum_squares(Device& dev, const float* g, int64_t n) {
+ScratchRequest grad_sum_squares_scratch(const Device&, const SumSquaresCall& c) {
+  ScratchRequest r;
+  r.set(kBlockSums, blocks_of(c.n) * 8, Tag::kOther, "grad sum of squares blocks");
+  return r;
+}
+
+void grad_sum_squares(Device& dev, const SumSquaresCall& c, const Scratch& scratch) {
+  const auto& [g, n, result] = c;
+  *result = 0.0;
+  if (n == 0) return;
   const int64_t blocks = blocks_of(n);
-  Buffer part_buf = dev.allocator().allocate(blocks * 8, Tag::kOther, "grad sum of squares blocks");
-  if (!dev.backed() || n == 0) return 0.0;
-  double* part = part_buf.as<double>();
+  double* part = scratch.as<double>(kBlockSums);
 
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t b = 0; b < blocks; ++b) {
@@ -65,11 +73,12 @@ double grad_sum_squares(Device& dev, const float* g, int64_t n) {
   }
   double total = 0;
   for (int64_t b = 0; b < blocks; ++b) total += part[b];
-  return total;
+  *result = total;
 }
 
-void scale_in_place(Device& dev, float* x, int64_t n, float scale) {
-  if (!dev.backed() || n == 0) return;
+void scale_in_place(Device& dev, const ScaleCall& c, const Scratch&) {
+  const auto& [x, n, scale] = c;
+  if (n == 0) return;
   const int64_t blocks = blocks_of(n);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t b = 0; b < blocks; ++b) {

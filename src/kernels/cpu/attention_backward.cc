@@ -25,28 +25,38 @@
 
 namespace untied::cpu {
 
-void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void* dk, void* dv,
-                        const void* q, const void* k, const void* v, const void* out,
-                        const float* const* delta_given, const float* lse, const void* dout) {
+namespace {
+
+// Per thread: k, v tiles; dk, dv accumulators; q, dO tiles; S/P, dP.
+int64_t backward_tile_floats(const AttnGeom& a) { return 4 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk; }
+// dQ accumulators beyond dq itself: one per thread but the first, plus the first's when dq is bf16.
+int extra_dq_accumulators(const AttnGeom& a, int threads) { return threads - 1 + (a.dtype == DType::kF32 ? 0 : 1); }
+enum BackwardScratch { kDelta, kDqAccs, kTiles };
+
+}  // namespace
+
+ScratchRequest attention_backward_scratch(const Device& dev, const AttentionBackwardCall& c) {
+  const AttnGeom a = make_geom(c.s);
+  const int threads = dev.threads();
+  ScratchRequest r;
+  if (c.delta_source == DeltaSource::kFromOut) r.set(kDelta, a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
+  r.set(kDqAccs, extra_dq_accumulators(a, threads) * a.sq * a.h * a.d * 4, Tag::kAttnWorkspace,
+        "attention backward dQ accumulators");
+  r.set(kTiles, backward_tile_floats(a) * threads * 4, Tag::kAttnWorkspace, "attention backward tiles");
+  return r;
+}
+
+void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch) {
+  const auto& [shape, dq, dk, dv, q, k, v, delta_source, out, delta_given, lse, dout] = c;
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
-  Allocator& alloc = dev.allocator();
   const int64_t hd = a.h * a.d;  // elements of one token row of dQ accumulators
-
-  const bool own_delta = delta_given == nullptr;
-  Buffer delta_buf;
-  if (own_delta) delta_buf = alloc.allocate(a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
+  const bool own_delta = delta_source == DeltaSource::kFromOut;
   const bool dq_direct = a.dtype == DType::kF32;
-  const int extra_accs = threads - 1 + (dq_direct ? 0 : 1);
-  Buffer dq_acc_buf = alloc.allocate(extra_accs * a.sq * hd * 4, Tag::kAttnWorkspace,
-                                     "attention backward dQ accumulators");
-  // Per thread: k, v tiles; dk, dv accumulators; q, dO tiles; S/P, dP.
-  const int64_t per_thread = 4 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk;
-  Buffer scratch = alloc.allocate(per_thread * threads * 4, Tag::kAttnWorkspace,
-                                  "attention backward tiles");
-  if (!dev.backed()) return;
-
-  const float* delta = own_delta ? delta_buf.as<float>() : *delta_given;
+  const int64_t per_thread = backward_tile_floats(a);
+  float* const delta_buf = scratch.as<float>(kDelta);
+  float* const dq_acc_buf = scratch.as<float>(kDqAccs);
+  const float* delta = own_delta ? delta_buf : delta_given;
   // dQ accumulator of thread t: row stride acc_rs.
   auto dq_acc = [&](int t, int64_t& acc_rs) -> float* {
     if (dq_direct && t == 0) {
@@ -55,14 +65,14 @@ void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void
     }
     acc_rs = hd;
     const int slot = dq_direct ? t - 1 : t;
-    return dq_acc_buf.as<float>() + static_cast<int64_t>(slot) * a.sq * hd;
+    return dq_acc_buf + static_cast<int64_t>(slot) * a.sq * hd;
   };
 
   // Step 1: D and zeroed accumulators.
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t i = 0; i < a.sq; ++i) {
     for (int64_t h = 0; own_delta && h < a.h; ++h)
-      delta_buf.as<float>()[h * a.sq + i] =
+      delta_buf[h * a.sq + i] =
           dot_f32(at(out, a.dtype, i, a.q_rs, h, a.d), at(dout, a.dtype, i, a.q_rs, h, a.d), a.dtype, a.d);
     for (int t = 0; t < threads; ++t) {
       int64_t rs;
@@ -80,7 +90,7 @@ void attention_backward(Device& dev, const AttentionShape& shape, void* dq, void
     const int t = omp_get_thread_num();
     int64_t acc_rs;
     float* dq_mine = dq_acc(t, acc_rs);
-    float* base = scratch.as<float>() + per_thread * t;
+    float* base = scratch.as<float>(kTiles) + per_thread * t;
     float* kt = base;
     float* vt = kt + a.bk * a.d;
     float* dkt = vt + a.bk * a.d;

@@ -17,16 +17,28 @@
 
 namespace untied::cpu {
 
-void attention_forward(Device& dev, const AttentionShape& shape, void* out, float* lse,
-                       const void* q, const void* k, const void* v) {
+namespace {
+
+// Per thread: q tile, k and v tiles (bf16 widening), scores, accumulator, m and l.
+int64_t forward_tile_floats(const AttnGeom& a) {
+  return a.bq * a.d + 2 * a.bk * a.d + a.bq * a.bk + a.bq * a.d + 2 * a.bq;
+}
+enum ForwardScratch { kTiles };
+
+}  // namespace
+
+ScratchRequest attention_forward_scratch(const Device& dev, const AttentionForwardCall& c) {
+  ScratchRequest r;
+  r.set(kTiles, forward_tile_floats(make_geom(c.s)) * dev.threads() * 4, Tag::kAttnWorkspace,
+        "attention forward tiles");
+  return r;
+}
+
+void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch& scratch) {
+  const auto& [shape, out, lse, q, k, v] = c;
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
-  // Per thread: q tile, k and v tiles (bf16 widening), scores, accumulator, m and l.
-  const int64_t per_thread = a.bq * a.d + 2 * a.bk * a.d + a.bq * a.bk + a.bq * a.d + 2 * a.bq;
-  Buffer scratch = dev.allocator().allocate(per_thread * threads * 4, Tag::kAttnWorkspace,
-                                            "attention forward tiles");
-  if (!dev.backed()) return;
-
+  const int64_t per_thread = forward_tile_floats(a);
   const float qscale = a.scale * kLog2e;
   const int64_t items = a.h * a.nqb;
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -39,7 +51,7 @@ void attention_forward(Device& dev, const AttentionShape& shape, void* out, floa
     const int64_t q0 = qb * a.bq;
     const int64_t nq = std::min(a.bq, a.sq - q0);
 
-    float* base = scratch.as<float>() + per_thread * omp_get_thread_num();
+    float* base = scratch.as<float>(kTiles) + per_thread * omp_get_thread_num();
     float* qt = base;
     float* kt = qt + a.bq * a.d;
     float* vt = kt + a.bk * a.d;

@@ -1,26 +1,41 @@
-// CPU implementations of the kernels declared in include/untied/kernels/*.h. The public entry
-// points (src/kernels/*.cc) validate their arguments and dispatch here on Device::kind().
+// The CPU kernels, one file per op in src/kernels/cpu/, listed in one table (cpu_backend.cc).
+// Each takes its op's call struct (kernels/backend.h), already checked by the entry point, and
+// the scratch its *_scratch function asked for; none runs in rehearsal. Data-dependent checks
+// (ids, labels) are done here, before anything is written, since only the backend reads data.
+// Kernels run on the device's OpenMP threads (dev.threads()); OpenBLAS is single-threaded
+// inside them.
 #pragma once
 
-#include "untied/kernels/attention.h"
-#include "untied/kernels/gemm.h"
-#include "untied/kernels/rope.h"
-#include "untied/kernels/tensor_ops.h"
+#include "kernels/backend.h"
 
 namespace untied::cpu {
 
-void gemm(Device& dev, const GemmParams& p);
-void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse, const void* q,
-                       const void* k, const void* v);
-// Reads `out` when `delta` is null, else *delta (the caller's D; *delta may be null in rehearsal).
-void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
-                        const void* q, const void* k, const void* v, const void* out,
-                        const float* const* delta, const float* lse, const void* dout);
-void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positions, bool inverse);
+void gemm(Device& dev, const GemmParams& p, const Scratch& scratch);
+ScratchRequest gemm_scratch(const Device& dev, const GemmParams& p);
 
-void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
-             float* out, int64_t out_stride);
-void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n);
-void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n);
+void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch& scratch);
+ScratchRequest attention_forward_scratch(const Device& dev, const AttentionForwardCall& c);
+void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch);
+ScratchRequest attention_backward_scratch(const Device& dev, const AttentionBackwardCall& c);
+
+void rope(Device& dev, const RopeCall& c, const Scratch& scratch);
+ScratchRequest rope_scratch(const Device& dev, const RopeCall& c);
+
+void rmsnorm_forward(Device& dev, const RmsNormForwardCall& c, const Scratch& scratch);
+void rmsnorm_backward(Device& dev, const RmsNormBackwardCall& c, const Scratch& scratch);
+void swiglu_forward(Device& dev, const SwigluForwardCall& c, const Scratch& scratch);
+void swiglu_backward(Device& dev, const SwigluBackwardCall& c, const Scratch& scratch);
+void embedding_forward(Device& dev, const EmbeddingForwardCall& c, const Scratch& scratch);
+void embedding_backward(Device& dev, const EmbeddingBackwardCall& c, const Scratch& scratch);
+void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& scratch);
+
+void adamw_step(Device& dev, const AdamWCall& c, const Scratch& scratch);
+void grad_sum_squares(Device& dev, const SumSquaresCall& c, const Scratch& scratch);
+ScratchRequest grad_sum_squares_scratch(const Device& dev, const SumSquaresCall& c);
+void scale_in_place(Device& dev, const ScaleCall& c, const Scratch& scratch);
+
+void row_dot(Device& dev, const RowDotCall& c, const Scratch& scratch);
+void add_into(Device& dev, const AddIntoCall& c, const Scratch& scratch);
+void convert(Device& dev, const ConvertCall& c, const Scratch& scratch);
 
 }  // namespace untied::cpu

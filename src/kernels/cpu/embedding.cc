@@ -4,7 +4,7 @@
 // atomics or per-thread copies, identically for any thread count.
 #include <algorithm>
 
-#include "kernels/cpu/model_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "untied/core/check.h"
 
 namespace untied::cpu {
@@ -21,9 +21,9 @@ void check_ids(const EmbeddingShape& s, const int32_t* ids) {
 
 }  // namespace
 
-void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const int32_t* ids,
-                       const void* table) {
-  if (!dev.backed() || s.tokens == 0) return;
+void embedding_forward(Device& dev, const EmbeddingForwardCall& c, const Scratch&) {
+  const auto& [s, out, ids, table] = c;
+  if (s.tokens == 0) return;
   check_ids(s, ids);
   const int64_t es = dtype_size(s.dtype), tes = dtype_size(s.table_dtype);
   const char* tab = static_cast<const char*>(table);
@@ -46,9 +46,9 @@ void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const in
   }
 }
 
-void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, const int32_t* ids,
-                        const void* dout) {
-  if (!dev.backed() || s.tokens == 0) return;
+void embedding_backward(Device& dev, const EmbeddingBackwardCall& c, const Scratch&) {
+  const auto& [s, dtable, ids, dout] = c;
+  if (s.tokens == 0) return;
   check_ids(s, ids);
   const int64_t es = dtype_size(s.dtype);
   const char* g = static_cast<const char*>(dout);

@@ -6,8 +6,6 @@
 // reduction is split into blocks of stored rows of A and B, accumulated into C. A block holds
 // at most kTileBytes of fp32 per operand (one row at least). B is widened whole when it is not
 // tiled with A (it is then a weight: its size does not depend on the sequence).
-#include "untied/kernels/gemm.h"
-
 #include <algorithm>
 #include <vector>
 
@@ -39,14 +37,35 @@ int64_t tile_rows(int64_t total, int64_t row_elems) {
 
 }  // namespace
 
-void gemm(Device& dev, const GemmParams& p) {
+// Scratch slots; which are set depends on the operands' dtypes and trans_a (see the top).
+enum GemmScratch { kGemmA, kGemmB, kGemmC };
+
+ScratchRequest gemm_scratch(const Device&, const GemmParams& p) {
+  ScratchRequest r;
+  const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
+  if (p.m == 0 || p.n == 0 || p.k == 0 || (!wa && !wb && !wc)) return r;
+  const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
+  if (!p.trans_a) {  // A's and C's rows widened per block of t rows, B whole
+    const int64_t t = tile_rows(p.m, std::max(p.k, p.n));
+    if (wa) r.set(kGemmA, t * p.k * 4, p.scratch_tag, "gemm A rows in fp32");
+    if (wb) r.set(kGemmB, b_rows * b_cols * 4, p.scratch_tag, "gemm B in fp32");
+    if (wc) r.set(kGemmC, t * p.n * 4, p.scratch_tag, "gemm C rows in fp32");
+    return r;
+  }
+  // trans_a: A's (and untransposed B's) rows widened per block of t reduction rows, C whole
+  const int64_t t = tile_rows(p.k, std::max(p.m, p.n));
+  if (wa) r.set(kGemmA, t * p.m * 4, p.scratch_tag, "gemm A rows in fp32");
+  if (wb) r.set(kGemmB, p.trans_b ? b_rows * b_cols * 4 : t * p.n * 4, p.scratch_tag,
+                p.trans_b ? "gemm B in fp32" : "gemm B rows in fp32");
+  if (wc) r.set(kGemmC, p.m * p.n * 4, p.scratch_tag, "gemm C in fp32");
+  return r;
+}
+
+void gemm(Device&, const GemmParams& p, const Scratch& ws) {
   if (p.m == 0 || p.n == 0) return;
   const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
-  const bool backed = dev.backed();
-  Allocator& alloc = dev.allocator();
   if (p.k == 0) {
     // BLAS may skip C when k = 0; define it: C = beta * C (beta 0 clears, NaN included).
-    if (!backed) return;
     std::vector<float> row(static_cast<size_t>(p.n));
     const int64_t es = dtype_size(p.c_dtype);
     for (int64_t r = 0; r < p.m; ++r) {
@@ -58,39 +77,36 @@ void gemm(Device& dev, const GemmParams& p) {
     return;
   }
   if (!wa && !wb && !wc) {
-    if (backed)
-      sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, static_cast<const float*>(p.a), p.lda,
-            static_cast<const float*>(p.b), p.ldb, p.beta, static_cast<float*>(p.c), p.ldc);
+    sgemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, static_cast<const float*>(p.a), p.lda,
+          static_cast<const float*>(p.b), p.ldb, p.beta, static_cast<float*>(p.c), p.ldc);
     return;
   }
   const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
+  float* const a_buf = ws.as<float>(kGemmA);
+  float* const b_buf = ws.as<float>(kGemmB);
+  float* const c_buf = ws.as<float>(kGemmC);
 
   if (!p.trans_a) {
     // C rows [m0, m0 + t) = A rows [m0, m0 + t) op(B).
-    Buffer b_buf;
     const float* b = static_cast<const float*>(p.b);
     int64_t ldb = p.ldb;
     if (wb) {
-      b_buf = alloc.allocate(b_rows * b_cols * 4, p.scratch_tag, "gemm B in fp32");
-      if (backed) widen_rows(b_buf.as<float>(), p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);
-      b = b_buf.as<float>(), ldb = b_cols;
+      widen_rows(b_buf, p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);
+      b = b_buf, ldb = b_cols;
     }
     const int64_t t = tile_rows(p.m, std::max(p.k, p.n));
-    Buffer a_buf = wa ? alloc.allocate(t * p.k * 4, p.scratch_tag, "gemm A rows in fp32") : Buffer();
-    Buffer c_buf = wc ? alloc.allocate(t * p.n * 4, p.scratch_tag, "gemm C rows in fp32") : Buffer();
-    if (!backed) return;
     for (int64_t m0 = 0; m0 < p.m; m0 += t) {
       const int64_t rows = std::min(t, p.m - m0);
       const float* a = static_cast<const float*>(p.a) + m0 * p.lda;
       int64_t lda = p.lda;
       if (wa) {
-        widen_rows(a_buf.as<float>(), p.a, p.a_dtype, m0, rows, p.k, p.lda);
-        a = a_buf.as<float>(), lda = p.k;
+        widen_rows(a_buf, p.a, p.a_dtype, m0, rows, p.k, p.lda);
+        a = a_buf, lda = p.k;
       }
       float* c = static_cast<float*>(p.c) + m0 * p.ldc;
       int64_t ldc = p.ldc;
       if (wc) {
-        c = c_buf.as<float>(), ldc = p.n;
+        c = c_buf, ldc = p.n;
         if (p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, m0, rows, p.n, p.ldc);
       }
       sgemm(false, p.trans_b, rows, p.n, p.k, p.alpha, a, lda, b, ldb, p.beta, c, ldc);
@@ -100,38 +116,30 @@ void gemm(Device& dev, const GemmParams& p) {
   }
 
   // trans_a: C (m, n) = sum over blocks of stored rows [k0, k0 + t) of A^T B, accumulated.
-  Buffer c_buf, b_full;
   float* c = static_cast<float*>(p.c);
   int64_t ldc = p.ldc;
   if (wc) {
-    c_buf = alloc.allocate(p.m * p.n * 4, p.scratch_tag, "gemm C in fp32");
-    c = c_buf.as<float>(), ldc = p.n;
-    if (backed && p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, 0, p.m, p.n, p.ldc);
+    c = c_buf, ldc = p.n;
+    if (p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, 0, p.m, p.n, p.ldc);
   }
-  if (wb && p.trans_b) {  // B stored (n, k): not tiled along k's rows; widen it whole
-    b_full = alloc.allocate(b_rows * b_cols * 4, p.scratch_tag, "gemm B in fp32");
-    if (backed) widen_rows(b_full.as<float>(), p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);
-  }
+  if (wb && p.trans_b) widen_rows(b_buf, p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);  // B (n, k): whole
   const int64_t t = tile_rows(p.k, std::max(p.m, p.n));
-  Buffer a_buf = wa ? alloc.allocate(t * p.m * 4, p.scratch_tag, "gemm A rows in fp32") : Buffer();
-  Buffer b_buf = wb && !p.trans_b ? alloc.allocate(t * p.n * 4, p.scratch_tag, "gemm B rows in fp32") : Buffer();
-  if (!backed) return;
   for (int64_t k0 = 0; k0 < p.k; k0 += t) {
     const int64_t kk = std::min(t, p.k - k0);
     const float* a = static_cast<const float*>(p.a) + k0 * p.lda;
     int64_t lda = p.lda;
     if (wa) {
-      widen_rows(a_buf.as<float>(), p.a, p.a_dtype, k0, kk, p.m, p.lda);
-      a = a_buf.as<float>(), lda = p.m;
+      widen_rows(a_buf, p.a, p.a_dtype, k0, kk, p.m, p.lda);
+      a = a_buf, lda = p.m;
     }
     const float* b;
     int64_t ldb;
     if (p.trans_b) {
-      b = wb ? b_full.as<float>() + k0 : static_cast<const float*>(p.b) + k0;
+      b = wb ? b_buf + k0 : static_cast<const float*>(p.b) + k0;
       ldb = wb ? b_cols : p.ldb;
     } else if (wb) {
-      widen_rows(b_buf.as<float>(), p.b, p.b_dtype, k0, kk, p.n, p.ldb);
-      b = b_buf.as<float>(), ldb = p.n;
+      widen_rows(b_buf, p.b, p.b_dtype, k0, kk, p.n, p.ldb);
+      b = b_buf, ldb = p.n;
     } else {
       b = static_cast<const float*>(p.b) + k0 * p.ldb, ldb = p.ldb;
     }

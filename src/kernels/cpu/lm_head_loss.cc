@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/model_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "untied/core/check.h"
 #include "untied/kernels/gemm.h"
 
@@ -71,26 +71,27 @@ double row_softmax(float* row, int64_t v, int32_t label, bool labelled, bool gra
 
 }  // namespace
 
-void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums* sums,
-                  int32_t* argmax, void* dh, float* dw, const void* h, const int32_t* labels,
-                  const void* w) {
+void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
+  const auto& [s, pass, sums, argmax, dh, dw, h, labels, w] = c;
+  const bool backward = pass == LossPass::kForwardBackward;
   const int64_t chunk = lm_head_loss_chunk(s);
   if (chunk == 0) return;  // no tokens
   const int64_t V = s.vocab, E = s.dim;
   const bool h_bf16 = s.dtype != DType::kF32, w_bf16 = s.weight_dtype != DType::kF32;
-  // The whole workspace up front (rehearsal counts exactly this); sizes as in the header.
-  const LmHeadLossWorkspace ws = allocate_lm_head_loss_workspace(dev, s, chunk, backward);
-  if (!dev.backed()) return;
   check_labels(s, labels);
 
-  float* logits = ws.logits.as<float>();
-  double* losses = ws.losses.as<double>();
+  // The workspace as lm_head_loss_scratch lays it out (the header's sizes).
+  float* logits = ws.as<float>(kLossLogits);
+  double* losses = ws.as<double>(kLossRowLosses);
+  float* const h32 = ws.as<float>(kLossH32);
+  float* const w32 = ws.as<float>(kLossW32);
+  const int64_t w_rows = w_bf16 ? lm_head_loss_weight_block(s) : V;  // vocab rows per GEMM
   const int64_t es = dtype_size(s.dtype);
   // Vocab rows [v0, v0 + nb) of w as fp32.
   auto w_block = [&](int64_t v0, int64_t nb) -> const float* {
     if (!w_bf16) return static_cast<const float*>(w) + v0 * E;
-    widen_rows(dev, ws.w32.as<float>(), static_cast<const char*>(w) + v0 * E * 2, s.weight_dtype, nb, E);
-    return ws.w32.as<float>();
+    widen_rows(dev, w32, static_cast<const char*>(w) + v0 * E * 2, s.weight_dtype, nb, E);
+    return w32;
   };
 
   for (int64_t t0 = 0; t0 < s.tokens; t0 += chunk) {
@@ -107,11 +108,11 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
     // logits (n, V) = h_c w^T.
     const float* hc = static_cast<const float*>(h) + t0 * E;
     if (h_bf16) {
-      widen_rows(dev, ws.h32.as<float>(), static_cast<const char*>(h) + t0 * E * es, s.dtype, n, E);
-      hc = ws.h32.as<float>();
+      widen_rows(dev, h32, static_cast<const char*>(h) + t0 * E * es, s.dtype, n, E);
+      hc = h32;
     }
-    for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
-      const int64_t nb = std::min(ws.w_block, V - v0);
+    for (int64_t v0 = 0; v0 < V; v0 += w_rows) {
+      const int64_t nb = std::min(w_rows, V - v0);
       untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = nb, .k = E, .a = hc, .lda = E,
                            .b = w_block(v0, nb), .ldb = E, .c = logits + v0, .ldc = V});
     }
@@ -128,9 +129,9 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
     if (!backward) continue;
 
     // dh_c (n, E) = G w;  dw (V, E) += G^T h_c.
-    float* dhc = h_bf16 ? ws.dh32.as<float>() : reinterpret_cast<float*>(dh_c);
-    for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
-      const int64_t nb = std::min(ws.w_block, V - v0);
+    float* dhc = h_bf16 ? ws.as<float>(kLossDh32) : reinterpret_cast<float*>(dh_c);
+    for (int64_t v0 = 0; v0 < V; v0 += w_rows) {
+      const int64_t nb = std::min(w_rows, V - v0);
       const float* wblk = w_block(v0, nb);
       untied::gemm(dev, GemmParams{.m = n, .n = E, .k = nb, .beta = v0 == 0 ? 0.0f : 1.0f,
                            .a = logits + v0, .lda = V, .b = wblk, .ldb = E, .c = dhc, .ldc = E});

@@ -6,14 +6,14 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/model_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace untied::cpu {
 namespace {
 
 constexpr int64_t kChunk = 256;       // elements staged per step (multiple of kLanes)
 constexpr int64_t kLanes = 16;        // independent fp32 partial sums per row
-constexpr int64_t kRowBlock = 2048;   // rows per fp64 partial sum of dw (rmsnorm.h)
+constexpr int64_t kRowBlock = kRmsNormRowBlock;  // rows per fp64 partial sum of dw (rmsnorm.h)
 
 // n elements of storage t at p as fp32: p itself for f32, else widened into `stage`.
 const float* as_f32(float* stage, const void* p, DType t, int64_t n) {
@@ -43,9 +43,9 @@ double sum_lanes(const float* lanes) {
 
 }  // namespace
 
-void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, const void* x,
-                     const void* w) {
-  if (!dev.backed() || s.rows == 0) return;
+void rmsnorm_forward(Device& dev, const RmsNormForwardCall& c, const Scratch&) {
+  const auto& [s, y, rstd, x, w] = c;
+  if (s.rows == 0) return;
   const int64_t rs = s.row_stride > 0 ? s.row_stride : s.dim;
   const int64_t es = dtype_size(s.dtype), wes = dtype_size(s.weight_dtype);
 
@@ -74,11 +74,10 @@ void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, c
   }
 }
 
-void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, const void* x,
-                      const float* rstd, const void* w, const void* dy) {
+void rmsnorm_backward(Device& dev, const RmsNormBackwardCall& c, const Scratch& scratch) {
+  const auto& [s, dx, dw, x, rstd, w, dy] = c;
+  if (s.rows == 0) return;
   const int64_t blocks = (s.rows + kRowBlock - 1) / kRowBlock;
-  Buffer part_buf = dev.allocator().allocate(blocks * s.dim * 8, Tag::kOther, "rmsnorm dw block sums");
-  if (!dev.backed() || s.rows == 0) return;
   const int64_t rs = s.row_stride > 0 ? s.row_stride : s.dim;
   const int64_t es = dtype_size(s.dtype), wes = dtype_size(s.weight_dtype);
   const double inv_dim = 1.0 / static_cast<double>(s.dim);
@@ -113,7 +112,7 @@ void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, c
   }
 
   // dw: fp64 sums of dy * (x * r) per (row block, column chunk), rows in order...
-  double* part = part_buf.as<double>();
+  double* part = scratch.as<double>(kRmsNormBlockSums);
   const int64_t col_chunks = (s.dim + kChunk - 1) / kChunk;
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(dev.threads())
   for (int64_t b = 0; b < blocks; ++b) {

@@ -7,15 +7,25 @@
 
 namespace untied::cpu {
 
-void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positions, bool inverse) {
+namespace {
+enum RopeScratch { kCosSin };
+}  // namespace
+
+ScratchRequest rope_scratch(const Device&, const RopeCall& c) {
+  ScratchRequest r;
+  r.set(kCosSin, c.s.tokens * (c.s.head_dim / 2) * 2 * 4, Tag::kAttnWorkspace, "rope cos/sin table");
+  return r;
+}
+
+void rope(Device& dev, const RopeCall& c, const Scratch& scratch) {
+  const auto& [s, x, positions, dir] = c;
+  const bool inverse = dir == Direction::kInverse;
   const int64_t half = s.head_dim / 2;
   const int64_t rs = s.row_stride > 0 ? s.row_stride : s.heads * s.head_dim;
-  Buffer table = dev.allocator().allocate(s.tokens * half * 2 * 4, Tag::kAttnWorkspace, "rope cos/sin table");
-  if (!dev.backed()) return;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
     inv_freq[i] = std::pow(s.theta, -2.0 * static_cast<double>(i) / static_cast<double>(s.head_dim));
-  float* cs = table.as<float>();
+  float* cs = scratch.as<float>(kCosSin);
   const float sign = inverse ? -1.0f : 1.0f;
   const int64_t es = dtype_size(s.dtype);
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/model_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace untied::cpu {
 namespace {
@@ -19,8 +19,9 @@ float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 
 }  // namespace
 
-void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* gate, const void* up) {
-  if (!dev.backed() || s.rows == 0) return;
+void swiglu_forward(Device& dev, const SwigluForwardCall& c, const Scratch&) {
+  const auto& [s, out, gate, up] = c;
+  if (s.rows == 0) return;
   const int64_t irs = s.in_row_stride > 0 ? s.in_row_stride : s.dim;
   const int64_t ors = s.out_row_stride > 0 ? s.out_row_stride : s.dim;
   const int64_t es = dtype_size(s.dtype);
@@ -41,9 +42,9 @@ void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* ga
   }
 }
 
-void swiglu_backward(Device& dev, const SwigluShape& s, void* dgate, void* dup, const void* gate,
-                     const void* up, const void* dout) {
-  if (!dev.backed() || s.rows == 0) return;
+void swiglu_backward(Device& dev, const SwigluBackwardCall& c, const Scratch&) {
+  const auto& [s, dgate, dup, gate, up, dout] = c;
+  if (s.rows == 0) return;
   const int64_t irs = s.in_row_stride > 0 ? s.in_row_stride : s.dim;
   const int64_t ors = s.out_row_stride > 0 ? s.out_row_stride : s.dim;
   const int64_t es = dtype_size(s.dtype);

@@ -10,8 +10,8 @@ namespace {
 constexpr int64_t kBlock = 4096;  // elements per task of the element-wise ops
 }  // namespace
 
-void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
-             float* out, int64_t out_stride) {
+void row_dot(Device& dev, const RowDotCall& c, const Scratch&) {
+  const auto& [rows, dim, t, a, lda, b, ldb, out, out_stride] = c;
   const int64_t es = dtype_size(t);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t r = 0; r < rows; ++r)
@@ -19,7 +19,8 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int
                                   t, dim);
 }
 
-void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n) {
+void add_into(Device& dev, const AddIntoCall& c, const Scratch&) {
+  const auto& [acc, acc_t, x, x_t, n] = c;
   const int64_t as = dtype_size(acc_t), xs = dtype_size(x_t);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t i = 0; i < n; i += kBlock) {
@@ -37,7 +38,8 @@ void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int
   }
 }
 
-void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
+void convert(Device& dev, const ConvertCall& c, const Scratch&) {
+  const auto& [dst, dst_t, src, src_t, n] = c;
   const int64_t ds = dtype_size(dst_t), ss = dtype_size(src_t);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t i = 0; i < n; i += kBlock) {

@@ -133,8 +133,9 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(float* x, int64_t n, fl
 
 }  // namespace
 
-void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64_t n, const AdamWParams& a) {
-  if (!dev.backed() || n == 0) return;
+void adamw_step(Device& dev, const AdamWCall& call, const Scratch&) {
+  const auto& [p, m, v, g, n, a] = call;
+  if (n == 0) return;
   // The coefficients exactly as the CPU computes them (adamw.cc).
   const double t = static_cast<double>(a.step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), t);
@@ -157,13 +158,29 @@ void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 
-double grad_sum_squares(Device& dev, const float* g, int64_t n) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  Buffer part_buf = dev.allocator().allocate(blocks * 8, Tag::kOther, "grad sum of squares blocks");
-  if (!dev.backed() || n == 0) return 0.0;
-  UNTIED_CHECK(blocks <= INT32_MAX, "cuda grad_sum_squares: n (", n, ") too large for one grid");
+namespace {
+enum SumSquaresScratch { kBlockSums };
+int64_t sum_blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+}  // namespace
+
+Status grad_sum_squares_supports(const SumSquaresCall& c) {
+  if (sum_blocks(c.n) <= INT32_MAX) return Status::ok_status();
+  return Status::unsupported(str_cat("n = ", c.n, " (too large for one grid)"));
+}
+
+ScratchRequest grad_sum_squares_scratch(const Device&, const SumSquaresCall& c) {
+  ScratchRequest r;
+  r.set(kBlockSums, sum_blocks(c.n) * 8, Tag::kOther, "grad sum of squares blocks");
+  return r;
+}
+
+void grad_sum_squares(Device& dev, const SumSquaresCall& c, const Scratch& scratch) {
+  const auto& [g, n, result] = c;
+  *result = 0.0;
+  if (n == 0) return;
+  const int64_t blocks = sum_blocks(n);
   const cudaStream_t st = stream_of(dev);
-  double* part = part_buf.as<double>();
+  double* part = scratch.as<double>(kBlockSums);
   if (aligned(g, 16))
     sum_squares_kernel<4><<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(g, n, part);
   else
@@ -174,11 +191,12 @@ double grad_sum_squares(Device& dev, const float* g, int64_t n) {
   UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
   double total = 0;
   for (const double s : host) total += s;  // block order: deterministic
-  return total;
+  *result = total;
 }
 
-void scale_in_place(Device& dev, float* x, int64_t n, float scale) {
-  if (!dev.backed() || n == 0) return;
+void scale_in_place(Device& dev, const ScaleCall& c, const Scratch&) {
+  const auto& [x, n, scale] = c;
+  if (n == 0) return;
   const cudaStream_t st = stream_of(dev);
   if (aligned(x, 16))
     scale_kernel<4><<<blocks_for((n + 3) / 4, kThreads), kThreads, 0, st>>>(x, n, scale);

@@ -541,31 +541,40 @@ void launch_delta(const AttnGeom& a, const void* out, const void* dout, float* d
 }  // namespace
 }  // namespace attn
 
-void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv, const void* q,
-                        const void* k, const void* v, const void* out, const float* delta, const float* lse,
-                        const void* dout) {
+namespace {
+enum BackwardScratch { kDelta, kDqAcc };
+}  // namespace
+
+Status attention_backward_supports(const AttentionBackwardCall& c) { return attn::portable_dim_supported(c.s.head_dim); }
+
+ScratchRequest attention_backward_scratch(const Device&, const AttentionBackwardCall& c) {
+  const int64_t h = c.s.heads, sq = c.s.seq_q, d = c.s.head_dim;
+  ScratchRequest r;
+  if (c.delta_source == DeltaSource::kFromOut) r.set(kDelta, h * sq * 4, Tag::kAttnWorkspace, "attention backward D");
+  if (c.s.dtype != DType::kF32)  // f32 dq is its own accumulator
+    r.set(kDqAcc, sq * h * d * 4, Tag::kAttnWorkspace, "attention backward dQ accumulator");
+  return r;
+}
+
+void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch) {
   using namespace attn;
+  const auto& [s, dq, dk, dv, q, k, v, delta_source, out, delta_given, lse, dout] = c;
   const AttnGeom a = make_attn_geom(s);
-  check_portable_dim(a);
-  UNTIED_CHECK(delta != nullptr || out != nullptr, "cuda attention backward: needs out or delta");
-  Allocator& alloc = dev.allocator();
-  Buffer delta_buf;
-  if (delta == nullptr) delta_buf = alloc.allocate(a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
-  const bool dq_direct = s.dtype == DType::kF32;  // f32 dq is its own accumulator
+  const bool dq_direct = s.dtype == DType::kF32;
   const int64_t hd = static_cast<int64_t>(a.h) * a.d;
-  Buffer dq_buf;
-  if (!dq_direct) dq_buf = alloc.allocate(a.sq * hd * 4, Tag::kAttnWorkspace, "attention backward dQ accumulator");
-  if (!dev.backed()) return;
+  float* const dq_buf = scratch.as<float>(kDqAcc);
 
   cudaStream_t stream = static_cast<CudaDevice&>(dev).stream();
-  if (delta == nullptr) {
+  const float* delta = delta_given;
+  if (delta_source == DeltaSource::kFromOut) {
+    float* const delta_buf = scratch.as<float>(kDelta);
     if (s.dtype == DType::kBF16)
-      launch_delta<bf16>(a, out, dout, delta_buf.as<float>(), stream);
+      launch_delta<bf16>(a, out, dout, delta_buf, stream);
     else
-      launch_delta<float>(a, out, dout, delta_buf.as<float>(), stream);
-    delta = delta_buf.as<float>();
+      launch_delta<float>(a, out, dout, delta_buf, stream);
+    delta = delta_buf;
   }
-  float* dq_acc = dq_direct ? static_cast<float*>(dq) : dq_buf.as<float>();
+  float* dq_acc = dq_direct ? static_cast<float*>(dq) : dq_buf;
   const int64_t dq_acc_rs = dq_direct ? a.q_rs : hd;
   UNTIED_CUDA_CHECK(cudaMemset2DAsync(dq_acc, static_cast<size_t>(dq_acc_rs) * 4, 0, static_cast<size_t>(hd) * 4,
                                       static_cast<size_t>(a.sq), stream));
@@ -586,7 +595,7 @@ void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk
   if (!dq_direct) {
     auto* kernel = dq_convert_kernel;
     const unsigned grid = row_kernel_blocks(a.sq * hd, kRowKernelThreads * 4);
-    kernel<<<grid, kRowKernelThreads, 0, stream>>>(dq_buf.as<float>(), static_cast<bf16*>(dq), a.sq, hd, a.q_rs);
+    kernel<<<grid, kRowKernelThreads, 0, stream>>>(dq_buf, static_cast<bf16*>(dq), a.sq, hd, a.q_rs);
     UNTIED_CUDA_CHECK(cudaGetLastError());
   }
 }

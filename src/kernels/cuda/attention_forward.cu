@@ -400,12 +400,12 @@ void launch_fwd_simt_any(const FwdParams& p, cudaStream_t stream) {
 }  // namespace
 }  // namespace attn
 
-void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse, const void* q, const void* k,
-                       const void* v) {
+Status attention_forward_supports(const AttentionForwardCall& c) { return attn::portable_dim_supported(c.s.head_dim); }
+
+void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch&) {
   using namespace attn;
+  const auto& [s, out, lse, q, k, v] = c;
   const AttnGeom a = make_attn_geom(s);
-  check_portable_dim(a);
-  if (!dev.backed()) return;
   const FwdParams p{.a = a, .q = q, .k = k, .v = v, .out = out, .lse = lse};
   cudaStream_t stream = static_cast<CudaDevice&>(dev).stream();
   if (use_tensor_cores(a, s.dtype, q, k, v, out)) {

@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "device/cuda/cuda_check.h"
+#include "untied/core/status.h"
 #include "untied/kernels/attention.h"
 
 namespace untied::cuda::attn {
@@ -262,9 +263,10 @@ bool use_tensor_cores(const AttnGeom& a, DType t, Ptrs... ptrs) {
   return device_caps().major >= 8;
 }
 
-inline void check_portable_dim(const AttnGeom& a) {
-  UNTIED_CHECK_KIND(ErrorKind::kUnsupported, a.d <= kMaxPortableDim, "cuda attention supports head_dim <= ",
-                    kMaxPortableDim, ", got ", a.d, ": use the CPU backend or a smaller head_dim");
+inline Status portable_dim_supported(int64_t head_dim) {
+  if (head_dim <= kMaxPortableDim) return Status::ok_status();
+  return Status::unsupported(str_cat("head_dim ", head_dim, " (at most ", kMaxPortableDim,
+                                     "): use the CPU backend or a smaller head_dim"));
 }
 
 // Launch configuration helpers: raises a kernel's dynamic shared memory limit when it needs more

@@ -1,7 +1,7 @@
-// CUDA implementations of the kernels in include/untied/kernels/*.h, one file pair per op in
-// src/kernels/cuda/ (built with the CUDA backend; a build without it has only
-// no_cuda_kernels.cc, unreachable because no CUDA Device can be made there). The public entry
-// points validate their arguments and dispatch here on Device::kind() == kCuda.
+// The CUDA kernels, one file per op in src/kernels/cuda/ (built with the CUDA backend), listed in
+// one table (cuda_backend.cc). Each takes its op's call struct (kernels/backend.h), already
+// checked by the entry point (with the refusals of the *_supports functions here), and the
+// scratch its *_scratch function asked for.
 //
 // Conventions for every function here:
 //   - Every tensor pointer is GPU memory of `dev` (allocated from its allocator); the only host
@@ -20,55 +20,47 @@
 //     communicator whose stream waits for that stream first.
 #pragma once
 
-#include "untied/kernels/adamw.h"
-#include "untied/kernels/attention.h"
-#include "untied/kernels/embedding.h"
-#include "untied/kernels/gemm.h"
-#include "untied/kernels/lm_head_loss.h"
-#include "untied/kernels/rmsnorm.h"
-#include "untied/kernels/rope.h"
-#include "untied/kernels/swiglu.h"
-#include "untied/kernels/tensor_ops.h"
+#include "kernels/backend.h"
 
 namespace untied::cuda {
 
-void gemm(Device& dev, const GemmParams& p);  // gemm.cc
+void gemm(Device& dev, const GemmParams& p, const Scratch& scratch);  // gemm.cc (cuBLAS)
+Status gemm_supports(const GemmParams& p);
 
-// attention.cu. Backward: delta (H, seq_q) fp32 given, or null and then computed from out.
-void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse, const void* q,
-                       const void* k, const void* v);
-void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
-                        const void* q, const void* k, const void* v, const void* out,
-                        const float* delta, const float* lse, const void* dout);
+// attention_forward.cu, attention_backward.cu
+void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch& scratch);
+Status attention_forward_supports(const AttentionForwardCall& c);
+void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch);
+ScratchRequest attention_backward_scratch(const Device& dev, const AttentionBackwardCall& c);
+Status attention_backward_supports(const AttentionBackwardCall& c);
 
-void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positions, bool inverse);  // rope.cu
+void rope(Device& dev, const RopeCall& c, const Scratch& scratch);  // rope.cu
+Status rope_supports(const RopeCall& c);
 
-void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, const void* x,
-                     const void* w);  // rmsnorm.cu
-void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, const void* x,
-                      const float* rstd, const void* w, const void* dy);
+void rmsnorm_forward(Device& dev, const RmsNormForwardCall& c, const Scratch& scratch);  // rmsnorm.cu
+void rmsnorm_backward(Device& dev, const RmsNormBackwardCall& c, const Scratch& scratch);
+void swiglu_forward(Device& dev, const SwigluForwardCall& c, const Scratch& scratch);  // swiglu.cu
+void swiglu_backward(Device& dev, const SwigluBackwardCall& c, const Scratch& scratch);
 
-void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* gate, const void* up);  // swiglu.cu
-void swiglu_backward(Device& dev, const SwigluShape& s, void* dgate, void* dup, const void* gate,
-                     const void* up, const void* dout);
+// embedding.cu
+void embedding_forward(Device& dev, const EmbeddingForwardCall& c, const Scratch& scratch);
+ScratchRequest embedding_forward_scratch(const Device& dev, const EmbeddingForwardCall& c);
+void embedding_backward(Device& dev, const EmbeddingBackwardCall& c, const Scratch& scratch);
+ScratchRequest embedding_backward_scratch(const Device& dev, const EmbeddingBackwardCall& c);
+Status embedding_backward_supports(const EmbeddingBackwardCall& c);
 
-void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const int32_t* ids,
-                       const void* table);  // embedding.cu
-void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, const int32_t* ids,
-                        const void* dout);
+void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& scratch);  // lm_head_loss.cu
 
-// lm_head_loss.cu; backward = false: forward only (dh and dw unused).
-void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums* sums, int32_t* argmax,
-                  void* dh, float* dw, const void* h, const int32_t* labels, const void* w);
+// adamw.cu
+void adamw_step(Device& dev, const AdamWCall& c, const Scratch& scratch);
+void grad_sum_squares(Device& dev, const SumSquaresCall& c, const Scratch& scratch);
+ScratchRequest grad_sum_squares_scratch(const Device& dev, const SumSquaresCall& c);
+Status grad_sum_squares_supports(const SumSquaresCall& c);
+void scale_in_place(Device& dev, const ScaleCall& c, const Scratch& scratch);
 
-void adamw_step(Device& dev, float* p, float* m, float* v, const float* g, int64_t n,
-                const AdamWParams& a);  // adamw.cu
-double grad_sum_squares(Device& dev, const float* g, int64_t n);
-void scale_in_place(Device& dev, float* x, int64_t n, float scale);
-
-void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
-             float* out, int64_t out_stride);  // tensor_ops.cu
-void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n);
-void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n);
+// tensor_ops.cu
+void row_dot(Device& dev, const RowDotCall& c, const Scratch& scratch);
+void add_into(Device& dev, const AddIntoCall& c, const Scratch& scratch);
+void convert(Device& dev, const ConvertCall& c, const Scratch& scratch);
 
 }  // namespace untied::cuda

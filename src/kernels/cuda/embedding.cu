@@ -40,12 +40,14 @@ constexpr int kVec = 4;                           // columns per thread
 constexpr int kUnroll = 8;                        // dout rows loaded ahead in the backward walk
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 16;  // blockIdx.x; grid-stride loops cover the rest
 
+// Scratch slots: the id check's flag, and the backward's sort.
+enum EmbeddingScratch { kIdCheck, kKeysA, kKeysB, kPosA, kPosB, kSortTemp };
+
 // Throws Error(kInvalidArgument) naming the first id outside [0, vocab), as the CPU does.
-// Synchronizes the stream.
-void check_ids(Device& dev, const EmbeddingShape& s, const int32_t* ids) {
-  Buffer scratch = dev.allocator().allocate(8, Tag::kOther, "embedding id check");
+// Synchronizes the stream. flag: 8 bytes of device scratch.
+void check_ids(Device& dev, const EmbeddingShape& s, const int32_t* ids, void* flag) {
   int32_t id = 0;
-  const int64_t t = first_out_of_range(stream_of(dev), ids, s.tokens, s.vocab, kNoException, scratch.data(), &id);
+  const int64_t t = first_out_of_range(stream_of(dev), ids, s.tokens, s.vocab, kNoException, flag, &id);
   if (t < 0) return;
   UNTIED_CHECK(id >= 0 && id < s.vocab, "embedding: ids[", t, "] = ", id, " is outside [0, vocab = ", s.vocab, ")");
   UNTIED_ASSERT(false, "embedding: the GPU flagged ids[", t, "] = ", id, " as outside [0, vocab = ", s.vocab, ")");
@@ -192,9 +194,16 @@ int key_bits(int64_t vocab) {
 
 }  // namespace
 
-void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const int32_t* ids, const void* table) {
-  if (!dev.backed() || s.tokens == 0) return;
-  check_ids(dev, s, ids);
+ScratchRequest embedding_forward_scratch(const Device&, const EmbeddingForwardCall& c) {
+  ScratchRequest r;
+  if (c.s.tokens > 0) r.set(kIdCheck, 8, Tag::kOther, "embedding id check");
+  return r;
+}
+
+void embedding_forward(Device& dev, const EmbeddingForwardCall& c, const Scratch& scratch) {
+  const auto& [s, out, ids, table] = c;
+  if (s.tokens == 0) return;
+  check_ids(dev, s, ids, scratch.data(kIdCheck));
   const cudaStream_t st = stream_of(dev);
   const bool in_bf16 = s.table_dtype == DType::kBF16, out_bf16 = s.dtype == DType::kBF16;
   if (in_bf16 && out_bf16) return launch_forward<bf16_t, bf16_t>(st, s, out, ids, table);
@@ -203,33 +212,55 @@ void embedding_forward(Device& dev, const EmbeddingShape& s, void* out, const in
   launch_forward<float, float>(st, s, out, ids, table);
 }
 
-void embedding_backward(Device& dev, const EmbeddingShape& s, float* dtable, const int32_t* ids,
-                        const void* dout) {
-  if (!dev.backed() || s.tokens == 0) return;
-  UNTIED_CHECK(s.tokens <= INT32_MAX, "cuda embedding_backward: tokens (", s.tokens, ") must be < 2^31");
-  check_ids(dev, s, ids);
+Status embedding_backward_supports(const EmbeddingBackwardCall& c) {
+  if (c.s.tokens <= INT32_MAX) return Status::ok_status();
+  return Status::unsupported(str_cat("tokens = ", c.s.tokens, " (at most 2^31 - 1 per call)"));
+}
+
+namespace {
+// The sort's temporary storage for n keys of key_bits(vocab) bits, as CUB asks (a size query:
+// nothing runs).
+size_t sort_temp_bytes(int64_t n, int64_t vocab) {
+  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr);
+  cub::DoubleBuffer<int32_t> pos(nullptr, nullptr);
+  size_t temp_bytes = 0;
+  UNTIED_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, pos, static_cast<int>(n), 0,
+                                                    key_bits(vocab), cudaStream_t{}));
+  return std::max<size_t>(temp_bytes, 1);
+}
+}  // namespace
+
+ScratchRequest embedding_backward_scratch(const Device&, const EmbeddingBackwardCall& c) {
+  ScratchRequest r;
+  const int64_t n = c.s.tokens;
+  if (n == 0) return r;
+  r.set(kIdCheck, 8, Tag::kOther, "embedding id check");
+  r.set(kKeysA, n * 4, Tag::kOther, "embedding sort ids");
+  r.set(kKeysB, n * 4, Tag::kOther, "embedding sort ids (alternate)");
+  r.set(kPosA, n * 4, Tag::kOther, "embedding sort positions");
+  r.set(kPosB, n * 4, Tag::kOther, "embedding sort positions (alternate)");
+  r.set(kSortTemp, static_cast<int64_t>(sort_temp_bytes(n, c.s.vocab)), Tag::kOther, "embedding sort temporary storage");
+  return r;
+}
+
+void embedding_backward(Device& dev, const EmbeddingBackwardCall& c, const Scratch& scratch) {
+  const auto& [s, dtable, ids, dout] = c;
+  if (s.tokens == 0) return;
+  check_ids(dev, s, ids, scratch.data(kIdCheck));
   const cudaStream_t st = stream_of(dev);
   const int64_t n = s.tokens;
   const int n32 = static_cast<int>(n);
 
   // Stable sort of (id, position) by id. The ids are in [0, vocab) (checked), so as unsigned
   // keys they sort like the ints, and only the low key_bits(vocab) bits need sorting.
-  Allocator& alloc = dev.allocator();
-  Buffer keys_a = alloc.allocate(n * 4, Tag::kOther, "embedding sort ids");
-  Buffer keys_b = alloc.allocate(n * 4, Tag::kOther, "embedding sort ids (alternate)");
-  Buffer pos_a = alloc.allocate(n * 4, Tag::kOther, "embedding sort positions");
-  Buffer pos_b = alloc.allocate(n * 4, Tag::kOther, "embedding sort positions (alternate)");
-  UNTIED_CUDA_CHECK(cudaMemcpyAsync(keys_a.data(), ids, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, st));
-  iota_kernel<<<blocks_for(n, 256, 4096), 256, 0, st>>>(pos_a.as<int32_t>(), n);
+  UNTIED_CUDA_CHECK(cudaMemcpyAsync(scratch.data(kKeysA), ids, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, st));
+  iota_kernel<<<blocks_for(n, 256, 4096), 256, 0, st>>>(scratch.as<int32_t>(kPosA), n);
   UNTIED_CUDA_CHECK(cudaGetLastError());
-  cub::DoubleBuffer<uint32_t> keys(keys_a.as<uint32_t>(), keys_b.as<uint32_t>());
-  cub::DoubleBuffer<int32_t> pos(pos_a.as<int32_t>(), pos_b.as<int32_t>());
+  cub::DoubleBuffer<uint32_t> keys(scratch.as<uint32_t>(kKeysA), scratch.as<uint32_t>(kKeysB));
+  cub::DoubleBuffer<int32_t> pos(scratch.as<int32_t>(kPosA), scratch.as<int32_t>(kPosB));
   const int end_bit = key_bits(s.vocab);
-  size_t temp_bytes = 0;
-  UNTIED_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, pos, n32, 0, end_bit, st));
-  Buffer temp = alloc.allocate(static_cast<int64_t>(std::max<size_t>(temp_bytes, 1)), Tag::kOther,
-                               "embedding sort temporary storage");
-  UNTIED_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys, pos, n32, 0, end_bit, st));
+  size_t temp_bytes = static_cast<size_t>(scratch.buffers[kSortTemp].bytes());
+  UNTIED_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data(kSortTemp), temp_bytes, keys, pos, n32, 0, end_bit, st));
 
   if (s.dtype == DType::kBF16)
     launch_backward<bf16_t>(st, s, dtable, keys.Current(), pos.Current(), dout);

@@ -11,16 +11,20 @@ cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUD
 
 }  // namespace
 
-void gemm(Device& dev, const GemmParams& p) {
-  UNTIED_CHECK_KIND(ErrorKind::kUnsupported, p.a_dtype == p.b_dtype,
-                    dev.name(), " does not support gemm with A ", dtype_name(p.a_dtype), " and B ",
-                    dtype_name(p.b_dtype), ": give both the same dtype");
-  UNTIED_CHECK_KIND(ErrorKind::kUnsupported, p.a_dtype == DType::kBF16 || p.c_dtype == DType::kF32,
-                    dev.name(), " does not support gemm with f32 inputs and ", dtype_name(p.c_dtype), " output");
+Status gemm_supports(const GemmParams& p) {
+  if (p.a_dtype != p.b_dtype)
+    return Status::unsupported(str_cat("A ", dtype_name(p.a_dtype), " and B ", dtype_name(p.b_dtype),
+                                       ": give both the same dtype"));
+  if (p.a_dtype != DType::kBF16 && p.c_dtype != DType::kF32)
+    return Status::unsupported(str_cat("f32 inputs and ", dtype_name(p.c_dtype), " output"));
+  if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || p.lda > INT32_MAX || p.ldb > INT32_MAX ||
+      p.ldc > INT32_MAX)
+    return Status::unsupported(str_cat("a dimension over 2^31-1 (m=", p.m, " n=", p.n, " k=", p.k, ")"));
+  return Status::ok_status();
+}
+
+void gemm(Device& dev, const GemmParams& p, const Scratch&) {
   if (p.m == 0 || p.n == 0) return;
-  UNTIED_CHECK(p.m <= INT32_MAX && p.n <= INT32_MAX && p.k <= INT32_MAX && p.lda <= INT32_MAX &&
-                   p.ldb <= INT32_MAX && p.ldc <= INT32_MAX,
-               "cuda gemm: a dimension exceeds 2^31-1 (m=", p.m, " n=", p.n, " k=", p.k, ")");
   auto& cd = static_cast<CudaDevice&>(dev);
   const float alpha = p.alpha, beta = p.beta;
   UNTIED_CUBLAS_CHECK(cublasGemmEx(cd.cublas(), p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,

@@ -32,10 +32,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/model_kernels.h"  // lm_head_loss_weight_block
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "untied/kernels/gemm.h"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied::cuda {
 namespace {
@@ -216,23 +216,23 @@ void softmax_rows(cudaStream_t st, const RowParams& p) {
 
 }  // namespace
 
-void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums* sums, int32_t* argmax, void* dh,
-                  float* dw, const void* h, const int32_t* labels, const void* w) {
+void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
+  const auto& [s, pass, sums, argmax, dh, dw, h, labels, w] = c;
+  const bool backward = pass == LossPass::kForwardBackward;
   const int64_t chunk = lm_head_loss_chunk(s);
   if (chunk == 0) return;  // no tokens
   const int64_t V = s.vocab, E = s.dim;
   const bool h_bf16 = s.dtype != DType::kF32, w_bf16 = s.weight_dtype != DType::kF32;
-  // The whole workspace up front, as the header (and the CPU kernel) lays it out.
-  const LmHeadLossWorkspace ws = allocate_lm_head_loss_workspace(dev, s, chunk, backward);
-  if (!dev.backed()) return;
+  const int64_t w_rows = w_bf16 ? lm_head_loss_weight_block(s) : V;  // vocab rows per widened block
 
   const cudaStream_t st = stream_of(dev);
-  check_labels(st, s, labels, ws.losses.data());  // the row losses are not in use yet
+  check_labels(st, s, labels, ws.data(kLossRowLosses));  // the row losses are not in use yet
 
-  float* logits = ws.logits.as<float>();
-  double* losses = ws.losses.as<double>();
-  float* h32 = ws.h32.as<float>();
-  float* w32 = ws.w32.as<float>();
+  // The workspace as lm_head_loss_scratch lays it out (the header's sizes).
+  float* logits = ws.as<float>(kLossLogits);
+  double* losses = ws.as<double>(kLossRowLosses);
+  float* h32 = ws.as<float>(kLossH32);
+  float* w32 = ws.as<float>(kLossW32);
   const int64_t es = dtype_size(s.dtype);
   const char* hb = static_cast<const char*>(h);
   const char* wbytes = static_cast<const char*>(w);
@@ -261,14 +261,14 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
       untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = V, .k = E, .a = h_c, .lda = E, .a_dtype = s.dtype,
                                    .b = w, .ldb = E, .b_dtype = s.weight_dtype, .c = logits, .ldc = V});
     } else if (h_bf16) {  // w is f32
-      cuda::convert(dev, h32, DType::kF32, h_c, DType::kBF16, n * E);
+      untied::convert(dev, h32, DType::kF32, h_c, DType::kBF16, n * E);
       h_widened = true;
       untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = V, .k = E, .a = h32, .lda = E, .b = w, .ldb = E,
                                    .c = logits, .ldc = V});
     } else {  // h f32, w bf16: one widened vocab block at a time
-      for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
-        const int64_t nb = std::min(ws.w_block, V - v0);
-        cuda::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
+      for (int64_t v0 = 0; v0 < V; v0 += w_rows) {
+        const int64_t nb = std::min(w_rows, V - v0);
+        untied::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
         untied::gemm(dev, GemmParams{.trans_b = true, .m = n, .n = nb, .k = E, .a = h_c, .lda = E, .b = w32,
                                      .ldb = E, .c = logits + v0, .ldc = V});
       }
@@ -283,24 +283,24 @@ void lm_head_loss(Device& dev, const LmHeadLossShape& s, bool backward, LossSums
       // dh_c (n, E) = G w;  dw (V, E) += G^T h_c. All fp32 (G is fp32).
       const float* hc32 = static_cast<const float*>(h_c);
       if (h_bf16) {
-        if (!h_widened) cuda::convert(dev, h32, DType::kF32, h_c, DType::kBF16, n * E);
+        if (!h_widened) untied::convert(dev, h32, DType::kF32, h_c, DType::kBF16, n * E);
         hc32 = h32;
       }
-      float* dhc = h_bf16 ? ws.dh32.as<float>() : reinterpret_cast<float*>(static_cast<char*>(dh) + t0 * E * es);
+      float* dhc = h_bf16 ? ws.as<float>(kLossDh32) : reinterpret_cast<float*>(static_cast<char*>(dh) + t0 * E * es);
       if (!w_bf16) {
         untied::gemm(dev, GemmParams{.m = n, .n = E, .k = V, .a = logits, .lda = V, .b = w, .ldb = E, .c = dhc,
                                      .ldc = E});
       } else {
-        for (int64_t v0 = 0; v0 < V; v0 += ws.w_block) {
-          const int64_t nb = std::min(ws.w_block, V - v0);
-          cuda::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
+        for (int64_t v0 = 0; v0 < V; v0 += w_rows) {
+          const int64_t nb = std::min(w_rows, V - v0);
+          untied::convert(dev, w32, DType::kF32, wbytes + v0 * E * 2, DType::kBF16, nb * E);
           untied::gemm(dev, GemmParams{.m = n, .n = E, .k = nb, .beta = v0 == 0 ? 0.0f : 1.0f, .a = logits + v0,
                                        .lda = V, .b = w32, .ldb = E, .c = dhc, .ldc = E});
         }
       }
       untied::gemm(dev, GemmParams{.trans_a = true, .m = V, .n = E, .k = n, .beta = 1.0f, .a = logits, .lda = V,
                                    .b = hc32, .ldb = E, .c = dw, .ldc = E});
-      if (h_bf16) cuda::convert(dev, static_cast<char*>(dh) + t0 * E * es, DType::kBF16, dhc, DType::kF32, n * E);
+      if (h_bf16) untied::convert(dev, static_cast<char*>(dh) + t0 * E * es, DType::kBF16, dhc, DType::kF32, n * E);
     }
 
     // The chunk's losses, added on the host in row order. After the chunk's GEMMs, so the GPU

@@ -258,7 +258,8 @@ NormParams params(const RmsNormShape& s) {
 
 }  // namespace
 
-void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, const void* x, const void* w) {
+void rmsnorm_forward(Device& dev, const RmsNormForwardCall& c, const Scratch&) {
+  const auto& [s, y, rstd, x, w] = c;
   if (s.rows == 0) return;
   const NormParams p = params(s);
   const cudaStream_t st = stream_of(dev);
@@ -269,11 +270,10 @@ void rmsnorm_forward(Device& dev, const RmsNormShape& s, void* y, float* rstd, c
   else forward_typed<float, float>(st, p, y, rstd, x, w);
 }
 
-void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, const void* x, const float* rstd,
-                      const void* w, const void* dy) {
-  const int64_t nblocks = (s.rows + kRowBlock - 1) / kRowBlock;
-  Buffer part = dev.allocator().allocate(nblocks * s.dim * 8, Tag::kOther, "rmsnorm dw block sums");
+void rmsnorm_backward(Device& dev, const RmsNormBackwardCall& c, const Scratch& scratch) {
+  const auto& [s, dx, dw, x, rstd, w, dy] = c;
   if (s.rows == 0) return;
+  double* const part = scratch.as<double>(kRmsNormBlockSums);
   const NormParams p = params(s);
   const cudaStream_t st = stream_of(dev);
   const bool xb = s.dtype == DType::kBF16, wb = s.weight_dtype == DType::kBF16;
@@ -281,9 +281,9 @@ void rmsnorm_backward(Device& dev, const RmsNormShape& s, void* dx, float* dw, c
   else if (xb) dx_typed<bf16_t, float>(st, p, dx, x, rstd, w, dy);
   else if (wb) dx_typed<float, bf16_t>(st, p, dx, x, rstd, w, dy);
   else dx_typed<float, float>(st, p, dx, x, rstd, w, dy);
-  if (xb) dw_typed<bf16_t>(st, p, part.as<double>(), dw, x, rstd, dy);
-  else dw_typed<float>(st, p, part.as<double>(), dw, x, rstd, dy);
-  // `part` goes back to the allocator here with the kernels still queued: the caching source
+  if (xb) dw_typed<bf16_t>(st, p, part, dw, x, rstd, dy);
+  else dw_typed<float>(st, p, part, dw, x, rstd, dy);
+  // The scratch `part` goes back to the allocator here with the kernels still queued: the caching source
   // hands it out again only to later work, which is ordered after them on the same stream.
 }
 

@@ -106,11 +106,15 @@ void launch(cudaStream_t st, const RopeParams& p) {
 
 }  // namespace
 
-void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positions, bool inverse) {
-  if (s.tokens == 0) return;
+Status rope_supports(const RopeCall& c) {
   // The per-token work index j (and j + blockDim.x) is an int.
-  UNTIED_CHECK(s.heads * (s.head_dim / 2) <= INT32_MAX - kMaxThreads, "cuda rope: heads * head_dim/2 (",
-               s.heads * (s.head_dim / 2), ") exceeds 2^31 - 257");
+  if (c.s.heads * (c.s.head_dim / 2) <= INT32_MAX - kMaxThreads) return Status::ok_status();
+  return Status::unsupported(str_cat("heads * head_dim/2 = ", c.s.heads * (c.s.head_dim / 2), " (over 2^31 - 257)"));
+}
+
+void rope(Device& dev, const RopeCall& c, const Scratch&) {
+  const auto& [s, x, positions, dir] = c;
+  if (s.tokens == 0) return;
   const RopeParams p{.x = x,
                      .positions = positions,
                      .tokens = s.tokens,
@@ -119,7 +123,7 @@ void rope_apply(Device& dev, const RopeShape& s, void* x, const int64_t* positio
                      .theta = s.theta,
                      .heads = static_cast<int>(s.heads),
                      .head_dim = static_cast<int>(s.head_dim),
-                     .sign = inverse ? -1.0f : 1.0f};
+                     .sign = dir == Direction::kInverse ? -1.0f : 1.0f};
   const cudaStream_t st = stream_of(dev);
   if (s.dtype == DType::kBF16)
     launch<bf16_t>(st, p);

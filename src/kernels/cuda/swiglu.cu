@@ -147,7 +147,8 @@ void backward_typed(cudaStream_t st, const SwigluParams& p, void* dgate, void* d
 
 }  // namespace
 
-void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* gate, const void* up) {
+void swiglu_forward(Device& dev, const SwigluForwardCall& c, const Scratch&) {
+  const auto& [s, out, gate, up] = c;
   if (s.rows == 0) return;
   const cudaStream_t st = stream_of(dev);
   if (s.dtype == DType::kBF16)
@@ -156,8 +157,8 @@ void swiglu_forward(Device& dev, const SwigluShape& s, void* out, const void* ga
     forward_typed<float>(st, params(s), out, gate, up);
 }
 
-void swiglu_backward(Device& dev, const SwigluShape& s, void* dgate, void* dup, const void* gate, const void* up,
-                     const void* dout) {
+void swiglu_backward(Device& dev, const SwigluBackwardCall& c, const Scratch&) {
+  const auto& [s, dgate, dup, gate, up, dout] = c;
   if (s.rows == 0) return;
   const cudaStream_t st = stream_of(dev);
   if (s.dtype == DType::kBF16)

@@ -127,8 +127,8 @@ void launch_convert(cudaStream_t st, void* dst, const void* src, int64_t n) {
 
 }  // namespace
 
-void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int64_t lda, const void* b, int64_t ldb,
-             float* out, int64_t out_stride) {
+void row_dot(Device& dev, const RowDotCall& c, const Scratch&) {
+  const auto& [rows, dim, t, a, lda, b, ldb, out, out_stride] = c;
   if (rows == 0) return;
   const cudaStream_t st = stream_of(dev);
   if (t == DType::kBF16)
@@ -137,7 +137,8 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType t, const void* a, int
     launch_row_dot<float>(st, rows, dim, a, lda, b, ldb, out, out_stride);
 }
 
-void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int64_t n) {
+void add_into(Device& dev, const AddIntoCall& c, const Scratch&) {
+  const auto& [acc, acc_t, x, x_t, n] = c;
   if (n == 0) return;
   const cudaStream_t st = stream_of(dev);
   const bool acc_bf16 = acc_t == DType::kBF16, x_bf16 = x_t == DType::kBF16;
@@ -147,7 +148,8 @@ void add_into(Device& dev, void* acc, DType acc_t, const void* x, DType x_t, int
   else launch_add_into<float, float>(st, acc, x, n);
 }
 
-void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
+void convert(Device& dev, const ConvertCall& c, const Scratch&) {
+  const auto& [dst, dst_t, src, src_t, n] = c;
   if (n == 0) return;
   const cudaStream_t st = stream_of(dev);
   if (dst_t == src_t) {

@@ -1,37 +1,13 @@
-#include "untied/train/sharded_params.h"
+#include "untied/dist/sharded_params.h"
 
-#include <cmath>
-#include <cstring>
 #include <vector>
 
-#include "untied/core/random.h"
 #include "untied/kernels/tensor_ops.h"
 
 namespace untied {
-namespace {
 
-const Tensor& find_suffix(const std::vector<int>& ids, const std::vector<TensorBuffer>& full,
-                          const std::vector<ParamDesc>& descs, const char* suffix) {
-  const std::string s = std::string(".") + suffix;
-  for (size_t k = 0; k < ids.size(); ++k) {
-    const std::string& name = descs[ids[k]].name;
-    if (name == suffix || (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0))
-      return full[k].view();
-  }
-  fail(ErrorKind::kInternal, str_cat("no parameter '", suffix, "' in this group"));
-}
-
-}  // namespace
-
-const Tensor& ShardedParams::Gathered::operator[](const char* suffix) const {
-  return find_suffix(ids, full, *descs, suffix);
-}
-const Tensor& ShardedParams::GradBuffers::operator[](const char* suffix) const {
-  return find_suffix(ids, full, *descs, suffix);
-}
-
-ShardedParams::ShardedParams(Device& dev, Communicator& comm, const ModelConfig& cfg, DType compute)
-    : dev_(dev), comm_(comm), cfg_(cfg), compute_(compute), descs_(parameter_descriptors(cfg)) {
+ShardedParams::ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute)
+    : dev_(dev), comm_(comm), compute_(compute), descs_(std::move(descs)) {
   Allocator& a = dev.allocator();
   const int64_t C = comm.size();
   for (const ParamDesc& d : descs_) {
@@ -50,20 +26,13 @@ int64_t ShardedParams::owned_elems(int i) const {
   return std::max<int64_t>(0, std::min(shard_[i], n - start));
 }
 
-void ShardedParams::init(uint64_t seed) {
+void ShardedParams::init(const InitFn& values) {
   if (!dev_.backed()) return;
-  const float a = 0.02f * std::sqrt(3.0f);  // uniform(-a, a) has std 0.02
   std::vector<float> host;  // each shard is generated on the host and copied to the device
   for (int i = 0; i < num_params(); ++i) {
-    const ParamDesc& d = descs_[i];
-    const int64_t start = shard_[i] * comm_.rank(), n = owned_elems(i);
-    host.assign(static_cast<size_t>(n), 1.0f);  // norm weights
-    if (d.kind != ParamKind::kNorm) {
-      float scale = a;
-      const std::string& nm = d.name;
-      if (nm.ends_with(".wo") || nm.ends_with(".w_down")) scale /= std::sqrt(2.0f * static_cast<float>(cfg_.layers));
-      for (int64_t k = 0; k < n; ++k) host[k] = scale * hash_uniform(seed, 1000 + static_cast<uint64_t>(i), start + k);
-    }
+    const int64_t n = owned_elems(i);
+    host.assign(static_cast<size_t>(n), 0.0f);
+    values(i, shard_[i] * comm_.rank(), std::span<float>(host));
     dev_.copy(master(i), host.data(), n * 4);
   }
 }
@@ -78,9 +47,9 @@ void ShardedParams::write_state(int i, const float* in) {
   for (int k = 0; k < 3; ++k) dev_.copy((k == 0 ? master_ : k == 1 ? m_ : v_)[i].data(), in + k * n, n * 4);
 }
 
-ShardedParams::Gathered ShardedParams::gather(int group) {
-  Gathered g;
-  g.descs = &descs_;
+ParamGroup ShardedParams::gather(int group) {
+  ParamGroup g;
+  g.group = group;
   Allocator& alloc = dev_.allocator();
   const int64_t C = comm_.size(), es = dtype_size(compute_);
   for (int i = 0; i < num_params(); ++i) {
@@ -94,14 +63,14 @@ ShardedParams::Gathered ShardedParams::gather(int group) {
     }
     full.reshape_view(descs_[i].shape);  // the buffer is padded to C * s elements
     g.ids.push_back(i);
-    g.full.push_back(std::move(full));
+    g.tensors.push_back(std::move(full));
   }
   return g;
 }
 
-ShardedParams::GradBuffers ShardedParams::grad_buffers(int group) {
-  GradBuffers g;
-  g.descs = &descs_;
+ParamGroup ShardedParams::grad_buffers(int group) {
+  ParamGroup g;
+  g.group = group;
   for (int i = 0; i < num_params(); ++i) {
     if (descs_[i].group != group) continue;
     TensorBuffer full(dev_.allocator(), DType::kF32, Shape{comm_.size() * shard_[i]}, Tag::kGradients,
@@ -109,23 +78,23 @@ ShardedParams::GradBuffers ShardedParams::grad_buffers(int group) {
     dev_.fill_zero(full.data(), comm_.size() * shard_[i] * 4);
     full.reshape_view(descs_[i].shape);
     g.ids.push_back(i);
-    g.full.push_back(std::move(full));
+    g.tensors.push_back(std::move(full));
   }
   return g;
 }
 
-void ShardedParams::reduce_grads(GradBuffers& g) {
+void ShardedParams::reduce_grads(ParamGroup& g) {
   for (size_t k = 0; k < g.ids.size(); ++k) {
     const int i = g.ids[k];
     const int64_t s = shard_[i];
     Buffer recv = dev_.allocator().allocate(s * 4, Tag::kCommunication, descs_[i].name + " (grad shard recv)");
     if (dev_.backed()) {
-      comm_.reduce_scatter(g.full[k].data(), recv.data(), s, DType::kF32, ReduceOp::kSum);
+      comm_.reduce_scatter(g.tensors[k].data(), recv.data(), s, DType::kF32, ReduceOp::kSum);
       add_into(dev_, grad(i), DType::kF32, recv.data(), DType::kF32, s);
     }
-    g.full[k].reset();
+    g.tensors[k].reset();
   }
-  g.full.clear();
+  g.tensors.clear();
   g.ids.clear();
 }
 

@@ -1,62 +1,54 @@
-// Parameters, gradients and optimizer state sharded over all ranks (ZeRO-3 / FSDP style).
+// Parameters, gradients and optimizer state sharded over all ranks (ZeRO-3 / FSDP style): the
+// decoder's ParameterStore (model/parameters.h).
 //
-// Every parameter tensor (model_config.h descriptors) of n elements is split into C equal shards
+// Built from a list of parameter descriptors (name, group, shape); every tensor of n elements is
+// split into C equal shards
 // of s = ceil(n / C) elements (the last padded with zeros); rank r owns elements [r*s, r*s + s).
 // A rank keeps, per parameter, its shard of the fp32 master weights (Tag::kParameters), of the
 // fp32 gradient (kGradients) and of the two AdamW moments (kOptimizer).
 //
 // Use per group (one block, or the embedding, or the final norm + LM head):
-//   Gathered w = params.gather(g);       // all_gather: full weights in the compute dtype
-//   GradBuffers dw = params.grad_buffers(g);   // full-size fp32 local gradients, zeroed
+//   ParamGroup w = params.gather(g);          // all_gather: full weights in the compute dtype
+//   ParamGroup dw = params.grad_buffers(g);   // full-size fp32 local gradients, zeroed
 //   ... forward/backward with w, writing dw ...
-//   params.reduce_grads(dw);             // reduce_scatter (sum over ranks) into the grad shards (+=)
+//   params.reduce_grads(dw);                  // reduce_scatter (sum over ranks) into the grad shards (+=)
 // and both free their full-size buffers when they go out of scope, so only one group's full
 // weights and gradients are live at a time.
 //
 // Every buffer is device memory; init and the checkpoint accessors go through the device's copies.
 //
-// Initialisation is counter-based (random.h): element k of parameter i has the same value for any
-// number of ranks, so runs on 1, 2 or 4 ranks start from identical weights.
+// Initial values come from a function of (parameter, element range), e.g. the model's
+// init_parameter (counter-based: any number of ranks starts from identical weights).
 // All methods except the accessors are collective over the communicator.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include <functional>
+#include <span>
+
 #include "untied/comm/communicator.h"
 #include "untied/core/tensor.h"
 #include "untied/device/device.h"
-#include "untied/model/model_config.h"
+#include "untied/model/parameters.h"
 
 namespace untied {
 
-class ShardedParams {
+class ShardedParams final : public ParameterStore {
  public:
   // Allocates the shards (zeroed). `compute` is the dtype gathered weights are delivered in.
-  ShardedParams(Device& dev, Communicator& comm, const ModelConfig& cfg, DType compute);
+  ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute);
 
-  // Llama-style init: weights uniform with std 0.02 (wo and w_down scaled by 1/sqrt(2 N)),
-  // norm weights 1.
-  void init(uint64_t seed);
+  // values(i, first, out): out[k] = element first + k of parameter i; called for this rank's
+  // real (unpadded) elements of each parameter, generated on the host and copied to the device.
+  using InitFn = std::function<void(int i, int64_t first, std::span<float> out)>;
+  void init(const InitFn& values);
 
-  struct Gathered {
-    std::vector<int> ids;              // parameter indices of the group, descriptor order
-    std::vector<TensorBuffer> full;    // full weights, compute dtype, descriptor shapes
-    // The gathered tensor of the parameter whose name ends with `suffix` ("wq", "attn_norm").
-    const Tensor& operator[](const char* suffix) const;
-    const std::vector<ParamDesc>* descs = nullptr;
-  };
-  struct GradBuffers {
-    std::vector<int> ids;
-    std::vector<TensorBuffer> full;    // fp32, descriptor shapes (plus padding), zeroed
-    const Tensor& operator[](const char* suffix) const;
-    const std::vector<ParamDesc>* descs = nullptr;
-  };
-
-  Gathered gather(int group);
-  GradBuffers grad_buffers(int group);
+  ParamGroup gather(int group) override;
+  ParamGroup grad_buffers(int group) override;
   // Sums each full gradient over ranks into this rank's gradient shard (+=) and frees `g`.
-  void reduce_grads(GradBuffers& g);
+  void reduce_grads(ParamGroup& g) override;
   void zero_grads();
 
   int num_params() const { return static_cast<int>(descs_.size()); }
@@ -79,7 +71,6 @@ class ShardedParams {
  private:
   Device& dev_;
   Communicator& comm_;
-  ModelConfig cfg_;
   DType compute_;
   std::vector<ParamDesc> descs_;
   std::vector<int64_t> shard_;

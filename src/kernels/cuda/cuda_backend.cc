@@ -1,0 +1,33 @@
+// The CUDA backend's kernel table: every op, its scratch and its refusals (cuda_kernels.h).
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace untied::cuda {
+
+const KernelTable& kernel_table() {
+  static const KernelTable table{
+      .name = "cuda",
+      .gemm = {.run = gemm, .supports = gemm_supports},
+      .attention_forward = {.run = attention_forward, .supports = attention_forward_supports},
+      .attention_backward = {.run = attention_backward, .scratch = attention_backward_scratch,
+                             .supports = attention_backward_supports},
+      .rope = {.run = rope, .supports = rope_supports},
+      .rmsnorm_forward = {.run = rmsnorm_forward},
+      .rmsnorm_backward = {.run = rmsnorm_backward, .scratch = rmsnorm_backward_scratch},
+      .swiglu_forward = {.run = swiglu_forward},
+      .swiglu_backward = {.run = swiglu_backward},
+      .embedding_forward = {.run = embedding_forward, .scratch = embedding_forward_scratch},
+      .embedding_backward = {.run = embedding_backward, .scratch = embedding_backward_scratch,
+                             .supports = embedding_backward_supports},
+      .lm_head_loss = {.run = lm_head_loss, .scratch = lm_head_loss_scratch},
+      .adamw = {.run = adamw_step},
+      .grad_sum_squares = {.run = grad_sum_squares, .scratch = grad_sum_squares_scratch,
+                           .supports = grad_sum_squares_supports},
+      .scale_in_place = {.run = scale_in_place},
+      .row_dot = {.run = row_dot},
+      .add_into = {.run = add_into},
+      .convert = {.run = convert},
+  };
+  return table;
+}
+
+}  // namespace untied::cuda
