@@ -8,6 +8,8 @@
 #include "cli/args.h"
 #include "cli/attn_runner.h"
 #include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "untied/core/json.h"
 #include "cli/launch.h"
 
 namespace untied::cli {
@@ -22,13 +24,12 @@ void add_attention_flags(FlagSet& f) {
   f.add("rope-theta", FlagKind::kString, "500000", "RoPE base theta");
   f.add("strategy", FlagKind::kString, "upipe", "local, ulysses or upipe");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage U: a multiple of the ranks dividing H (0 = ranks)");
-  f.add("dtype", FlagKind::kString, "f32", "storage type: f32 or bf16");
+  add_dtype_flag(f, "f32");
   f.add("seed", FlagKind::kInt, "1", "seed of the random inputs and weights");
-  f.add("ranks", FlagKind::kInt, "1", "in-process ranks (threads) when not launched by mpirun");
-  f.add("device", FlagKind::kString, "cpu",
-        "cpu or cuda (in-process ranks share GPU 0; under mpirun one GPU per rank, NCCL)");
-  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank, CPU only (default: cores / ranks)");
-  f.add("mem-budget", FlagKind::kBytes, "", "per-rank memory budget, e.g. 512M, 8G (default: none)");
+  add_ranks_flag(f, 1, "in-process ranks (threads) when not launched by mpirun");
+  add_device_flag(f);
+  add_threads_flag(f);
+  add_mem_budget_flag(f, "per-rank memory budget, e.g. 512M, 8G (default: none)");
   f.add("warmup", FlagKind::kInt, "1", "untimed forward+backward passes before the measured one");
   f.add("rehearsal", FlagKind::kBool, "false",
         "count every allocation without backing it; skip compute (exact peaks). Runs on the CPU's counting "
@@ -114,18 +115,29 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     const int threads = opts.device == DeviceChoice::kCpu ? opts.threads : 1;  // a GPU rank's kernels: 1
     const int64_t paper = paper_mha_bytes(cfg, comm.size(), U), exact = gqa_exact_bytes(cfg, comm.size(), U);
     if (json) {
-      std::printf(
-          "{\"strategy\": \"%s\", \"ranks\": %d, \"seq\": %lld, \"hidden\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-          "\"head_dim\": %lld, \"dtype\": \"%s\", \"upipe_heads\": %lld, \"stages\": %lld, \"threads\": %d, "
-          "\"rehearsal\": %s, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"peak_bytes\": %lld, \"peak_bytes_by_tag\": %s, "
-          "\"attn_intermediate_bytes_fwd\": %lld, \"attn_intermediate_bytes_bwd\": %lld, "
-          "\"paper_mha_formula_bytes\": %lld, \"gqa_exact_formula_bytes\": %lld, \"device\": \"%s\"}\n",
-          std::string(strategy_name(cfg.strategy)).c_str(), comm.size(), (long long)cfg.seq, (long long)cfg.hidden,
-          (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim,
-          std::string(dtype_name(cfg.dtype)).c_str(), (long long)U, (long long)(cfg.heads / U), threads,
-          opts.rehearsal ? "true" : "false", r.fwd_ms, r.bwd_ms, (long long)r.mem.peak_total,
-          memory_json(r.mem).c_str(), (long long)r.intermediates_fwd, (long long)r.intermediates_bwd, (long long)paper,
-          (long long)exact, r.device_name.c_str());
+      Json j;
+      j["strategy"] = strategy_name(cfg.strategy);
+      j["ranks"] = comm.size();
+      j["seq"] = cfg.seq;
+      j["hidden"] = cfg.hidden;
+      j["heads"] = cfg.heads;
+      j["kv_heads"] = cfg.kv_heads;
+      j["head_dim"] = cfg.head_dim;
+      j["dtype"] = dtype_name(cfg.dtype);
+      j["upipe_heads"] = U;
+      j["stages"] = cfg.heads / U;
+      j["threads"] = threads;
+      j["rehearsal"] = opts.rehearsal;
+      j["fwd_ms"] = as_printed("%.3f", r.fwd_ms);
+      j["bwd_ms"] = as_printed("%.3f", r.bwd_ms);
+      j["peak_bytes"] = r.mem.peak_total;
+      j["peak_bytes_by_tag"] = peak_bytes_by_tag(r.mem);
+      j["attn_intermediate_bytes_fwd"] = r.intermediates_fwd;
+      j["attn_intermediate_bytes_bwd"] = r.intermediates_bwd;
+      j["paper_mha_formula_bytes"] = paper;
+      j["gqa_exact_formula_bytes"] = exact;
+      j["device"] = r.device_name;
+      std::printf("%s\n", json_line(j).c_str());
       return;
     }
     // Where the ranks ran: "8 ranks (inproc) x 2 threads" on the CPU, "8 ranks (inproc) on

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
+#include "untied/core/json.h"
 #include "untied/attention/head_schedule.h"
 #include "untied/core/npy.h"
 #include "untied/core/random.h"
@@ -82,13 +84,6 @@ Status prepare_dump_dir(const std::string& dir) {
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access(dir.c_str(), W_OK) != 0)
     return Status::io_error("--dump " + dir + ": cannot create or write that directory; choose a writable path");
   return Status::ok_status();
-}
-
-std::string memory_json(const MemoryStats& m) {
-  std::string out = "{";
-  for (int t = 0; t < kNumTags; ++t)
-    out += (t ? ", \"" : "\"") + std::string(tag_name(static_cast<Tag>(t))) + "\": " + std::to_string(m.peak[t]);
-  return out + "}";
 }
 
 AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, const AttnRunOptions& opts) {
@@ -179,21 +174,32 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
       write(d, "dwk.npy", {GD, E}, sk);
       write(d, "dwv.npy", {GD, E}, sv);
       write(d, "dwo.npy", {E, HD}, so);
+      // What reference/check_attn_dump.py needs to recompute the block (rope_theta at full
+      // precision: JSON numbers are written to round-trip).
+      Json meta;
+      meta["strategy"] = strategy_name(cfg.strategy);
+      meta["ranks"] = C;
+      meta["seq"] = S;
+      meta["hidden"] = E;
+      meta["heads"] = cfg.heads;
+      meta["kv_heads"] = cfg.kv_heads;
+      meta["head_dim"] = cfg.head_dim;
+      meta["upipe_heads"] = r.stage_heads;
+      meta["dtype"] = dtype_name(t);
+      meta["rope_theta"] = cfg.rope_theta;
+      meta["rope"] = "hf_rotate_half";
+      meta["positions"] = "global, 0..seq-1";
+      meta["causal"] = true;
+      meta["gqa"] = "query head h uses kv head h / (heads / kv_heads)";
+      meta["seed"] = opts.seed;
+      meta["weight_layout"] =
+          "wq (heads*head_dim, hidden), wk/wv (kv_heads*head_dim, hidden), wo (hidden, heads*head_dim); y = attn @ wo.T";
+      meta["weight_grads"] = "summed over ranks";
+      meta["storage_values"] = "float32 copies of the " + std::string(dtype_name(t)) + " values";
       FILE* f = std::fopen((d + "/meta.json").c_str(), "w");
       UNTIED_CHECK_KIND(ErrorKind::kIo, f != nullptr, "cannot write ", d, "/meta.json");
-      std::fprintf(f,
-                   "{\"strategy\": \"%s\", \"ranks\": %lld, \"seq\": %lld, \"hidden\": %lld, \"heads\": %lld, "
-                   "\"kv_heads\": %lld, \"head_dim\": %lld, \"upipe_heads\": %lld, \"dtype\": \"%s\", "
-                   "\"rope_theta\": %.17g, \"rope\": \"hf_rotate_half\", \"positions\": \"global, 0..seq-1\", "
-                   "\"causal\": true, \"gqa\": \"query head h uses kv head h / (heads / kv_heads)\", "
-                   "\"seed\": %llu, \"weight_layout\": \"wq (heads*head_dim, hidden), wk/wv "
-                   "(kv_heads*head_dim, hidden), wo (hidden, heads*head_dim); y = attn @ wo.T\", "
-                   "\"weight_grads\": \"summed over ranks\", \"storage_values\": \"float32 copies of the %s values\"}\n",
-                   std::string(strategy_name(cfg.strategy)).c_str(), (long long)C, (long long)S, (long long)E,
-                   (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, (long long)r.stage_heads,
-                   std::string(dtype_name(t)).c_str(), cfg.rope_theta, (unsigned long long)opts.seed,
-                   std::string(dtype_name(t)).c_str());
-      std::fclose(f);
+      const bool written = std::fprintf(f, "%s\n", json_line(meta).c_str()) > 0;
+      UNTIED_CHECK_KIND(ErrorKind::kIo, std::fclose(f) == 0 && written, "cannot write ", d, "/meta.json");
     }
     world.barrier();
   }

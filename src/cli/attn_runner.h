@@ -53,8 +53,6 @@ Status apply_heads_preset(const std::string& name, AttentionConfig* cfg);
 int64_t paper_mha_bytes(const AttentionConfig& cfg, int ranks, int64_t stage_heads);
 int64_t gqa_exact_bytes(const AttentionConfig& cfg, int ranks, int64_t stage_heads);
 
-std::string memory_json(const MemoryStats& m);
-
 // Creates `dir` if needed and checks that it is a writable directory (before any compute).
 Status prepare_dump_dir(const std::string& dir);
 

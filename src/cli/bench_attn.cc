@@ -12,16 +12,36 @@
 #include <climits>
 #include <cstdio>
 #include <map>
+#include <span>
 
 #include "cli/args.h"
 #include "cli/attn_runner.h"
 #include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "untied/core/json.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
 
 namespace untied::cli {
 
 namespace {
+
+// What the flags ask for, read and checked before any rank starts.
+struct BenchAttnOptions {
+  std::vector<std::string> presets;
+  std::vector<int64_t> seqs, mem_seqs, multiples;
+  DType dtype = DType::kBF16;
+  DeviceChoice device = DeviceChoice::kCpu;
+  int ranks = -1;  // in-process ranks; -1 under mpirun
+  int threads = 1;
+  int64_t budget = 0;
+  int warmup = 1;
+  bool json = false;
+  bool fit = false;
+  int64_t fit_step = 0, fit_max = 0, fit_run_max = 0;
+  int fit_headroom = 0;
+  bool gpu() const { return device == DeviceChoice::kCuda; }
+};
 
 struct BenchRow {
   std::string preset, strategy, mode;
@@ -46,6 +66,12 @@ struct FitRow {
   AttnRunResult run;
 };
 
+// The memory each rank may use under --fit.
+struct FitTarget {
+  int64_t bytes = 0;
+  int64_t free_bytes = 0;  // the GPU free memory it was taken from; 0: it is --mem-budget
+};
+
 AttentionConfig make_config(const std::string& preset, DType dtype, Spec spec, int64_t seq) {
   AttentionConfig cfg;
   cfg.seq = seq;
@@ -65,26 +91,19 @@ std::string ms_or_dash(bool ran, double ms) {
   return buf;
 }
 
-}  // namespace
-
-int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
-  FlagSet flags("untied bench attn",
-                "Ulysses vs UPipe (U = C, 2C, 4C) for real head shapes: time and attention-layer memory per rank.\n"
-                "With --fit: the longest sequence each strategy fits per rank, and times at one length all fit.");
+void add_bench_attn_flags(FlagSet& flags) {
   flags.add("presets", FlagKind::kString, "llama3-8b,qwen3-32b", "head presets (comma separated)");
   flags.add("seqs", FlagKind::kIntList, "4K", "sequence lengths that are run and timed");
   flags.add("mem-seqs", FlagKind::kIntList, "128K,1M,3M", "sequence lengths measured in rehearsal (memory only)");
   flags.add("multiples", FlagKind::kIntList, "1,2,4", "UPipe stage sizes U as multiples of the ranks C");
-  flags.add("dtype", FlagKind::kString, "bf16", "storage type: f32 or bf16");
-  flags.add("ranks", FlagKind::kInt, "8", "in-process ranks when not launched by mpirun");
-  flags.add("device", FlagKind::kString, "cpu",
-            "cpu or cuda (in-process ranks share GPU 0; under mpirun one GPU per rank, NCCL). Rehearsal rows "
-            "are counted on the CPU as GPU ranks");
-  flags.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank, CPU only (default: cores / ranks, at least 1)");
+  add_dtype_flag(flags, "bf16");
+  add_ranks_flag(flags, 8);
+  add_device_flag(flags, std::string(kDeviceHelp) + ". Rehearsal rows are counted on the CPU as GPU ranks");
+  add_threads_flag(flags, "cores / ranks, at least 1");
   flags.add("warmup", FlagKind::kInt, "1", "untimed forward+backward passes before each timed one");
-  flags.add("mem-budget", FlagKind::kBytes, "",
-            "per-rank memory budget of the timed runs; with --fit also the memory to fit in (default: none; "
-            "--fit on a GPU: its free memory / ranks on it, less --fit-headroom)");
+  add_mem_budget_flag(flags,
+                      "per-rank memory budget of the timed runs; with --fit also the memory to fit in (default: none; "
+                      "--fit on a GPU: its free memory / ranks on it, less --fit-headroom)");
   flags.add("fit", FlagKind::kBool, "false",
             "instead of --seqs and --mem-seqs: find each strategy's longest sequence that fits per rank "
             "(rehearsal), then time all at one length they all fit");
@@ -97,269 +116,360 @@ int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& arg
             "--fit on a GPU without --mem-budget: percent of each rank's share of free memory kept for the CUDA "
             "context, cuBLAS workspaces and the caching allocator's unused blocks");
   flags.add("json", FlagKind::kBool, "false", "print a JSON array instead of the table");
-  const LaunchInfo li = launch_info();
-  Status st = flags.parse(args);
-  std::vector<std::string> presets;
-  if (st.ok()) {
-    std::string p = flags.get_string("presets"), item;
-    for (size_t i = 0; i <= p.size(); ++i) {
-      if (i == p.size() || p[i] == ',') {
-        AttentionConfig probe;
-        Status ps = apply_heads_preset(item, &probe);
-        if (!ps.ok() && st.ok()) st = Status::invalid_argument("--presets: " + ps.message());
-        presets.push_back(item);
-        item.clear();
-      } else {
-        item += p[i];
+}
+
+// Reads the parsed flags into *o; a non-ok Status says which flag to change.
+Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAttnOptions* o) {
+  Status st;
+  std::string p = flags.get_string("presets"), item;
+  for (size_t i = 0; i <= p.size(); ++i) {
+    if (i == p.size() || p[i] == ',') {
+      AttentionConfig probe;
+      Status ps = apply_heads_preset(item, &probe);
+      if (!ps.ok() && st.ok()) st = Status::invalid_argument("--presets: " + ps.message());
+      o->presets.push_back(item);
+      item.clear();
+    } else {
+      item += p[i];
+    }
+  }
+  if (!st.ok()) return st;
+  auto dt = parse_dtype(flags.get_string("dtype"));
+  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
+  auto device = parse_device_choice(flags.get_string("device"));
+  if (!device.ok()) return Status::invalid_argument("--device: " + device.status().message());
+  o->dtype = dt.value();
+  o->device = device.value();
+  o->ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
+  if (!li.mpi && (o->ranks < 1 || o->ranks > 1024)) return Status::invalid_argument("--ranks must be in [1, 1024]");
+  if (flags.get_int("warmup") < 0) return Status::invalid_argument("--warmup must be >= 0");
+  o->fit = flags.get_bool("fit");
+  o->fit_step = flags.get_int("fit-step");
+  o->fit_max = flags.get_int("fit-max");
+  o->fit_run_max = flags.get_int("fit-run-max");
+  o->fit_headroom = static_cast<int>(flags.get_int("fit-headroom"));
+  o->budget = flags.get_bytes("mem-budget");
+  if (o->fit) {
+    if (o->fit_step < 1) return Status::invalid_argument("--fit-step must be >= 1");
+    if (!li.mpi && o->fit_step % o->ranks != 0)
+      return Status::invalid_argument("--fit-step " + std::to_string(o->fit_step) +
+                                      " must be a multiple of the ranks (" + std::to_string(o->ranks) + ")");
+    if (o->fit_max < o->fit_step || o->fit_run_max < o->fit_step)
+      return Status::invalid_argument("--fit-max and --fit-run-max must be at least --fit-step");
+    if (o->fit_headroom < 0 || o->fit_headroom >= 100)
+      return Status::invalid_argument("--fit-headroom is a percent in [0, 100)");
+    if (o->device == DeviceChoice::kCpu && o->budget == 0)
+      return Status::invalid_argument("--fit on the CPU needs --mem-budget: the memory per rank to fit in");
+  }
+  o->seqs = flags.get_int_list("seqs");
+  o->mem_seqs = flags.get_int_list("mem-seqs");
+  o->multiples = flags.get_int_list("multiples");
+  o->threads = flags.get_string("threads").empty()
+                   ? default_threads_per_rank(li.mpi ? local_ranks_under_mpirun() : o->ranks)
+                   : static_cast<int>(flags.get_int("threads"));
+  o->warmup = static_cast<int>(flags.get_int("warmup"));
+  o->json = flags.get_bool("json");
+  return Status::ok_status();
+}
+
+// Where the timed rows run, for the header: "8 ranks (inproc) x 2 threads", or the GPU. On a GPU
+// this makes each rank's device once, so that GPU refusals (none visible, a build without
+// CUDA, a budget over the free memory) stop every rank before any rehearsal or run.
+std::string where_rows_run(Communicator& world, const BenchAttnOptions& o) {
+  const int C = world.size();
+  if (o.gpu()) {
+    RankDevice probe = make_rank_device(world, RankDeviceOptions{.device = o.device, .budget_bytes = o.budget});
+    return std::to_string(C) + " ranks (" + probe.comm().backend() + ") on " + probe.dev().name();
+  }
+  return std::to_string(C) + " ranks (" + world.backend() + ") x " + std::to_string(o.threads) + " thread" +
+         (o.threads == 1 ? "" : "s");
+}
+
+// Ulysses, then UPipe at each --multiples of the C ranks.
+std::vector<Spec> strategy_specs(const BenchAttnOptions& o, int C) {
+  std::vector<Spec> specs = {{Strategy::kUlysses, 0}};
+  for (int64_t m : o.multiples) specs.push_back({Strategy::kUPipe, m * C});
+  return specs;
+}
+
+// --- the table of timed and rehearsed rows ---
+
+// Every preset, length and strategy: timed runs at --seqs, rehearsals at --mem-seqs.
+std::vector<BenchRow> run_rows(Communicator& world, const BenchAttnOptions& o, const std::vector<Spec>& specs) {
+  const int C = world.size();
+  std::vector<BenchRow> rows;
+  for (const std::string& preset : o.presets) {
+    for (bool rehearsal : {false, true}) {
+      for (int64_t S : rehearsal ? o.mem_seqs : o.seqs) {
+        for (Spec spec : specs) {
+          AttentionConfig cfg = make_config(preset, o.dtype, spec, S);
+          if (!validate(cfg, C).ok()) continue;  // e.g. U = 4C > H: not a valid stage size
+          BenchRow row{preset, std::string(strategy_name(spec.strategy)), rehearsal ? "rehearsal" : "run", 0, S, {}, 0, 0};
+          AttnRunOptions ro;
+          ro.device = o.device;
+          ro.threads = o.threads;
+          ro.rehearsal = rehearsal;
+          ro.warmup = o.warmup;
+          if (!rehearsal) ro.budget_bytes = o.budget;
+          row.r = run_attention(world, cfg, ro);
+          row.U = row.r.stage_heads;
+          row.paper = paper_mha_bytes(cfg, C, row.U);
+          row.exact = gqa_exact_bytes(cfg, C, row.U);
+          rows.push_back(row);
+        }
       }
     }
   }
-  auto dt = parse_dtype(st.ok() ? flags.get_string("dtype") : "f32");
-  if (st.ok() && !dt.ok()) st = Status::invalid_argument("--dtype: " + dt.status().message());
-  auto device = parse_device_choice(st.ok() ? flags.get_string("device") : "cpu");
-  if (st.ok() && !device.ok()) st = Status::invalid_argument("--device: " + device.status().message());
-  const int ranks = li.mpi ? -1 : (st.ok() ? static_cast<int>(flags.get_int("ranks")) : 1);
-  if (st.ok() && !li.mpi && (ranks < 1 || ranks > 1024)) st = Status::invalid_argument("--ranks must be in [1, 1024]");
-  if (st.ok() && flags.get_int("warmup") < 0) st = Status::invalid_argument("--warmup must be >= 0");
-  const bool fit = st.ok() && flags.get_bool("fit");
-  if (fit) {
-    const int64_t step = flags.get_int("fit-step");
-    if (step < 1) st = Status::invalid_argument("--fit-step must be >= 1");
-    else if (!li.mpi && step % ranks != 0)
-      st = Status::invalid_argument("--fit-step " + std::to_string(step) + " must be a multiple of the ranks (" +
-                                    std::to_string(ranks) + ")");
-    else if (flags.get_int("fit-max") < step || flags.get_int("fit-run-max") < step)
-      st = Status::invalid_argument("--fit-max and --fit-run-max must be at least --fit-step");
-    else if (flags.get_int("fit-headroom") < 0 || flags.get_int("fit-headroom") >= 100)
-      st = Status::invalid_argument("--fit-headroom is a percent in [0, 100)");
-    else if (device.value() == DeviceChoice::kCpu && flags.get_bytes("mem-budget") == 0)
-      st = Status::invalid_argument("--fit on the CPU needs --mem-budget: the memory per rank to fit in");
+  return rows;
+}
+
+void print_rows_json(const std::vector<BenchRow>& rows, int C) {
+  std::vector<Json> out;
+  for (const BenchRow& r : rows) {
+    Json j;
+    j["preset"] = r.preset;
+    j["strategy"] = r.strategy;
+    j["upipe_heads"] = r.U;
+    j["ranks"] = C;
+    j["seq"] = r.seq;
+    j["mode"] = r.mode;
+    j["fwd_ms"] = as_printed("%.3f", r.r.fwd_ms);
+    j["bwd_ms"] = as_printed("%.3f", r.r.bwd_ms);
+    j["attn_intermediate_bytes_fwd"] = r.r.intermediates_fwd;
+    j["attn_intermediate_bytes_bwd"] = r.r.intermediates_bwd;
+    j["peak_bytes"] = r.r.mem.peak_total;
+    j["peak_bytes_by_tag"] = peak_bytes_by_tag(r.r.mem);
+    j["paper_mha_formula_bytes"] = r.paper;
+    j["gqa_exact_formula_bytes"] = r.exact;
+    j["device"] = r.r.device_name;
+    out.push_back(std::move(j));
   }
+  print_json_rows(out);
+}
+
+void print_rows_table(const std::vector<BenchRow>& rows, const BenchAttnOptions& o, const std::string& where,
+                      int per_gpu) {
+  // Ratios against the Ulysses row of the same preset, length and mode.
+  std::map<std::string, const BenchRow*> base;
+  for (const BenchRow& r : rows)
+    if (r.strategy == "ulysses") base[r.preset + "/" + std::to_string(r.seq) + "/" + r.mode] = &r;
+  std::printf("untied bench attn | %s | %s storage | per-rank figures, max over ranks\n", where.c_str(),
+              std::string(dtype_name(o.dtype)).c_str());
+  std::printf("%-10s %-8s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
+              "mode", "fwd_ms", "bwd_ms", "t/uly", "inter_fwd", "inter_bwd", "m/uly", "peak", "formula_mha",
+              "formula_gqa");
+  for (const BenchRow& r : rows) {
+    const BenchRow* b = base[r.preset + "/" + std::to_string(r.seq) + "/" + r.mode];
+    char tr[16] = "-", mr[16] = "-";
+    if (b && r.mode == "run") std::snprintf(tr, sizeof tr, "%.3f", (r.r.fwd_ms + r.r.bwd_ms) / (b->r.fwd_ms + b->r.bwd_ms));
+    if (b) std::snprintf(mr, sizeof mr, "%.3f", double(r.r.intermediates_fwd) / double(b->r.intermediates_fwd));
+    std::printf("%-10s %-8s %4lld %8lld %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
+                r.strategy.c_str(), (long long)r.U, (long long)r.seq, r.mode.c_str(),
+                r.mode == "run" ? std::to_string(r.r.fwd_ms).substr(0, 9).c_str() : "-",
+                r.mode == "run" ? std::to_string(r.r.bwd_ms).substr(0, 9).c_str() : "-", tr,
+                format_bytes(r.r.intermediates_fwd).c_str(), format_bytes(r.r.intermediates_bwd).c_str(), mr,
+                format_bytes(r.r.mem.peak_total).c_str(), format_bytes(r.paper).c_str(), format_bytes(r.exact).c_str());
+  }
+  std::printf("inter_fwd/inter_bwd: peak of attention workspace + communication buffers live together in forward /\n"
+              "backward; m/uly: forward intermediates relative to Ulysses; t/uly: forward+backward time relative to\n"
+              "Ulysses; peak: all bytes of the rank at its peak (weights, gradients, inputs, outputs included);\n"
+              "formula_mha: 12*L*U*D bytes (bf16) as in the paper (K/V counted with U heads);\n"
+              "formula_gqa: exact q/k/v projections + receive buffers at the first stage of a KV round.\n");
+  if (o.gpu())
+    std::printf("run rows on %s%s; rehearsal rows counted on the CPU as GPU ranks (one kernel thread each).\n",
+                where.c_str(), per_gpu > 1 ? ", one GPU shared by all ranks (each on its own stream)" : "");
+}
+
+// --- --fit: the longest sequence per strategy, then times at one length ---
+
+// Collective: --mem-budget, or the GPUs' free memory shared by the ranks on one, less the headroom.
+FitTarget fit_target(Communicator& world, const BenchAttnOptions& o) {
+  FitTarget t{.bytes = o.budget};
+  if (t.bytes == 0) {
+    t.free_bytes = agreed_gpu_free_bytes(world);
+    t.bytes = t.free_bytes / ranks_per_gpu(world) / 100 * (100 - o.fit_headroom);
+  }
+  check_all_ranks(world, o.fit_step % world.size() == 0
+                             ? Status::ok_status()
+                             : Status::invalid_argument("--fit-step must be a multiple of the ranks (" +
+                                                        std::to_string(world.size()) + ")"));
+  return t;
+}
+
+// Collective: the longest multiple of --fit-step (at most --fit-max) whose rehearsal peak per
+// rank, max over ranks, fits `target`. Every rank gets the same answers and takes the same path
+// through the search.
+FitRow longest_fit(Communicator& world, const BenchAttnOptions& o, const std::string& preset, Spec spec,
+                   int64_t target) {
+  const int C = world.size();
+  const int64_t step = o.fit_step, fit_max = o.fit_max / step * step;
+  FitRow row;
+  row.preset = preset;
+  row.strategy = std::string(strategy_name(spec.strategy));
+  row.spec = spec;
+  std::map<int64_t, int64_t> peak;
+  auto fits = [&](int64_t S) {
+    const AttentionConfig cfg = make_config(preset, o.dtype, spec, S);
+    if (!validate(cfg, C).ok()) return false;
+    AttnRunOptions ro;
+    ro.device = o.device;
+    ro.threads = o.threads;
+    ro.rehearsal = true;
+    const AttnRunResult r = run_attention(world, cfg, ro);
+    row.U = r.stage_heads;
+    peak[S] = r.mem.peak_total;
+    return r.mem.peak_total <= target;
+  };
+  // Double from one step while it fits, then bisect in steps between the last length that
+  // fits (lo) and the first that does not, or one step past --fit-max (hi).
+  if (fits(step)) {
+    int64_t lo = step, hi = 2 * step;
+    while (hi <= fit_max && fits(hi)) lo = hi, hi *= 2;
+    hi = std::min(hi, fit_max + step);
+    while (hi - lo > step) {
+      const int64_t mid = lo + (hi - lo) / step / 2 * step;
+      if (fits(mid)) lo = mid;
+      else hi = mid;
+    }
+    row.max_seq = lo;
+    row.peak_at_max = peak[lo];
+  }
+  return row;
+}
+
+// Collective: times every row of one preset at the longest length they all fit, at most
+// --fit-run-max (none when one of them fits no length).
+void time_at_common_length(Communicator& world, const BenchAttnOptions& o, std::span<FitRow> rows) {
+  const int64_t step = o.fit_step;
+  int64_t run_seq = o.fit_run_max / step * step;
+  for (const FitRow& row : rows) run_seq = std::min(run_seq, row.max_seq);
+  if (run_seq <= 0) return;
+  for (FitRow& row : rows) {
+    AttnRunOptions ro;
+    ro.device = o.device;
+    ro.threads = o.threads;
+    ro.budget_bytes = o.budget;
+    ro.warmup = o.warmup;
+    row.run = run_attention(world, make_config(row.preset, o.dtype, row.spec, run_seq), ro);
+    row.run_seq = run_seq;
+  }
+}
+
+std::vector<FitRow> fit_rows(Communicator& world, const BenchAttnOptions& o, const std::vector<Spec>& specs,
+                             int64_t target) {
+  std::vector<FitRow> rows;
+  for (const std::string& preset : o.presets) {
+    const size_t first = rows.size();
+    for (Spec spec : specs) {
+      if (!validate(make_config(preset, o.dtype, spec, o.fit_step), world.size()).ok()) continue;  // e.g. U > H
+      rows.push_back(longest_fit(world, o, preset, spec, target));
+    }
+    time_at_common_length(world, o, std::span<FitRow>(rows).subspan(first));
+  }
+  return rows;
+}
+
+void print_fit_json(const std::vector<FitRow>& rows, int C, const FitTarget& target) {
+  std::vector<Json> out;
+  for (const FitRow& r : rows) {
+    Json j;
+    j["preset"] = r.preset;
+    j["strategy"] = r.strategy;
+    j["upipe_heads"] = r.U;
+    j["ranks"] = C;
+    j["fit_target_bytes"] = target.bytes;
+    j["max_seq"] = r.max_seq;
+    j["peak_bytes_at_max_seq"] = r.peak_at_max;
+    j["run_seq"] = r.run_seq;
+    j["fwd_ms"] = as_printed("%.3f", r.run.fwd_ms);
+    j["bwd_ms"] = as_printed("%.3f", r.run.bwd_ms);
+    j["peak_bytes"] = r.run.mem.peak_total;
+    j["attn_intermediate_bytes_fwd"] = r.run.intermediates_fwd;
+    j["attn_intermediate_bytes_bwd"] = r.run.intermediates_bwd;
+    j["gpu_reserved_bytes"] = r.run.reserved_peak;
+    j["peak_bytes_by_tag"] = peak_bytes_by_tag(r.run.mem);
+    j["device"] = r.run.device_name;
+    out.push_back(std::move(j));
+  }
+  print_json_rows(out);
+}
+
+void print_fit_table(const std::vector<FitRow>& rows, const BenchAttnOptions& o, const FitTarget& target,
+                     const std::string& where, int C, int per_gpu) {
+  const bool gpu = o.gpu();
+  std::string target_text = format_bytes(target.bytes) + " per rank";
+  if (target.free_bytes > 0)
+    target_text += " (" + format_bytes(target.free_bytes) + " free / " + std::to_string(per_gpu) + " rank" +
+                   (per_gpu == 1 ? "" : "s") + " per GPU, less " + std::to_string(o.fit_headroom) + "%)";
+  else
+    target_text += " (--mem-budget)";
+  std::printf("untied bench attn --fit | %s | %s storage | memory to fit in: %s\n", where.c_str(),
+              std::string(dtype_name(o.dtype)).c_str(), target_text.c_str());
+  std::printf("%-10s %-8s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
+              "max_seq", "peak@max", "run_seq", "fwd_ms", "bwd_ms", "t/uly", "peak_run", "inter_fwd", "inter_bwd",
+              gpu ? "  gpu_reserved" : "");
+  std::map<std::string, const FitRow*> base;
+  for (const FitRow& r : rows)
+    if (r.strategy == "ulysses") base[r.preset] = &r;
+  for (const FitRow& r : rows) {
+    const FitRow* b = base[r.preset];
+    const bool ran = r.run_seq > 0;
+    char tr[16] = "-";
+    if (ran && b && b->run_seq > 0)
+      std::snprintf(tr, sizeof tr, "%.3f", (r.run.fwd_ms + r.run.bwd_ms) / (b->run.fwd_ms + b->run.bwd_ms));
+    const std::string reserved = gpu ? "  " + (ran ? format_bytes(r.run.reserved_peak) : std::string("-")) : "";
+    std::printf("%-10s %-8s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", r.preset.c_str(),
+                r.strategy.c_str(), (long long)r.U, (long long)r.max_seq, bytes_or_dash(r.peak_at_max).c_str(),
+                ran ? std::to_string(r.run_seq).c_str() : "-", ms_or_dash(ran, r.run.fwd_ms).c_str(),
+                ms_or_dash(ran, r.run.bwd_ms).c_str(), tr, ran ? format_bytes(r.run.mem.peak_total).c_str() : "-",
+                ran ? format_bytes(r.run.intermediates_fwd).c_str() : "-",
+                ran ? format_bytes(r.run.intermediates_bwd).c_str() : "-", reserved.c_str());
+  }
+  std::printf("max_seq: longest multiple of %lld tokens whose rehearsal peak per rank (peak@max) fits in the\n"
+              "memory above%s; run_seq: the length every strategy of the preset fits, at most --fit-run-max,\n"
+              "where all are timed (forward+backward, slowest rank; t/uly relative to Ulysses); peak_run: the\n"
+              "measured peak per rank of that run%s.\n",
+              (long long)o.fit_step, gpu ? " (rehearsal counted as GPU ranks, one kernel thread each)" : "",
+              gpu ? "; gpu_reserved: the most its caching allocator held from cudaMalloc\n(cached blocks "
+                    "of other sizes included), the footprint the headroom is for"
+                  : "");
+  if (gpu && per_gpu > 1)
+    std::printf("%d in-process ranks share one GPU, each on its own stream: times are those of all ranks' work "
+                "on one GPU.\n", C);
+}
+
+}  // namespace
+
+int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
+  FlagSet flags("untied bench attn",
+                "Ulysses vs UPipe (U = C, 2C, 4C) for real head shapes: time and attention-layer memory per rank.\n"
+                "With --fit: the longest sequence each strategy fits per rank, and times at one length all fit.");
+  add_bench_attn_flags(flags);
+  const LaunchInfo li = launch_info();
+  BenchAttnOptions o;
+  Status st = flags.parse(args);
+  if (st.ok()) st = read_bench_attn_flags(flags, li, &o);
   if (!st.ok() || flags.wants_help()) {
     if (li.world_rank == 0)
       std::fprintf(st.ok() ? stdout : stderr, "%s\n", st.ok() ? flags.usage().c_str() : ("untied bench attn: " + st.message()).c_str());
     return st.ok() ? 0 : 2;
   }
-  const int threads = flags.get_string("threads").empty()
-                          ? default_threads_per_rank(li.mpi ? local_ranks_under_mpirun() : ranks)
-                          : static_cast<int>(flags.get_int("threads"));
-  const DeviceChoice dev_choice = device.value();
-  const bool gpu = dev_choice == DeviceChoice::kCuda;
-  const int64_t budget = flags.get_bytes("mem-budget");
-  const int warmup = static_cast<int>(flags.get_int("warmup"));
 
-  return run_ranks(argc, argv, li.mpi ? 1 : ranks, [&](Communicator& world) {
-    const int C = world.size();
-    // GPU refusals (none visible, a build without CUDA, a budget over the free memory) before
-    // any rehearsal or run; and where the timed rows will run, for the header.
-    std::string where = std::to_string(C) + " ranks (" + world.backend() + ") x " + std::to_string(threads) +
-                        " thread" + (threads == 1 ? "" : "s");
-    if (gpu) {
-      RankDevice probe = make_rank_device(world, RankDeviceOptions{.device = dev_choice, .budget_bytes = budget});
-      where = std::to_string(C) + " ranks (" + probe.comm().backend() + ") on " + probe.dev().name();
-    }
-    std::vector<Spec> specs = {{Strategy::kUlysses, 0}};
-    for (int64_t m : flags.get_int_list("multiples")) specs.push_back({Strategy::kUPipe, m * C});
-
-    if (fit) {
-      // The memory each rank may use.
-      int64_t target = budget, free_bytes = 0;
-      const int headroom = static_cast<int>(flags.get_int("fit-headroom"));
-      if (target == 0) {
-        free_bytes = agreed_gpu_free_bytes(world);
-        target = free_bytes / ranks_per_gpu(world) / 100 * (100 - headroom);
-      }
-      check_all_ranks(world, flags.get_int("fit-step") % C == 0
-                                 ? Status::ok_status()
-                                 : Status::invalid_argument("--fit-step must be a multiple of the ranks (" +
-                                                            std::to_string(C) + ")"));
-      const int64_t step = flags.get_int("fit-step"), fit_max = flags.get_int("fit-max") / step * step;
-      std::vector<FitRow> rows;
-      for (const std::string& preset : presets) {
-        const size_t first = rows.size();
-        for (Spec spec : specs) {
-          if (!validate(make_config(preset, dt.value(), spec, step), C).ok()) continue;  // e.g. U > H
-          FitRow row;
-          row.preset = preset;
-          row.strategy = std::string(strategy_name(spec.strategy));
-          row.spec = spec;
-          // Rehearsal peak per rank at S, max over ranks: every rank gets the same answers and
-          // takes the same path through the search.
-          std::map<int64_t, int64_t> peak;
-          auto fits = [&](int64_t S) {
-            const AttentionConfig cfg = make_config(preset, dt.value(), spec, S);
-            if (!validate(cfg, C).ok()) return false;
-            AttnRunOptions o;
-            o.device = dev_choice;
-            o.threads = threads;
-            o.rehearsal = true;
-            const AttnRunResult r = run_attention(world, cfg, o);
-            row.U = r.stage_heads;
-            peak[S] = r.mem.peak_total;
-            return r.mem.peak_total <= target;
-          };
-          // Double from one step while it fits, then bisect in steps between the last length
-          // that fits (lo) and the first that does not, or one step past --fit-max (hi).
-          if (fits(step)) {
-            int64_t lo = step, hi = 2 * step;
-            while (hi <= fit_max && fits(hi)) lo = hi, hi *= 2;
-            hi = std::min(hi, fit_max + step);
-            while (hi - lo > step) {
-              const int64_t mid = lo + (hi - lo) / step / 2 * step;
-              if (fits(mid)) lo = mid;
-              else hi = mid;
-            }
-            row.max_seq = lo;
-            row.peak_at_max = peak[lo];
-          }
-          rows.push_back(row);
-        }
-        // Timed runs at one length that every strategy of this preset fits.
-        int64_t run_seq = flags.get_int("fit-run-max") / step * step;
-        for (size_t i = first; i < rows.size(); ++i) run_seq = std::min(run_seq, rows[i].max_seq);
-        if (run_seq <= 0) continue;
-        for (size_t i = first; i < rows.size(); ++i) {
-          FitRow& row = rows[i];
-          AttnRunOptions o;
-          o.device = dev_choice;
-          o.threads = threads;
-          o.budget_bytes = budget;
-          o.warmup = warmup;
-          row.run = run_attention(world, make_config(preset, dt.value(), row.spec, run_seq), o);
-          row.run_seq = run_seq;
-        }
-      }
+  return run_ranks(argc, argv, li.mpi ? 1 : o.ranks, [&](Communicator& world) {
+    const std::string where = where_rows_run(world, o);
+    const std::vector<Spec> specs = strategy_specs(o, world.size());
+    if (o.fit) {
+      const FitTarget target = fit_target(world, o);
+      const std::vector<FitRow> rows = fit_rows(world, o, specs, target.bytes);
       if (world.rank() != 0) return;
-      if (flags.get_bool("json")) {
-        std::printf("[\n");
-        for (size_t i = 0; i < rows.size(); ++i) {
-          const FitRow& r = rows[i];
-          std::printf("  {\"preset\": \"%s\", \"strategy\": \"%s\", \"upipe_heads\": %lld, \"ranks\": %d, "
-                      "\"fit_target_bytes\": %lld, \"max_seq\": %lld, \"peak_bytes_at_max_seq\": %lld, "
-                      "\"run_seq\": %lld, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"peak_bytes\": %lld, "
-                      "\"attn_intermediate_bytes_fwd\": %lld, \"attn_intermediate_bytes_bwd\": %lld, "
-                      "\"gpu_reserved_bytes\": %lld, \"peak_bytes_by_tag\": %s, \"device\": \"%s\"}%s\n",
-                      r.preset.c_str(), r.strategy.c_str(), (long long)r.U, C, (long long)target,
-                      (long long)r.max_seq, (long long)r.peak_at_max, (long long)r.run_seq, r.run.fwd_ms,
-                      r.run.bwd_ms, (long long)r.run.mem.peak_total, (long long)r.run.intermediates_fwd,
-                      (long long)r.run.intermediates_bwd, (long long)r.run.reserved_peak,
-                      memory_json(r.run.mem).c_str(), r.run.device_name.c_str(), i + 1 < rows.size() ? "," : "");
-        }
-        std::printf("]\n");
-        return;
-      }
-      std::string target_text = format_bytes(target) + " per rank";
-      if (free_bytes > 0)
-        target_text += " (" + format_bytes(free_bytes) + " free / " + std::to_string(ranks_per_gpu(world)) +
-                       " rank" + (ranks_per_gpu(world) == 1 ? "" : "s") + " per GPU, less " + std::to_string(headroom) +
-                       "%)";
-      else
-        target_text += " (--mem-budget)";
-      std::printf("untied bench attn --fit | %s | %s storage | memory to fit in: %s\n", where.c_str(),
-                  std::string(dtype_name(dt.value())).c_str(), target_text.c_str());
-      std::printf("%-10s %-8s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
-                  "max_seq", "peak@max", "run_seq", "fwd_ms", "bwd_ms", "t/uly", "peak_run", "inter_fwd", "inter_bwd",
-                  gpu ? "  gpu_reserved" : "");
-      std::map<std::string, const FitRow*> base;
-      for (const FitRow& r : rows)
-        if (r.strategy == "ulysses") base[r.preset] = &r;
-      for (const FitRow& r : rows) {
-        const FitRow* b = base[r.preset];
-        const bool ran = r.run_seq > 0;
-        char tr[16] = "-";
-        if (ran && b && b->run_seq > 0)
-          std::snprintf(tr, sizeof tr, "%.3f", (r.run.fwd_ms + r.run.bwd_ms) / (b->run.fwd_ms + b->run.bwd_ms));
-        const std::string reserved = gpu ? "  " + (ran ? format_bytes(r.run.reserved_peak) : std::string("-")) : "";
-        std::printf("%-10s %-8s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", r.preset.c_str(),
-                    r.strategy.c_str(), (long long)r.U, (long long)r.max_seq, bytes_or_dash(r.peak_at_max).c_str(),
-                    ran ? std::to_string(r.run_seq).c_str() : "-", ms_or_dash(ran, r.run.fwd_ms).c_str(),
-                    ms_or_dash(ran, r.run.bwd_ms).c_str(), tr, ran ? format_bytes(r.run.mem.peak_total).c_str() : "-",
-                    ran ? format_bytes(r.run.intermediates_fwd).c_str() : "-",
-                    ran ? format_bytes(r.run.intermediates_bwd).c_str() : "-", reserved.c_str());
-      }
-      std::printf("max_seq: longest multiple of %lld tokens whose rehearsal peak per rank (peak@max) fits in the\n"
-                  "memory above%s; run_seq: the length every strategy of the preset fits, at most --fit-run-max,\n"
-                  "where all are timed (forward+backward, slowest rank; t/uly relative to Ulysses); peak_run: the\n"
-                  "measured peak per rank of that run%s.\n",
-                  (long long)step, gpu ? " (rehearsal counted as GPU ranks, one kernel thread each)" : "",
-                  gpu ? "; gpu_reserved: the most its caching allocator held from cudaMalloc\n(cached blocks "
-                        "of other sizes included), the footprint the headroom is for"
-                      : "");
-      if (gpu && ranks_per_gpu(world) > 1)
-        std::printf("%d in-process ranks share one GPU, each on its own stream: times are those of all ranks' work "
-                    "on one GPU.\n", C);
+      if (o.json) print_fit_json(rows, world.size(), target);
+      else print_fit_table(rows, o, target, where, world.size(), ranks_per_gpu(world));
       return;
     }
-
-    std::vector<BenchRow> rows;
-    for (const std::string& preset : presets) {
-      for (bool rehearsal : {false, true}) {
-        for (int64_t S : flags.get_int_list(rehearsal ? "mem-seqs" : "seqs")) {
-          for (Spec spec : specs) {
-            AttentionConfig cfg = make_config(preset, dt.value(), spec, S);
-            if (!validate(cfg, C).ok()) continue;  // e.g. U = 4C > H: not a valid stage size
-            BenchRow row{preset, std::string(strategy_name(spec.strategy)), rehearsal ? "rehearsal" : "run", 0, S, {}, 0, 0};
-            AttnRunOptions o;
-            o.device = dev_choice;
-            o.threads = threads;
-            o.rehearsal = rehearsal;
-            o.warmup = warmup;
-            if (!rehearsal) o.budget_bytes = budget;
-            row.r = run_attention(world, cfg, o);
-            row.U = row.r.stage_heads;
-            row.paper = paper_mha_bytes(cfg, C, row.U);
-            row.exact = gqa_exact_bytes(cfg, C, row.U);
-            rows.push_back(row);
-          }
-        }
-      }
-    }
+    const std::vector<BenchRow> rows = run_rows(world, o, specs);
     if (world.rank() != 0) return;
-    // Ratios against the Ulysses row of the same preset, length and mode.
-    std::map<std::string, const BenchRow*> base;
-    for (const BenchRow& r : rows)
-      if (r.strategy == "ulysses") base[r.preset + "/" + std::to_string(r.seq) + "/" + r.mode] = &r;
-    if (flags.get_bool("json")) {
-      std::printf("[\n");
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const BenchRow& r = rows[i];
-        std::printf("  {\"preset\": \"%s\", \"strategy\": \"%s\", \"upipe_heads\": %lld, \"ranks\": %d, \"seq\": %lld, "
-                    "\"mode\": \"%s\", \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"attn_intermediate_bytes_fwd\": %lld, "
-                    "\"attn_intermediate_bytes_bwd\": %lld, \"peak_bytes\": %lld, \"peak_bytes_by_tag\": %s, "
-                    "\"paper_mha_formula_bytes\": %lld, \"gqa_exact_formula_bytes\": %lld, \"device\": \"%s\"}%s\n",
-                    r.preset.c_str(), r.strategy.c_str(), (long long)r.U, C, (long long)r.seq, r.mode.c_str(),
-                    r.r.fwd_ms, r.r.bwd_ms, (long long)r.r.intermediates_fwd, (long long)r.r.intermediates_bwd,
-                    (long long)r.r.mem.peak_total, memory_json(r.r.mem).c_str(), (long long)r.paper, (long long)r.exact,
-                    r.r.device_name.c_str(), i + 1 < rows.size() ? "," : "");
-      }
-      std::printf("]\n");
-      return;
-    }
-    std::printf("untied bench attn | %s | %s storage | per-rank figures, max over ranks\n", where.c_str(),
-                std::string(dtype_name(dt.value())).c_str());
-    std::printf("%-10s %-8s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
-                "mode", "fwd_ms", "bwd_ms", "t/uly", "inter_fwd", "inter_bwd", "m/uly", "peak", "formula_mha",
-                "formula_gqa");
-    for (const BenchRow& r : rows) {
-      const BenchRow* b = base[r.preset + "/" + std::to_string(r.seq) + "/" + r.mode];
-      char tr[16] = "-", mr[16] = "-";
-      if (b && r.mode == "run") std::snprintf(tr, sizeof tr, "%.3f", (r.r.fwd_ms + r.r.bwd_ms) / (b->r.fwd_ms + b->r.bwd_ms));
-      if (b) std::snprintf(mr, sizeof mr, "%.3f", double(r.r.intermediates_fwd) / double(b->r.intermediates_fwd));
-      std::printf("%-10s %-8s %4lld %8lld %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
-                  r.strategy.c_str(), (long long)r.U, (long long)r.seq, r.mode.c_str(),
-                  r.mode == "run" ? std::to_string(r.r.fwd_ms).substr(0, 9).c_str() : "-",
-                  r.mode == "run" ? std::to_string(r.r.bwd_ms).substr(0, 9).c_str() : "-", tr,
-                  format_bytes(r.r.intermediates_fwd).c_str(), format_bytes(r.r.intermediates_bwd).c_str(), mr,
-                  format_bytes(r.r.mem.peak_total).c_str(), format_bytes(r.paper).c_str(), format_bytes(r.exact).c_str());
-    }
-    std::printf("inter_fwd/inter_bwd: peak of attention workspace + communication buffers live together in forward /\n"
-                "backward; m/uly: forward intermediates relative to Ulysses; t/uly: forward+backward time relative to\n"
-                "Ulysses; peak: all bytes of the rank at its peak (weights, gradients, inputs, outputs included);\n"
-                "formula_mha: 12*L*U*D bytes (bf16) as in the paper (K/V counted with U heads);\n"
-                "formula_gqa: exact q/k/v projections + receive buffers at the first stage of a KV round.\n");
-    if (gpu)
-      std::printf("run rows on %s%s; rehearsal rows counted on the CPU as GPU ranks (one kernel thread each).\n",
-                  where.c_str(), ranks_per_gpu(world) > 1 ? ", one GPU shared by all ranks (each on its own stream)" : "");
+    if (o.json) print_rows_json(rows, world.size());
+    else print_rows_table(rows, o, where, ranks_per_gpu(world));
   });
 }
 

@@ -18,6 +18,8 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "untied/core/json.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
 #include "untied/comm/communicator.h"
@@ -165,6 +167,244 @@ double time_ms(Communicator& world, Device& dev, int repeat, Fn&& fn) {
   return times[times.size() / 2];
 }
 
+// What the flags ask for, each default chosen by --device where it depends on it.
+struct KernelBenchOptions {
+  DeviceChoice device = DeviceChoice::kCpu;
+  DType dtype = DType::kF32;  // the attention's storage
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t long_seq = 0, long_heads = 0, long_kv_heads = 0;  // long_seq 0: none
+  std::vector<int64_t> seqs;
+  bool causal = true;
+  int64_t gemm_n = 0;
+  std::vector<int64_t> proj;  // M, N, K of the projection-shaped GEMM; empty: none
+  int64_t a2a_bytes = 0;
+  int warmup = 0, repeat = 0;
+  int64_t ratio_seq = 0;
+  int threads = 1;
+  bool verify = true;
+  bool json = false;
+  bool gpu() const { return device == DeviceChoice::kCuda; }
+  // The CPU's GEMM rows stay f32 (its rate); a GPU's run in the attention's storage type
+  // (bf16: cuBLAS with fp32 accumulation, the tensor-core rate attention is compared with).
+  DType gemm_dtype() const { return gpu() ? dtype : DType::kF32; }
+};
+
+void add_bench_kernels_flags(FlagSet& flags) {
+  add_device_flag(flags, "cpu or cuda (under mpirun: one GPU per rank, NCCL)");
+  flags.add("seqs", FlagKind::kIntList, "", "sequence lengths (default: cpu 1K,2K,4K,8K; cuda 8K,32K,128K)");
+  flags.add("heads", FlagKind::kInt, "", "query heads H (default: cpu 8; cuda 32)");
+  flags.add("kv-heads", FlagKind::kInt, "", "KV heads G, dividing H (default: cpu 2; cuda 8)");
+  flags.add("long-seq", FlagKind::kInt, "",
+            "lengths from this one on use --long-heads and --long-kv-heads, so that one run stays short "
+            "(default: cpu none; cuda 128K)");
+  flags.add("long-heads", FlagKind::kInt, "8", "query heads at lengths >= --long-seq");
+  flags.add("long-kv-heads", FlagKind::kInt, "2", "KV heads at lengths >= --long-seq");
+  flags.add("head-dim", FlagKind::kInt, "128", "head dimension D");
+  flags.add("causal", FlagKind::kBool, "true", "causal attention (--no-causal for full)");
+  add_dtype_flag(flags, "", std::string(kDtypeHelp) + " (default: cpu f32; cuda bf16)");
+  add_threads_flag(flags, "cores / ranks on this node");
+  flags.add("gemm-size", FlagKind::kInt, "",
+            "N of the square GEMM row: f32 on the CPU, --dtype on a GPU (default: cpu 2048; cuda 8192)");
+  flags.add("proj-gemm", FlagKind::kIntList, "",
+            "M,N,K of a GEMM shaped like the attention's q projection, x (M tokens, K = E) wq^T (N = H*D, K), "
+            "in the GEMM row's dtype (default: cpu none; cuda 16K,4096,4096)");
+  flags.add("a2a-bytes", FlagKind::kBytes, "8M", "bytes per peer of the all-to-all row (several ranks)");
+  flags.add("warmup", FlagKind::kInt, "",
+            "untimed calls of each op before its timed runs; an attention's verified call is the first "
+            "(default: cpu 1; cuda 3)");
+  flags.add("repeat", FlagKind::kInt, "", "timed runs per row, the median is reported (default: cpu 3; cuda 10)");
+  flags.add("ratio-seq", FlagKind::kInt, "", "sequence length of the attention/GEMM ratio line (default: cpu 4096; cuda 32768)");
+  flags.add("verify", FlagKind::kBool, "true", "verify sampled rows against a double-precision recomputation");
+  flags.add("json", FlagKind::kBool, "false", "print a JSON array (one object per row) instead of the table");
+}
+
+// A flag whose default depends on --device: its value when given, else `cpu` or `cuda`.
+int64_t int_or(const FlagSet& f, const char* name, bool gpu, int64_t cpu, int64_t cuda) {
+  return f.was_set(name) ? f.get_int(name) : (gpu ? cuda : cpu);
+}
+
+// Reads the parsed flags into *o; a non-empty answer says which flag to change.
+std::string read_bench_kernels_flags(const FlagSet& flags, KernelBenchOptions* o) {
+  auto device = parse_device_choice(flags.get_string("device"));
+  const bool gpu = device.ok() && device.value() == DeviceChoice::kCuda;
+  auto dtype = parse_dtype(flags.was_set("dtype") ? flags.get_string("dtype") : (gpu ? "bf16" : "f32"));
+  const int64_t H = int_or(flags, "heads", gpu, 8, 32), G = int_or(flags, "kv-heads", gpu, 2, 8),
+                D = flags.get_int("head-dim");
+  const int64_t long_seq = int_or(flags, "long-seq", gpu, 0, 128 * 1024), LH = flags.get_int("long-heads"),
+                LG = flags.get_int("long-kv-heads");
+  const std::vector<int64_t> seqs = flags.was_set("seqs") ? flags.get_int_list("seqs")
+                                    : gpu                 ? std::vector<int64_t>{8192, 32768, 131072}
+                                                          : std::vector<int64_t>{1024, 2048, 4096, 8192};
+  const int64_t gemm_n = int_or(flags, "gemm-size", gpu, 2048, 8192);
+  std::vector<int64_t> proj = flags.was_set("proj-gemm") ? flags.get_int_list("proj-gemm")
+                              : gpu                      ? std::vector<int64_t>{16384, 4096, 4096}
+                                                         : std::vector<int64_t>{};
+  const int repeat = static_cast<int>(int_or(flags, "repeat", gpu, 3, 10));
+  const int warmup = static_cast<int>(int_or(flags, "warmup", gpu, 1, 3));
+  const int threads = flags.get_string("threads").empty()
+                          ? default_threads_per_rank(launch_info().mpi ? local_ranks_under_mpirun() : 1)
+                          : static_cast<int>(flags.get_int("threads"));
+  if (!device.ok()) return "--device: " + device.status().message();
+  if (!dtype.ok()) return "--dtype: " + dtype.status().message();
+  if (H < 1 || G < 1 || H % G != 0)
+    return "--heads must be a positive multiple of --kv-heads (got " + std::to_string(H) + " and " + std::to_string(G) + ")";
+  if (long_seq > 0 && (LH < 1 || LG < 1 || LH % LG != 0))
+    return "--long-heads must be a positive multiple of --long-kv-heads (got " + std::to_string(LH) + " and " + std::to_string(LG) + ")";
+  if (D < 2 || D > 1024) return "--head-dim must be in [2, 1024]";
+  if (repeat < 1) return "--repeat must be >= 1";
+  if (warmup < 0) return "--warmup must be >= 0";
+  if (threads < 1) return "--threads must be >= 1";
+  if (gemm_n < 1) return "--gemm-size must be >= 1";
+  if (!proj.empty() && (proj.size() != 3 || proj[0] < 1 || proj[1] < 1 || proj[2] < 1))
+    return "--proj-gemm takes three sizes M,N,K, each >= 1";
+  for (int64_t s : seqs)
+    if (s < 2) return "--seqs: every length must be >= 2";
+  *o = KernelBenchOptions{.device = device.value(), .dtype = dtype.value(), .heads = H, .kv_heads = G, .head_dim = D,
+                          .long_seq = long_seq, .long_heads = LH, .long_kv_heads = LG, .seqs = seqs,
+                          .causal = flags.get_bool("causal"), .gemm_n = gemm_n, .proj = proj,
+                          .a2a_bytes = flags.get_bytes("a2a-bytes"), .warmup = warmup, .repeat = repeat,
+                          .ratio_seq = int_or(flags, "ratio-seq", gpu, 4096, 32768), .threads = threads,
+                          .verify = flags.get_bool("verify"), .json = flags.get_bool("json")};
+  return "";
+}
+
+// GEMM rates of this device, same threads: C (m, n) = A (m, k) B^T when trans_b.
+Row gemm_row(Communicator& world, Device& dev, const KernelBenchOptions& o, const char* op, int64_t m, int64_t n,
+             int64_t k, bool trans_b, std::string note) {
+  Allocator& alloc = dev.allocator();
+  const DType t = o.gemm_dtype();
+  TensorBuffer a(alloc, t, {m, k}, Tag::kOther, "bench gemm A");
+  TensorBuffer b(alloc, t, trans_b ? Shape{n, k} : Shape{k, n}, Tag::kOther, "bench gemm B");
+  TensorBuffer c(alloc, t, {m, n}, Tag::kOther, "bench gemm C");
+  fill_uniform(dev, a, 1, -1, 1);
+  fill_uniform(dev, b, 2, -1, 1);
+  GemmParams p{.trans_b = trans_b, .m = m, .n = n, .k = k, .a = a.data(), .lda = k, .a_dtype = t,
+               .b = b.data(), .ldb = trans_b ? k : n, .b_dtype = t, .c = c.data(), .ldc = n, .c_dtype = t};
+  for (int i = 0; i < o.warmup; ++i) gemm(dev, p);
+  const double ms = time_ms(world, dev, o.repeat, [&] { gemm(dev, p); });
+  return Row{.op = op, .seq = m, .ms = ms, .gflops = 2.0 * static_cast<double>(m) * n * k / (ms * 1e6),
+             .note = std::move(note)};
+}
+
+// The square GEMM row, then the projection-shaped one if asked for.
+void add_gemm_rows(Communicator& world, Device& dev, const KernelBenchOptions& o, std::vector<Row>* rows) {
+  const std::string type(dtype_name(o.gemm_dtype()));
+  const int64_t n = o.gemm_n;
+  rows->push_back(gemm_row(world, dev, o, "gemm", n, n, n, false, o.gpu() ? std::to_string(n) + "^3 " + type : ""));
+  if (!o.proj.empty()) {
+    const int64_t M = o.proj[0], N = o.proj[1], K = o.proj[2];
+    rows->push_back(gemm_row(world, dev, o, "gemm_proj", M, N, K, true,
+                             std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + type +
+                                 ": x (M, K) wq^T (N, K)"));
+  }
+}
+
+// Flash attention at one length: forward, backward and both, verified (--verify) on the first
+// call of each before the timed runs.
+void add_attention_rows(Communicator& world, Device& dev, const KernelBenchOptions& o, int64_t S,
+                        std::vector<Row>* rows) {
+  Allocator& alloc = dev.allocator();
+  const bool long_row = o.long_seq > 0 && S >= o.long_seq;
+  const int64_t h = long_row ? o.long_heads : o.heads, kvh = long_row ? o.long_kv_heads : o.kv_heads,
+                D = o.head_dim;
+  AttentionShape s{.seq_q = S, .seq_k = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = o.causal,
+                   .dtype = o.dtype};
+  TensorBuffer q(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench q");
+  TensorBuffer k(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench k");
+  TensorBuffer v(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench v");
+  TensorBuffer out(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench out");
+  TensorBuffer dout(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench dout");
+  TensorBuffer dq(alloc, s.dtype, {S, h, D}, Tag::kGradients, "bench dq");
+  TensorBuffer dk(alloc, s.dtype, {S, kvh, D}, Tag::kGradients, "bench dk");
+  TensorBuffer dv(alloc, s.dtype, {S, kvh, D}, Tag::kGradients, "bench dv");
+  TensorBuffer lse(alloc, DType::kF32, {h, S}, Tag::kActivations, "bench lse");
+  const uint64_t seed = 1000 * static_cast<uint64_t>(S) + static_cast<uint64_t>(world.rank());
+  fill_uniform(dev, q, seed + 1, -1, 1);
+  fill_uniform(dev, k, seed + 2, -1, 1);
+  fill_uniform(dev, v, seed + 3, -1, 1);
+  fill_uniform(dev, dout, seed + 4, -1, 1);
+
+  auto fwd = [&] { attention_forward(dev, s, out.data(), lse.as<float>(), q.data(), k.data(), v.data()); };
+  auto bwd = [&] {
+    attention_backward(dev, s, dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(), out.data(),
+                       lse.as<float>(), dout.data());
+  };
+  // The first call of each: its workspace, and the results that are verified.
+  alloc.reset_peaks();
+  const int64_t ws0 = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)];
+  fwd();
+  const int64_t ws_fwd = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)] - ws0;
+  alloc.reset_peaks();
+  bwd();
+  const int64_t ws_bwd = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)] - ws0;
+  double err = -1;
+  if (o.verify) {
+    const HostAttention ht{host_f32(dev, q),    host_f32(dev, k),  host_f32(dev, v),
+                           host_f32(dev, out),  host_f32(dev, lse), host_f32(dev, dout),
+                           host_f32(dev, dq),   host_f32(dev, dk), host_f32(dev, dv)};
+    err = verify_attention(s, ht);
+    world.all_reduce(&err, &err, 1, DType::kF64, ReduceOp::kMax);
+    // Sampled rows against double: fp32 sums of S terms stay near 1e-5 relative; bf16
+    // storage rounds every stored value (2^-8 relative), so outputs differ by ~1e-2. A GPU
+    // kernel with bf16 storage also feeds P and dS to its tensor-core products as bf16
+    // (2^-9 relative per term, independent between terms, summed in fp32), which adds
+    // about 2^-9 of each quantity's scale: the same bound holds.
+    const double tol = s.dtype == DType::kBF16 ? 5e-2 : 1e-3;
+    UNTIED_CHECK_KIND(ErrorKind::kInternal, err <= tol, "attention at S=", S,
+                      " failed verification: max relative error ", err, " > ", tol);
+  }
+  for (int i = 1; i < o.warmup; ++i) fwd(), bwd();
+  const double tf = time_ms(world, dev, o.repeat, fwd);
+  const double tb = time_ms(world, dev, o.repeat, bwd);
+  const double ff = attention_forward_flops(s), fb = attention_backward_flops(s);
+  Row base{.op = "", .seq = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = o.causal, .max_rel_err = err};
+  Row rf = base, rb = base, rfb = base;
+  rf.op = "attn_fwd", rf.ms = tf, rf.gflops = ff / (tf * 1e6), rf.workspace_bytes = ws_fwd;
+  rb.op = "attn_bwd", rb.ms = tb, rb.gflops = fb / (tb * 1e6), rb.workspace_bytes = ws_bwd;
+  rfb.op = "attn_fwd_bwd", rfb.ms = tf + tb, rfb.gflops = (ff + fb) / ((tf + tb) * 1e6),
+  rfb.workspace_bytes = std::max(ws_fwd, ws_bwd);
+  rows->push_back(rf);
+  rows->push_back(rb);
+  rows->push_back(rfb);
+}
+
+// The all-to-all over the rank's communicator, --a2a-bytes per peer.
+Row all_to_all_row(Communicator& world, Device& dev, Communicator& comm, const KernelBenchOptions& o) {
+  Allocator& alloc = dev.allocator();
+  const int64_t block = o.a2a_bytes;
+  Buffer send = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all send");
+  Buffer recv = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all recv");
+  std::vector<char> pattern(static_cast<size_t>(block * comm.size()), static_cast<char>(comm.rank()));
+  if (dev.kind() == DeviceKind::kCpu) std::copy(pattern.begin(), pattern.end(), send.as<char>());
+  else dev.copy(send.data(), pattern.data(), block * comm.size());
+  comm.all_to_all(send.data(), recv.data(), block);
+  const double ms = time_ms(world, dev, o.repeat, [&] { comm.all_to_all(send.data(), recv.data(), block); });
+  // Bytes each rank sends to its peers (its own block stays local).
+  const double bytes = static_cast<double>(block) * (comm.size() - 1);
+  return Row{.op = "all_to_all", .ms = ms, .workspace_bytes = block, .gbps = bytes / (ms * 1e6)};
+}
+
+void print_rows_json(const std::vector<Row>& rows) {
+  std::vector<Json> out;
+  for (const Row& r : rows) {
+    Json j;
+    j["op"] = r.op;
+    j["seq"] = r.seq;
+    j["heads"] = r.heads;
+    j["kv_heads"] = r.kv_heads;
+    j["head_dim"] = r.head_dim;
+    j["causal"] = r.causal;
+    j["ms"] = as_printed("%.4f", r.ms);
+    j["gflops"] = as_printed("%.3f", r.gflops);
+    j["workspace_bytes"] = r.workspace_bytes;
+    j["max_rel_err"] = r.max_rel_err < 0 ? Json(nullptr) : Json(as_printed("%.6g", r.max_rel_err));
+    j["gbps"] = as_printed("%.4f", r.gbps);
+    if (!r.note.empty()) j["note"] = r.note;
+    out.push_back(std::move(j));
+  }
+  print_json_rows(out);
+}
+
 // How rates are printed: GFLOP/s on the CPU; TFLOP/s and the share of the square GEMM's rate
 // on a GPU.
 struct Units {
@@ -172,24 +412,25 @@ struct Units {
   std::string gemm_label = "the GEMM rate";
 };
 
-void print_rows(const std::vector<Row>& rows, bool json, const std::string& header, double ratio_seq,
-                const Units& units) {
-  if (json) {
-    std::printf("[\n");
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::printf(
-          "  {\"op\": \"%s\", \"seq\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, "
-          "\"causal\": %s, \"ms\": %.4f, \"gflops\": %.3f, \"workspace_bytes\": %lld, "
-          "\"max_rel_err\": %s, \"gbps\": %.4f%s}%s\n",
-          r.op.c_str(), (long long)r.seq, (long long)r.heads, (long long)r.kv_heads, (long long)r.head_dim,
-          r.causal ? "true" : "false", r.ms, r.gflops, (long long)r.workspace_bytes,
-          r.max_rel_err < 0 ? "null" : std::to_string(r.max_rel_err).c_str(), r.gbps,
-          r.note.empty() ? "" : (", \"note\": \"" + r.note + "\"").c_str(), i + 1 < rows.size() ? "," : "");
-    }
-    std::printf("]\n");
-    return;
-  }
+// The table's one-line environment header, and its units.
+std::string table_header(Device& dev, Communicator& comm, const KernelBenchOptions& o, Units* units) {
+  const std::string ranks_text = std::to_string(comm.size()) +
+                                 (comm.size() > 1 ? " ranks (" + comm.backend() + ")" : " rank");
+  const std::string storage(dtype_name(o.dtype));
+  if (!o.gpu())
+    return "untied bench kernels | " + dev.name() + " x " + ranks_text + " | " + storage +
+           " storage, fp32 compute | " + blas_description() + " | median of " + std::to_string(o.repeat) +
+           " runs, slowest rank";
+  const std::string gemm_type(dtype_name(o.gemm_dtype()));
+  units->tflops = true;
+  units->gemm_label = "the cuBLAS " + gemm_type + " GEMM rate";
+  return "untied bench kernels | " + dev.name() + " x " + ranks_text + " | " + storage +
+         " storage, fp32 accumulation | cuBLAS " + gemm_type + " GEMM | median of " + std::to_string(o.repeat) +
+         " runs after " + std::to_string(o.warmup) + " warm-up" + (o.warmup == 1 ? "" : "s") +
+         ", slowest rank; of_gemm: share of the " + std::to_string(o.gemm_n) + "^3 GEMM's rate";
+}
+
+void print_rows_table(const std::vector<Row>& rows, const std::string& header, double ratio_seq, const Units& units) {
   const double scale = units.tflops ? 1e-3 : 1.0;  // GFLOP/s -> the printed unit
   double gemm_rate = 0, attn_rate = 0;
   for (const Row& r : rows) {
@@ -227,85 +468,21 @@ void print_rows(const std::vector<Row>& rows, bool json, const std::string& head
                 units.gemm_label.c_str(), gemm_rate * scale, units.tflops ? "TFLOP/s" : "GFLOP/s");
 }
 
-// A flag whose default depends on --device: its value when given, else `cpu` or `cuda`.
-int64_t int_or(const FlagSet& f, const char* name, bool gpu, int64_t cpu, int64_t cuda) {
-  return f.was_set(name) ? f.get_int(name) : (gpu ? cuda : cpu);
-}
-
 }  // namespace
 
 int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   FlagSet flags("untied bench kernels",
                 "Times flash attention forward and backward at several sequence lengths and GEMMs\n"
                 "in the same run; every attention result is verified before it is timed.");
-  flags.add("device", FlagKind::kString, "cpu", "cpu or cuda (under mpirun: one GPU per rank, NCCL)");
-  flags.add("seqs", FlagKind::kIntList, "", "sequence lengths (default: cpu 1K,2K,4K,8K; cuda 8K,32K,128K)");
-  flags.add("heads", FlagKind::kInt, "", "query heads H (default: cpu 8; cuda 32)");
-  flags.add("kv-heads", FlagKind::kInt, "", "KV heads G, dividing H (default: cpu 2; cuda 8)");
-  flags.add("long-seq", FlagKind::kInt, "",
-            "lengths from this one on use --long-heads and --long-kv-heads, so that one run stays short "
-            "(default: cpu none; cuda 128K)");
-  flags.add("long-heads", FlagKind::kInt, "8", "query heads at lengths >= --long-seq");
-  flags.add("long-kv-heads", FlagKind::kInt, "2", "KV heads at lengths >= --long-seq");
-  flags.add("head-dim", FlagKind::kInt, "128", "head dimension D");
-  flags.add("causal", FlagKind::kBool, "true", "causal attention (--no-causal for full)");
-  flags.add("dtype", FlagKind::kString, "", "storage type: f32 or bf16 (default: cpu f32; cuda bf16)");
-  flags.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank, CPU only (default: cores / ranks on this node)");
-  flags.add("gemm-size", FlagKind::kInt, "",
-            "N of the square GEMM row: f32 on the CPU, --dtype on a GPU (default: cpu 2048; cuda 8192)");
-  flags.add("proj-gemm", FlagKind::kIntList, "",
-            "M,N,K of a GEMM shaped like the attention's q projection, x (M tokens, K = E) wq^T (N = H*D, K), "
-            "in the GEMM row's dtype (default: cpu none; cuda 16K,4096,4096)");
-  flags.add("a2a-bytes", FlagKind::kBytes, "8M", "bytes per peer of the all-to-all row (several ranks)");
-  flags.add("warmup", FlagKind::kInt, "",
-            "untimed calls of each op before its timed runs; an attention's verified call is the first "
-            "(default: cpu 1; cuda 3)");
-  flags.add("repeat", FlagKind::kInt, "", "timed runs per row, the median is reported (default: cpu 3; cuda 10)");
-  flags.add("ratio-seq", FlagKind::kInt, "", "sequence length of the attention/GEMM ratio line (default: cpu 4096; cuda 32768)");
-  flags.add("verify", FlagKind::kBool, "true", "verify sampled rows against a double-precision recomputation");
-  flags.add("json", FlagKind::kBool, "false", "print a JSON array (one object per row) instead of the table");
+  add_bench_kernels_flags(flags);
   const bool root = launch_info().world_rank == 0;
   Status st = flags.parse(args);
   if (!st.ok() || flags.wants_help()) {
     if (root) std::fprintf(st.ok() ? stdout : stderr, "%s\n", st.ok() ? flags.usage().c_str() : ("untied: " + st.message()).c_str());
     return st.ok() ? 0 : 2;
   }
-  auto device = parse_device_choice(flags.get_string("device"));
-  const bool gpu = device.ok() && device.value() == DeviceChoice::kCuda;
-  auto dtype = parse_dtype(flags.was_set("dtype") ? flags.get_string("dtype") : (gpu ? "bf16" : "f32"));
-  std::string bad;
-  const int64_t H = int_or(flags, "heads", gpu, 8, 32), G = int_or(flags, "kv-heads", gpu, 2, 8),
-                D = flags.get_int("head-dim");
-  const int64_t long_seq = int_or(flags, "long-seq", gpu, 0, 128 * 1024), LH = flags.get_int("long-heads"),
-                LG = flags.get_int("long-kv-heads");
-  const std::vector<int64_t> seqs = flags.was_set("seqs") ? flags.get_int_list("seqs")
-                                    : gpu                 ? std::vector<int64_t>{8192, 32768, 131072}
-                                                          : std::vector<int64_t>{1024, 2048, 4096, 8192};
-  const int64_t gemm_n = int_or(flags, "gemm-size", gpu, 2048, 8192);
-  std::vector<int64_t> proj = flags.was_set("proj-gemm") ? flags.get_int_list("proj-gemm")
-                              : gpu                      ? std::vector<int64_t>{16384, 4096, 4096}
-                                                         : std::vector<int64_t>{};
-  const int repeat = static_cast<int>(int_or(flags, "repeat", gpu, 3, 10));
-  const int warmup = static_cast<int>(int_or(flags, "warmup", gpu, 1, 3));
-  const int64_t ratio_seq = int_or(flags, "ratio-seq", gpu, 4096, 32768);
-  const int threads = flags.get_string("threads").empty()
-                          ? default_threads_per_rank(launch_info().mpi ? local_ranks_under_mpirun() : 1)
-                          : static_cast<int>(flags.get_int("threads"));
-  if (!device.ok()) bad = "--device: " + device.status().message();
-  else if (!dtype.ok()) bad = "--dtype: " + dtype.status().message();
-  else if (H < 1 || G < 1 || H % G != 0) bad = "--heads must be a positive multiple of --kv-heads (got " + std::to_string(H) + " and " + std::to_string(G) + ")";
-  else if (long_seq > 0 && (LH < 1 || LG < 1 || LH % LG != 0))
-    bad = "--long-heads must be a positive multiple of --long-kv-heads (got " + std::to_string(LH) + " and " + std::to_string(LG) + ")";
-  else if (D < 2 || D > 1024) bad = "--head-dim must be in [2, 1024]";
-  else if (repeat < 1) bad = "--repeat must be >= 1";
-  else if (warmup < 0) bad = "--warmup must be >= 0";
-  else if (threads < 1) bad = "--threads must be >= 1";
-  else if (gemm_n < 1) bad = "--gemm-size must be >= 1";
-  else if (!proj.empty() && (proj.size() != 3 || proj[0] < 1 || proj[1] < 1 || proj[2] < 1))
-    bad = "--proj-gemm takes three sizes M,N,K, each >= 1";
-  for (int64_t s : seqs)
-    if (s < 2 && bad.empty()) bad = "--seqs: every length must be >= 2";
-  if (!bad.empty()) {
+  KernelBenchOptions o;
+  if (const std::string bad = read_bench_kernels_flags(flags, &o); !bad.empty()) {
     if (root) std::fprintf(stderr, "untied: %s\n", bad.c_str());
     return 2;
   }
@@ -313,137 +490,16 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
   return run_ranks(argc, argv, 1, [&](Communicator& world) {
     // The rank's device and the communicator of its buffers; a GPU that cannot be used is
     // refused here on every rank, before any compute.
-    RankDevice rd = make_rank_device(world, RankDeviceOptions{.device = device.value(), .threads = threads});
-    Device& dev = rd.dev();
-    Communicator& comm = rd.comm();
-    Allocator& alloc = dev.allocator();
+    RankDevice rd = make_rank_device(world, RankDeviceOptions{.device = o.device, .threads = o.threads});
     std::vector<Row> rows;
-    const bool causal = flags.get_bool("causal");
-    // The CPU's GEMM rows stay f32 (its rate); a GPU's run in the attention's storage type
-    // (bf16: cuBLAS with fp32 accumulation, the tensor-core rate attention is compared with).
-    const DType gemm_t = gpu ? dtype.value() : DType::kF32;
-
-    // GEMM rates of this device, same threads: C (m, n) = A (m, k) B^T when trans_b.
-    auto gemm_row = [&](const char* op, int64_t m, int64_t n, int64_t k, bool trans_b, std::string note) {
-      TensorBuffer a(alloc, gemm_t, {m, k}, Tag::kOther, "bench gemm A");
-      TensorBuffer b(alloc, gemm_t, trans_b ? Shape{n, k} : Shape{k, n}, Tag::kOther, "bench gemm B");
-      TensorBuffer c(alloc, gemm_t, {m, n}, Tag::kOther, "bench gemm C");
-      fill_uniform(dev, a, 1, -1, 1);
-      fill_uniform(dev, b, 2, -1, 1);
-      GemmParams p{.trans_b = trans_b, .m = m, .n = n, .k = k, .a = a.data(), .lda = k, .a_dtype = gemm_t,
-                   .b = b.data(), .ldb = trans_b ? k : n, .b_dtype = gemm_t, .c = c.data(), .ldc = n,
-                   .c_dtype = gemm_t};
-      for (int i = 0; i < warmup; ++i) gemm(dev, p);
-      const double ms = time_ms(world, dev, repeat, [&] { gemm(dev, p); });
-      rows.push_back(Row{.op = op, .seq = m, .ms = ms,
-                         .gflops = 2.0 * static_cast<double>(m) * n * k / (ms * 1e6), .note = std::move(note)});
-    };
-    const std::string gemm_type(dtype_name(gemm_t));
-    gemm_row("gemm", gemm_n, gemm_n, gemm_n, false,
-             gpu ? std::to_string(gemm_n) + "^3 " + gemm_type : std::string());
-    if (!proj.empty())
-      gemm_row("gemm_proj", proj[0], proj[1], proj[2], true,
-               std::to_string(proj[0]) + "x" + std::to_string(proj[1]) + "x" + std::to_string(proj[2]) + " " +
-                   gemm_type + ": x (M, K) wq^T (N, K)");
-
-    for (int64_t S : seqs) {
-      const bool long_row = long_seq > 0 && S >= long_seq;
-      const int64_t h = long_row ? LH : H, kvh = long_row ? LG : G;
-      AttentionShape s{.seq_q = S, .seq_k = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = causal,
-                       .dtype = dtype.value()};
-      TensorBuffer q(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench q");
-      TensorBuffer k(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench k");
-      TensorBuffer v(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench v");
-      TensorBuffer o(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench out");
-      TensorBuffer dout(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench dout");
-      TensorBuffer dq(alloc, s.dtype, {S, h, D}, Tag::kGradients, "bench dq");
-      TensorBuffer dk(alloc, s.dtype, {S, kvh, D}, Tag::kGradients, "bench dk");
-      TensorBuffer dv(alloc, s.dtype, {S, kvh, D}, Tag::kGradients, "bench dv");
-      TensorBuffer lse(alloc, DType::kF32, {h, S}, Tag::kActivations, "bench lse");
-      const uint64_t seed = 1000 * static_cast<uint64_t>(S) + static_cast<uint64_t>(world.rank());
-      fill_uniform(dev, q, seed + 1, -1, 1);
-      fill_uniform(dev, k, seed + 2, -1, 1);
-      fill_uniform(dev, v, seed + 3, -1, 1);
-      fill_uniform(dev, dout, seed + 4, -1, 1);
-
-      auto fwd = [&] { attention_forward(dev, s, o.data(), lse.as<float>(), q.data(), k.data(), v.data()); };
-      auto bwd = [&] {
-        attention_backward(dev, s, dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(), o.data(),
-                           lse.as<float>(), dout.data());
-      };
-      // The first call of each: its workspace, and the results that are verified.
-      alloc.reset_peaks();
-      const int64_t ws0 = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)];
-      fwd();
-      const int64_t ws_fwd = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)] - ws0;
-      alloc.reset_peaks();
-      bwd();
-      const int64_t ws_bwd = alloc.stats().peak[static_cast<int>(Tag::kAttnWorkspace)] - ws0;
-      double err = -1;
-      if (flags.get_bool("verify")) {
-        const HostAttention ht{host_f32(dev, q),    host_f32(dev, k),  host_f32(dev, v),
-                               host_f32(dev, o),    host_f32(dev, lse), host_f32(dev, dout),
-                               host_f32(dev, dq),   host_f32(dev, dk), host_f32(dev, dv)};
-        err = verify_attention(s, ht);
-        world.all_reduce(&err, &err, 1, DType::kF64, ReduceOp::kMax);
-        // Sampled rows against double: fp32 sums of S terms stay near 1e-5 relative; bf16
-        // storage rounds every stored value (2^-8 relative), so outputs differ by ~1e-2. A GPU
-        // kernel with bf16 storage also feeds P and dS to its tensor-core products as bf16
-        // (2^-9 relative per term, independent between terms, summed in fp32), which adds
-        // about 2^-9 of each quantity's scale: the same bound holds.
-        const double tol = s.dtype == DType::kBF16 ? 5e-2 : 1e-3;
-        UNTIED_CHECK_KIND(ErrorKind::kInternal, err <= tol, "attention at S=", S,
-                          " failed verification: max relative error ", err, " > ", tol);
-      }
-      for (int i = 1; i < warmup; ++i) fwd(), bwd();
-      const double tf = time_ms(world, dev, repeat, fwd);
-      const double tb = time_ms(world, dev, repeat, bwd);
-      const double ff = attention_forward_flops(s), fb = attention_backward_flops(s);
-      Row base{.op = "", .seq = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = causal, .max_rel_err = err};
-      Row rf = base, rb = base, rfb = base;
-      rf.op = "attn_fwd", rf.ms = tf, rf.gflops = ff / (tf * 1e6), rf.workspace_bytes = ws_fwd;
-      rb.op = "attn_bwd", rb.ms = tb, rb.gflops = fb / (tb * 1e6), rb.workspace_bytes = ws_bwd;
-      rfb.op = "attn_fwd_bwd", rfb.ms = tf + tb, rfb.gflops = (ff + fb) / ((tf + tb) * 1e6),
-      rfb.workspace_bytes = std::max(ws_fwd, ws_bwd);
-      rows.push_back(rf);
-      rows.push_back(rb);
-      rows.push_back(rfb);
-    }
-
-    if (comm.size() > 1) {
-      const int64_t block = flags.get_bytes("a2a-bytes");
-      Buffer send = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all send");
-      Buffer recv = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all recv");
-      std::vector<char> pattern(static_cast<size_t>(block * comm.size()), static_cast<char>(comm.rank()));
-      if (dev.kind() == DeviceKind::kCpu) std::copy(pattern.begin(), pattern.end(), send.as<char>());
-      else dev.copy(send.data(), pattern.data(), block * comm.size());
-      comm.all_to_all(send.data(), recv.data(), block);
-      const double ms = time_ms(world, dev, repeat, [&] { comm.all_to_all(send.data(), recv.data(), block); });
-      // Bytes each rank sends to its peers (its own block stays local).
-      const double bytes = static_cast<double>(block) * (comm.size() - 1);
-      rows.push_back(Row{.op = "all_to_all", .ms = ms, .workspace_bytes = block, .gbps = bytes / (ms * 1e6)});
-    }
-
-    if (world.rank() == 0) {
-      const std::string ranks_text = std::to_string(comm.size()) +
-                                     (comm.size() > 1 ? " ranks (" + comm.backend() + ")" : " rank");
-      std::string header;
-      Units units;
-      if (!gpu) {
-        header = "untied bench kernels | " + dev.name() + " x " + ranks_text + " | " +
-                 std::string(dtype_name(dtype.value())) + " storage, fp32 compute | " + blas_description() +
-                 " | median of " + std::to_string(repeat) + " runs, slowest rank";
-      } else {
-        header = "untied bench kernels | " + dev.name() + " x " + ranks_text + " | " +
-                 std::string(dtype_name(dtype.value())) + " storage, fp32 accumulation | cuBLAS " + gemm_type +
-                 " GEMM | median of " + std::to_string(repeat) + " runs after " + std::to_string(warmup) +
-                 " warm-up" + (warmup == 1 ? "" : "s") + ", slowest rank; of_gemm: share of the " +
-                 std::to_string(gemm_n) + "^3 GEMM's rate";
-        units.tflops = true;
-        units.gemm_label = "the cuBLAS " + gemm_type + " GEMM rate";
-      }
-      print_rows(rows, flags.get_bool("json"), header, static_cast<double>(ratio_seq), units);
-    }
+    add_gemm_rows(world, rd.dev(), o, &rows);
+    for (int64_t S : o.seqs) add_attention_rows(world, rd.dev(), o, S, &rows);
+    if (rd.comm().size() > 1) rows.push_back(all_to_all_row(world, rd.dev(), rd.comm(), o));
+    if (world.rank() != 0) return;
+    if (o.json) return print_rows_json(rows);
+    Units units;
+    const std::string header = table_header(rd.dev(), rd.comm(), o, &units);
+    print_rows_table(rows, header, static_cast<double>(o.ratio_seq), units);
   });
 }
 

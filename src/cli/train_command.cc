@@ -1,14 +1,18 @@
 // `untied train`: the main job. Flags and config files use the same names: a config file holds
-// `name = value` lines (# starts a comment) and the command line overrides it.
+// `name = value` lines (# starts a comment) or one JSON object {"name": value, ...}, and the
+// command line overrides it.
 #include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "untied/comm/inproc.h"
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
 #include "untied/train/trainer.h"
@@ -17,7 +21,9 @@ namespace untied::cli {
 namespace {
 
 void add_train_flags(FlagSet& f) {
-  f.add("config", FlagKind::kString, "", "config file of `name = value` lines (flags override it)");
+  f.add("config", FlagKind::kString, "",
+        "config file: `name = value` lines, or a JSON object {\"name\": value} of strings, numbers and "
+        "booleans (flags override it)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
   f.add("vocab", FlagKind::kInt, "0", "vocabulary size (0 = the data's vocabulary)");
   f.add("layers", FlagKind::kInt, "0", "decoder blocks (0 = the preset's)");
@@ -30,7 +36,7 @@ void add_train_flags(FlagSet& f) {
   f.add("seq", FlagKind::kInt, "256", "sequence length S (divisible by the ranks)");
   f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses or upipe");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks)");
-  f.add("dtype", FlagKind::kString, "f32", "activation and compute-weight storage: f32 or bf16");
+  add_dtype_flag(f, "f32", "activation and compute-weight storage: f32 or bf16");
   f.add("steps", FlagKind::kInt, "1500", "optimizer steps");
   f.add("batch", FlagKind::kInt, "4", "sequences per step (their gradients add up)");
   f.add("lr", FlagKind::kString, "0.003", "peak learning rate");
@@ -41,11 +47,10 @@ void add_train_flags(FlagSet& f) {
   f.add("seed", FlagKind::kInt, "0", "seed of the weights and of the kv task");
   f.add("mlp-tile", FlagKind::kInt, "0", "tokens per MLP tile (0 = automatic)");
   f.add("loss-chunk", FlagKind::kInt, "0", "tokens per LM-head loss chunk (0 = automatic)");
-  f.add("ranks", FlagKind::kInt, "1", "in-process ranks when not launched by mpirun");
-  f.add("device", FlagKind::kString, "cpu",
-        "cpu or cuda (in-process ranks share GPU 0; under mpirun one GPU per rank, NCCL)");
-  f.add("threads", FlagKind::kInt, "", "BLAS/OpenMP threads per rank, CPU only (default: cores / ranks)");
-  f.add("mem-budget", FlagKind::kBytes, "", "per-rank memory budget, e.g. 2G (default: none)");
+  add_ranks_flag(f, 1);
+  add_device_flag(f);
+  add_threads_flag(f);
+  add_mem_budget_flag(f);
   f.add("checkpoint-dir", FlagKind::kString, "", "save checkpoints here (per-rank shards)");
   f.add("save-every", FlagKind::kInt, "0", "save every N steps (0 = at the end only)");
   f.add("resume", FlagKind::kBool, "false", "continue from the newest checkpoint in --checkpoint-dir");
@@ -57,13 +62,45 @@ void add_train_flags(FlagSet& f) {
   f.add("fit-seq", FlagKind::kBool, "false", "with --rehearsal and --mem-budget: find the longest --seq whose step fits the budget");
 }
 
-// "name = value" lines into flag arguments.
+// A JSON config, {"name": value, ...}, into flag arguments: a string as it is, a number as JSON
+// writes it, a boolean as true or false (the text a command line would give). read_config passes
+// only text that starts with '{': an object, or a parse error.
+Status read_json_config(const std::string& path, const std::string& text, std::vector<std::string>* out) {
+  using Json = nlohmann::ordered_json;
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {  // a parse_error: says where, and what was expected
+    return Status::invalid_argument(path + ": not valid JSON: " + e.what());
+  }
+  for (const auto& [name, value] : j.items()) {
+    if (name == "config") return Status::invalid_argument(path + ": key \"config\": config files do not nest");
+    std::string text_value;
+    if (value.is_string()) text_value = value.get<std::string>();
+    else if (value.is_boolean()) text_value = value.get<bool>() ? "true" : "false";
+    else if (value.is_number()) text_value = value.dump();
+    else
+      return Status::invalid_argument(path + ": key \"" + name + "\": the value must be a string, number or boolean, not " +
+                                      value.type_name());
+    out->push_back("--" + name + "=" + text_value);
+  }
+  return Status::ok_status();
+}
+
+// A config file into flag arguments: a JSON object when its first non-blank character is '{',
+// else `name = value` lines.
 Status read_config(const std::string& path, std::vector<std::string>* out) {
   std::ifstream f(path);
   if (!f) return Status::not_found("--config " + path + ": cannot open the file");
+  std::stringstream whole;
+  whole << f.rdbuf();
+  const std::string text = whole.str();
+  if (auto first = text.find_first_not_of(" \t\r\n"); first != std::string::npos && text[first] == '{')
+    return read_json_config(path, text, out);
+  std::istringstream lines(text);
   std::string line;
   int n = 0;
-  while (std::getline(f, line)) {
+  while (std::getline(lines, line)) {
     ++n;
     if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
     std::istringstream is(line);

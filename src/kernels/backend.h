@@ -67,12 +67,7 @@ struct Scratch {
 enum class Direction { kForward, kInverse };     // rope: the rotation or its inverse (its backward)
 enum class LossPass { kForward, kForwardBackward };
 
-struct AttentionForwardCall {
-  AttentionShape s;
-  void* out;
-  float* lse;
-  const void *q, *k, *v;
-};
+struct AttentionForwardCall { AttentionShape s; void* out; float* lse; const void *q, *k, *v; };
 // Where the backward's D = rowsum(dO * O) comes from. Not inferred from the pointers, which are
 // null in rehearsal.
 enum class DeltaSource { kFromOut, kGiven };
@@ -86,18 +81,8 @@ struct AttentionBackwardCall {
   const float* lse;
   const void* dout;
 };
-struct RopeCall {
-  RopeShape s;
-  void* x;
-  const int64_t* positions;
-  Direction dir;
-};
-struct RmsNormForwardCall {
-  RmsNormShape s;
-  void* y;
-  float* rstd;
-  const void *x, *w;
-};
+struct RopeCall { RopeShape s; void* x; const int64_t* positions; Direction dir; };
+struct RmsNormForwardCall { RmsNormShape s; void* y; float* rstd; const void *x, *w; };
 struct RmsNormBackwardCall {
   RmsNormShape s;
   void* dx;
@@ -106,28 +91,10 @@ struct RmsNormBackwardCall {
   const float* rstd;
   const void *w, *dy;
 };
-struct SwigluForwardCall {
-  SwigluShape s;
-  void* out;
-  const void *gate, *up;
-};
-struct SwigluBackwardCall {
-  SwigluShape s;
-  void *dgate, *dup;
-  const void *gate, *up, *dout;
-};
-struct EmbeddingForwardCall {
-  EmbeddingShape s;
-  void* out;
-  const int32_t* ids;
-  const void* table;
-};
-struct EmbeddingBackwardCall {
-  EmbeddingShape s;
-  float* dtable;
-  const int32_t* ids;
-  const void* dout;
-};
+struct SwigluForwardCall { SwigluShape s; void* out; const void *gate, *up; };
+struct SwigluBackwardCall { SwigluShape s; void *dgate, *dup; const void *gate, *up, *dout; };
+struct EmbeddingForwardCall { EmbeddingShape s; void* out; const int32_t* ids; const void* table; };
+struct EmbeddingBackwardCall { EmbeddingShape s; float* dtable; const int32_t* ids; const void* dout; };
 struct LmHeadLossCall {
   LmHeadLossShape s;
   LossPass pass;
@@ -139,22 +106,13 @@ struct LmHeadLossCall {
   const int32_t* labels;
   const void* w;
 };
-struct AdamWCall {
-  float *p, *m, *v;
-  const float* g;
-  int64_t n;
-  AdamWParams a;
-};
+struct AdamWCall { float *p, *m, *v; const float* g; int64_t n; AdamWParams a; };
 struct SumSquaresCall {
   const float* g;
   int64_t n;
   double* result;  // host memory: the sum (left untouched in rehearsal)
 };
-struct ScaleCall {
-  float* x;
-  int64_t n;
-  float scale;
-};
+struct ScaleCall { float* x; int64_t n; float scale; };
 struct RowDotCall {
   int64_t rows, dim;
   DType dtype;
@@ -165,20 +123,8 @@ struct RowDotCall {
   float* out;
   int64_t out_stride;
 };
-struct AddIntoCall {
-  void* acc;
-  DType acc_dtype;
-  const void* x;
-  DType x_dtype;
-  int64_t n;
-};
-struct ConvertCall {
-  void* dst;
-  DType dst_dtype;
-  const void* src;
-  DType src_dtype;
-  int64_t n;
-};
+struct AddIntoCall { void* acc; DType acc_dtype; const void* x; DType x_dtype; int64_t n; };
+struct ConvertCall { void* dst; DType dst_dtype; const void* src; DType src_dtype; int64_t n; };
 
 // ---- the table ----
 

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
+#include "untied/core/json.h"
 #include "untied/kernels/adamw.h"
 #include "untied/train/checkpoint.h"
 #include "untied/dist/sharded_params.h"
@@ -36,11 +38,29 @@ std::string format_duration(double s) {
   return buf;
 }
 
-std::string tags_json(const MemoryStats& m) {
-  std::string out = "{";
-  for (int t = 0; t < kNumTags; ++t)
-    out += (t ? ", \"" : "\"") + std::string(tag_name(static_cast<Tag>(t))) + "\": " + std::to_string(m.peak[t]);
-  return out + "}";
+// One step's figures, as its metrics line gives them (times in seconds here, ms in the line).
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0, accuracy = -1;  // accuracy < 0: the data has no answers (null)
+  double lr = 0, grad_norm = 0, tokens_per_s_per_rank = 0;
+  double step_s = 0, data_s = 0, forward_backward_s = 0, optimizer_s = 0;
+  const MemoryStats* mem = nullptr;  // peaks since the start of the run, max over ranks
+};
+
+std::string metrics_line(const StepMetrics& m) {
+  Json j;
+  j["step"] = m.step;
+  j["loss"] = as_printed("%.6f", m.loss);
+  j["accuracy"] = m.accuracy >= 0 ? Json(as_printed("%f", m.accuracy)) : Json(nullptr);
+  j["lr"] = as_printed("%.6g", m.lr);
+  j["grad_norm"] = as_printed("%.6g", m.grad_norm);
+  j["tokens_per_s_per_rank"] = as_printed("%.1f", m.tokens_per_s_per_rank);
+  j["step_ms"] = as_printed("%.2f", m.step_s * 1e3);
+  j["phase_ms"] = Json{{"data", as_printed("%.2f", m.data_s * 1e3)},
+                       {"forward_backward", as_printed("%.2f", m.forward_backward_s * 1e3)},
+                       {"optimizer", as_printed("%.2f", m.optimizer_s * 1e3)}};
+  j["peak_bytes_by_tag"] = peak_bytes_by_tag(*m.mem);
+  return json_line(j);
 }
 
 }  // namespace
@@ -196,12 +216,10 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     if (comm.rank() == 0) {
       const double tps = static_cast<double>(S * B) / (step_s * comm.size());
       if (metrics) {
-        std::fprintf(metrics,
-                     "{\"step\": %lld, \"loss\": %.6f, \"accuracy\": %s, \"lr\": %.6g, \"grad_norm\": %.6g, "
-                     "\"tokens_per_s_per_rank\": %.1f, \"step_ms\": %.2f, \"phase_ms\": {\"data\": %.2f, "
-                     "\"forward_backward\": %.2f, \"optimizer\": %.2f}, \"peak_bytes_by_tag\": %s}\n",
-                     (long long)(s + 1), loss, acc >= 0 ? std::to_string(acc).c_str() : "null", lr, norm, tps,
-                     step_s * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, tags_json(mem).c_str());
+        const std::string line = metrics_line(StepMetrics{
+            .step = s + 1, .loss = loss, .accuracy = acc, .lr = lr, .grad_norm = norm, .tokens_per_s_per_rank = tps,
+            .step_s = step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1, .optimizer_s = t3 - t2, .mem = &mem});
+        std::fprintf(metrics, "%s\n", line.c_str());
         std::fflush(metrics);
       }
       // Progress: a bar redrawn in place on a terminal; otherwise about 20 plain lines per run.
