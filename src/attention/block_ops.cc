@@ -69,13 +69,16 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
 }
 
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, int64_t first_position, Rope dir) {
-  RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t, .first_position = first_position};
-  for (int64_t b = 0; b < blocks; ++b) {
-    void* p = static_cast<char*>(buf) + b * rows * heads * d * dtype_size(t);
-    if (dir == Rope::kInverse) rope_backward(dev, s, p, nullptr);
-    else rope_forward(dev, s, p, nullptr);
-  }
+                 double theta, const std::vector<TokenSegment>& segments, Rope dir) {
+  const int64_t es = dtype_size(t);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (const TokenSegment& seg : segments) {
+      const RopeShape s{.tokens = seg.length, .heads = heads, .head_dim = d, .theta = theta, .dtype = t,
+                        .first_position = seg.first_position};
+      void* p = static_cast<char*>(buf) + (b * rows + seg.first_row) * heads * d * es;
+      if (dir == Rope::kInverse) rope_backward(dev, s, p, nullptr);
+      else rope_forward(dev, s, p, nullptr);
+    }
 }
 
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "untied/attention/attention_block.h"
+#include "untied/attention/token_layout.h"
 #include "untied/kernels/gemm.h"
 #include "untied/kernels/rope.h"
 
@@ -50,9 +51,10 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
                            int64_t d, Write dw_write);
 
 // RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens,
-// at positions first_position + [0, rows) (a rank's contiguous slice of the sequence).
+// whose positions the segments give (token_layout.h: one or two runs of positions); one kernel
+// call per segment and block.
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, int64_t first_position, Rope dir);
+                 double theta, const std::vector<TokenSegment>& segments, Rope dir);
 
 // all_to_all of equal blocks; skipped in rehearsal (unbacked buffers).
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes);

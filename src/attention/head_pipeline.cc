@@ -44,10 +44,21 @@ void normalise(Device& dev, const AttentionConfig& cfg, TensorBuffer& send, cons
 }  // namespace
 
 HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfig& cfg, Saving saving)
-    : dev_(dev), comm_(comm), cfg_(cfg), saving_(saving) {
-  sched_ = make_head_schedule(cfg.heads, cfg.kv_heads, comm.size(), stage_heads_of(cfg, comm.size())).value();
-  rows_ = cfg.seq / comm.size();
-  first_position_ = comm.rank() * rows_;
+    : dev_(dev), cfg_(cfg), saving_(saving), layout_(token_layout(cfg, comm.size())), ulysses_(&comm) {
+  const int R = layout_.ring(), C = layout_.group(), r = comm.rank();
+  if (R > 1) {  // collective: every rank splits the same way
+    group_comm_ = comm.split(/*color=*/r / C, /*key=*/r % C);
+    ring_comm_ = comm.split(/*color=*/r % C, /*key=*/r / C);
+    ulysses_ = group_comm_.get();
+  }
+  sched_ = make_head_schedule(cfg.heads, cfg.kv_heads, C, stage_heads_of(cfg, comm.size())).value();
+  rows_ = layout_.local_tokens();
+  seq_group_ = layout_.group_tokens();
+  positions_ = layout_.rank_segments(r);
+  group_positions_ = layout_.group_segments(r / C);
+  if (R > 1)
+    ring_ = std::make_unique<RingAttention>(dev, *ring_comm_, layout_, sched_.q_per_rank, sched_.kv_per_rank,
+                                            cfg.head_dim, cfg.dtype, cfg.ring_overlap);
 }
 
 PackedHeads HeadPipeline::packed(void* base, int64_t heads, int64_t elem_bytes) const {
@@ -55,7 +66,7 @@ PackedHeads HeadPipeline::packed(void* base, int64_t heads, int64_t elem_bytes) 
 }
 
 AttentionShape HeadPipeline::kernel_shape() const {
-  return AttentionShape{.seq_q = cfg_.seq, .seq_k = cfg_.seq, .heads = sched_.q_per_rank,
+  return AttentionShape{.seq_q = seq_group_, .seq_k = seq_group_, .heads = sched_.q_per_rank,
                         .kv_heads = sched_.kv_per_rank, .head_dim = cfg_.head_dim, .causal = true,
                         .dtype = cfg_.dtype};
 }
@@ -69,9 +80,9 @@ void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t
     for (int64_t j = 0; j < u; ++j)
       project_head(dev_, q.slot(p, j), q.ld(), t, x.data(), x.dtype(), L, w.wq, sched_.q_head(s, p, j), D);
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
-  rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, Rope::kForward);
+  rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, positions_, Rope::kForward);
   st.q = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
-  exchange(dev_, comm_, send.data(), st.q.data(), L * u * D * dtype_size(t));
+  exchange(dev_, *ulysses_, send.data(), st.q.data(), L * u * D * dtype_size(t));
 }
 
 void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_t round, SavedRound& rd,
@@ -98,10 +109,10 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_
         project_head(dev_, kv.slot(p, i), kv.ld(), t, x.data(), x.dtype(), L, part.w, sched_.kv_head(round, p, i), D);
     if (part.norm_w != nullptr) {
       normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
-      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, first_position_, Rope::kForward);
+      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, positions_, Rope::kForward);
     }
     part.recv = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication, part.recv_what);
-    exchange(dev_, comm_, send.data(), part.recv.data(), L * nkv * D * dtype_size(t));
+    exchange(dev_, *ulysses_, send.data(), part.recv.data(), L * nkv * D * dtype_size(t));
   }
 }
 
@@ -110,7 +121,7 @@ void HeadPipeline::return_output(int64_t s, const Tensor& o, const Tensor& attn_
   const DType t = cfg_.dtype;
   const int64_t es = dtype_size(t);
   TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "attention output all-to-all receive");
-  exchange(dev_, comm_, o.data(), recv.data(), L * u * D * es);
+  exchange(dev_, *ulysses_, o.data(), recv.data(), L * u * D * es);
   const PackedHeads from = packed(recv.data(), u), out = packed(attn_out.data(), cfg_.heads);
   for (int64_t p = 0; p < C; ++p)  // o_recv[p][:, j] -> attn_out[:, h(s, p, j)]
     for (int64_t j = 0; j < u; ++j)
@@ -132,7 +143,10 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
     SavedRound& rd = saved.rounds.back();
     st.o = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "attention output (head-sharded)");
     st.lse = TensorBuffer(alloc, DType::kF32, {u, C * L}, Tag::kActivations, "attention LSE (saved)");
-    attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
+    if (ring_ != nullptr)
+      ring_->forward(st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
+    else
+      attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     return_output(s, st.o, saved.attn_out);
     if (saving_ == Saving::kRecompute) {  // only the LSE stays; backward recomputes the rest
       st.q.reset();
@@ -179,8 +193,8 @@ HeadPipeline::DoutStage HeadPipeline::exchange_dout(int64_t s, const Tensor& dy,
     for (int64_t j = 0; j < u; ++j)
       row_dot(dev_, L, D, t, out.slot(0, sched_.q_head(s, p, j)), out.ld(), dout.slot(p, j), dout.ld(),
               delta_send.as<float>() + (p * u + j) * L, 1);
-  exchange(dev_, comm_, do_send.data(), d.dout.data(), L * u * D * es);
-  exchange(dev_, comm_, delta_send.data(), delta_recv.data(), L * u * 4);
+  exchange(dev_, *ulysses_, do_send.data(), d.dout.data(), L * u * D * es);
+  exchange(dev_, *ulysses_, delta_send.data(), delta_recv.data(), L * u * 4);
   // delta_recv [src][j][i] -> delta [j][src*L + i] (the kernel's (heads, seq) layout)
   for (int64_t src = 0; src < C; ++src)
     dev_.copy_2d(d.delta.as<float>() + src * L, C * L * 4, delta_recv.as<float>() + src * u * L, L * 4, L * 4, u);
@@ -192,9 +206,9 @@ void HeadPipeline::return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const 
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "dq all-to-all receive");
-  exchange(dev_, comm_, dq.data(), recv.data(), L * u * D * dtype_size(t));
+  exchange(dev_, *ulysses_, dq.data(), recv.data(), L * u * D * dtype_size(t));
   dq.reset();
-  rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, first_position_, Rope::kInverse);
+  rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, positions_, Rope::kInverse);
   if (qk.on()) {  // through the per-head q norm
     recv = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, recv);
     st.q_norm = SavedQkNorm{};
@@ -229,7 +243,8 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
     // The sums, RoPE undone (their rows are the whole sequence in order), go back in the block's
     // dtype, as dq does: half the bytes of fp32 for bf16, and every GEMM operand of the
     // projection backward in one dtype.
-    if (part.is_k) rope_blocks(dev_, part.sum.data(), DType::kF32, 1, C * L, nkv, D, cfg_.rope_theta, 0, Rope::kInverse);
+    if (part.is_k) rope_blocks(dev_, part.sum.data(), DType::kF32, 1, seq_group_, nkv, D, cfg_.rope_theta, group_positions_,
+                              Rope::kInverse);
     TensorBuffer send;
     if (t != DType::kF32) {
       send = TensorBuffer(alloc, t, {C * L, nkv, D}, Tag::kCommunication, part.send_what);
@@ -237,7 +252,7 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
       part.sum.reset();
     }
     TensorBuffer recv(alloc, t, {C, L, nkv, D}, Tag::kCommunication, part.recv_what);
-    exchange(dev_, comm_, (t != DType::kF32 ? send : part.sum).data(), recv.data(), L * nkv * D * dtype_size(t));
+    exchange(dev_, *ulysses_, (t != DType::kF32 ? send : part.sum).data(), recv.data(), L * nkv * D * dtype_size(t));
     send.reset();
     part.sum.reset();
     const bool through_norm = part.is_k && qk.on();
@@ -302,18 +317,24 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
     }
     DoutStage d = exchange_dout(s, dy, w, saved.attn_out);
     TensorBuffer dq(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
-    TensorBuffer dk(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dk (head-sharded, stage)");
-    TensorBuffer dv(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dv (head-sharded, stage)");
-    attention_backward_with_delta(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q.data(), rd.k.data(),
-                                  rd.v.data(), d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
-    d.dout.reset();
-    d.delta.reset();
-    st.q.reset();
-    st.o.reset();
-    add_into(dev_, acc.dk.data(), DType::kF32, dk.data(), t, C * L * nkv * D);
-    add_into(dev_, acc.dv.data(), DType::kF32, dv.data(), t, C * L * nkv * D);
-    dk.reset();
-    dv.reset();
+    if (ring_ != nullptr) {  // dk, dv of this rank's block, summed over the ring, straight into the round's sums
+      ring_->backward(dq.data(), acc.dk.as<float>(), acc.dv.as<float>(), st.q.data(), rd.k.data(), rd.v.data(),
+                      d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
+      d = DoutStage{};
+      st.q.reset();
+      st.o.reset();
+    } else {
+      TensorBuffer dk(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dk (head-sharded, stage)");
+      TensorBuffer dv(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dv (head-sharded, stage)");
+      attention_backward_with_delta(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q.data(), rd.k.data(),
+                                    rd.v.data(), d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
+      d.dout.reset();
+      d.delta.reset();
+      st.q.reset();
+      st.o.reset();
+      add_into(dev_, acc.dk.data(), DType::kF32, dk.data(), t, C * L * nkv * D);
+      add_into(dev_, acc.dv.data(), DType::kF32, dv.data(), t, C * L * nkv * D);
+    }
     return_dq(s, dq, st, w, x, dx_acc, g, qk);
     if (sched_.last_of_round(s)) return_round_dkv(round, acc, rd, w, x, dx_acc, g, qk);
   }

@@ -3,7 +3,11 @@
 // head_pipeline.cc for the steps and their shapes.
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "attention/block_ops.h"
+#include "attention/ring_attention.h"
 #include "untied/attention/attention_block.h"
 #include "untied/attention/head_schedule.h"
 #include "untied/kernels/attention.h"
@@ -25,6 +29,7 @@ class HeadPipeline final : public AttentionBlock {
                 AttentionSaved& saved) override;
   const AttentionConfig& config() const override { return cfg_; }
   int64_t stage_heads() const override { return sched_.stage_heads; }
+  RingStats ring_stats() const override { return ring_ != nullptr ? ring_->stats() : RingStats{}; }
 
  private:
   struct DoutStage;
@@ -55,12 +60,19 @@ class HeadPipeline final : public AttentionBlock {
   AttentionShape kernel_shape() const;
 
   Device& dev_;
-  Communicator& comm_;
   AttentionConfig cfg_;
   Saving saving_;
+  TokenLayout layout_;
+  // With a ring (R > 1): this rank's Ulysses group (C consecutive ranks) and its ring (the ranks
+  // of the same place in every group). Without, the all-to-all runs over the whole communicator.
+  std::unique_ptr<Communicator> group_comm_, ring_comm_;
+  Communicator* ulysses_;                 // the all-to-all group
+  std::unique_ptr<RingAttention> ring_;   // R > 1 only
   HeadSchedule sched_;
-  int64_t rows_;                // L
-  int64_t first_position_ = 0;  // global position of this rank's first token
+  int64_t rows_;                          // L
+  int64_t seq_group_;                     // rows after the all-to-all: S / R (S without a ring)
+  std::vector<TokenSegment> positions_;   // this rank's rows (one or two runs of positions)
+  std::vector<TokenSegment> group_positions_;  // the group sequence's rows
 };
 
 }  // namespace untied::attn

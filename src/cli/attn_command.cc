@@ -22,8 +22,15 @@ void add_attention_flags(FlagSet& f) {
   f.add("kv-heads", FlagKind::kInt, "4", "KV heads G (divides H)");
   f.add("head-dim", FlagKind::kInt, "64", "head dimension D (even)");
   f.add("rope-theta", FlagKind::kString, "500000", "RoPE base theta");
-  f.add("strategy", FlagKind::kString, "upipe", "local, ulysses or upipe");
-  f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage U: a multiple of the ranks dividing H (0 = ranks)");
+  f.add("strategy", FlagKind::kString, "upipe", "local, ulysses, upipe or ring");
+  f.add("upipe-heads", FlagKind::kInt, "0",
+        "heads per UPipe stage U: a multiple of the ranks per ring group dividing H (0 = ranks per group)");
+  f.add("ring", FlagKind::kInt, "1",
+        "ring degree R of ulysses/upipe: R groups of ranks/R consecutive ranks, zig-zag ring attention across them");
+  f.add("ring-order", FlagKind::kString, "zigzag",
+        "ring layout: zigzag (causal balance), or contiguous (to measure the imbalance zigzag removes)");
+  f.add("ring-overlap", FlagKind::kBool, "true",
+        "overlap each ring exchange with compute (--no-ring-overlap waits at once: the exchanges' whole cost)");
   add_dtype_flag(f, "f32");
   f.add("seed", FlagKind::kInt, "1", "seed of the random inputs and weights");
   add_ranks_flag(f, 1, "in-process ranks (threads) when not launched by mpirun");
@@ -63,6 +70,12 @@ Status attention_config_from_flags(const FlagSet& f, AttentionConfig* cfg) {
   if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
   cfg->dtype = dt.value();
   cfg->upipe_heads = f.get_int("upipe-heads");
+  cfg->ring = f.get_int("ring");
+  const std::string order = f.get_string("ring-order");
+  if (order != "zigzag" && order != "contiguous")
+    return Status::invalid_argument("--ring-order: '" + order + "': use zigzag or contiguous");
+  cfg->ring_order = order == "contiguous" ? RingOrder::kContiguous : RingOrder::kZigzag;
+  cfg->ring_overlap = f.get_bool("ring-overlap");
   if (cfg->upipe_heads != 0 && cfg->strategy != Strategy::kUPipe)
     return Status::invalid_argument("--upipe-heads applies to --strategy upipe only");
   return Status::ok_status();
@@ -125,6 +138,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       j["head_dim"] = cfg.head_dim;
       j["dtype"] = dtype_name(cfg.dtype);
       j["upipe_heads"] = U;
+      j["ring"] = ring_degree(cfg, comm.size());
       j["stages"] = cfg.heads / U;
       j["threads"] = threads;
       j["rehearsal"] = opts.rehearsal;
@@ -136,6 +150,11 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       j["attn_intermediate_bytes_bwd"] = r.intermediates_bwd;
       j["paper_mha_formula_bytes"] = paper;
       j["gqa_exact_formula_bytes"] = exact;
+      j["ring_exchanges"] = r.ring.exchanges;
+      j["ring_bytes_sent"] = r.ring.bytes_sent;
+      j["ring_wait_ms"] = as_printed("%.3f", r.ring.wait_s * 1e3);
+      j["ring_compute_ms_max"] = as_printed("%.3f", r.ring.compute_s * 1e3);
+      j["ring_compute_ms_min"] = as_printed("%.3f", r.ring_compute_min_s * 1e3);
       j["device"] = r.device_name;
       std::printf("%s\n", json_line(j).c_str());
       return;
@@ -151,11 +170,21 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                        : opts.device == DeviceChoice::kCpu
                            ? " | rehearsal: memory counted, compute skipped"
                            : " | rehearsal: memory counted on the CPU's counting device as a GPU rank, compute skipped";
-    std::printf("untied attn | %s, U=%lld (%lld stages) | %s | %s | S=%lld E=%lld H=%lld G=%lld D=%lld%s\n",
-                std::string(strategy_name(cfg.strategy)).c_str(), (long long)U, (long long)(cfg.heads / U),
+    const int R = ring_degree(cfg, comm.size());
+    const std::string ring = R > 1 && cfg.strategy != Strategy::kRing
+                                 ? " x ring " + std::to_string(R) + " (" + std::to_string(comm.size() / R) + " ranks per group)"
+                                 : "";
+    std::printf("untied attn | %s%s, U=%lld (%lld stages) | %s | %s | S=%lld E=%lld H=%lld G=%lld D=%lld%s\n",
+                std::string(strategy_name(cfg.strategy)).c_str(), ring.c_str(), (long long)U, (long long)(cfg.heads / U),
                 where.c_str(), std::string(dtype_name(cfg.dtype)).c_str(), (long long)cfg.seq, (long long)cfg.hidden,
                 (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, note);
     std::printf("  forward   %10.2f ms\n  backward  %10.2f ms\n", r.fwd_ms, r.bwd_ms);
+    if (r.ring.exchanges > 0)
+      std::printf("  ring      %lld exchanges, %s sent per rank; waiting for them %.2f ms (slowest rank); ring "
+                  "attention compute %.2f .. %.2f ms per rank (max/min %.3f)\n",
+                  (long long)r.ring.exchanges, format_bytes(r.ring.bytes_sent).c_str(), r.ring.wait_s * 1e3,
+                  r.ring_compute_min_s * 1e3, r.ring.compute_s * 1e3,
+                  r.ring_compute_min_s > 0 ? r.ring.compute_s / r.ring_compute_min_s : 0.0);
     std::printf("peak memory per rank (max over ranks):\n");
     for (int t = 0; t < kNumTags; ++t)
       std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(r.mem.peak[t]).c_str());

@@ -36,11 +36,26 @@ MemoryStats reduce_max(Communicator& comm, MemoryStats m) {
   return m;
 }
 
-// Rank 0 gets the global (S, E) tensor gathered in sequence order, as float32.
-std::vector<float> gather_rows(Communicator& world, Device& dev, const Tensor& t) {
+// Rank 0 gets the global (S, E) tensor gathered in sequence order, as float32: every rank's rows
+// put at their positions (token_layout.h).
+std::vector<float> gather_rows(Communicator& world, Device& dev, const Tensor& t, const TokenLayout& layout) {
+  const int64_t rows = t.dim(0), cols = t.numel() / rows;
   std::vector<float> local = host_f32(dev, t), all(static_cast<size_t>(t.numel() * world.size()));
   world.all_gather(local.data(), all.data(), t.numel() * 4);
-  return all;
+  std::vector<float> ordered(all.size());
+  for (int r = 0; r < world.size(); ++r)
+    for (const TokenSegment& s : layout.rank_segments(r))
+      std::copy(all.begin() + (r * rows + s.first_row) * cols, all.begin() + (r * rows + s.first_row + s.length) * cols,
+                ordered.begin() + s.first_position * cols);
+  return ordered;
+}
+
+// The rows of t (this rank's tokens) = the global tensor's rows at this rank's positions.
+void fill_rows(Device& dev, const Tensor& t, const TokenLayout& layout, int rank, uint64_t seed, uint64_t stream) {
+  const int64_t cols = t.numel() / t.dim(0);
+  for (const TokenSegment& s : layout.rank_segments(rank))
+    fill_hash_uniform_on(dev, t.slice0(s.first_row, s.first_row + s.length), seed, stream, s.first_position * cols,
+                         1.0f);
 }
 
 std::vector<float> sum_over_ranks(Communicator& world, Device& dev, const Tensor& t) {
@@ -109,8 +124,9 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   fill_hash_uniform_on(dev, wk, opts.seed, kWk, 0, ws);
   fill_hash_uniform_on(dev, wv, opts.seed, kWv, 0, ws);
   fill_hash_uniform_on(dev, wo, opts.seed, kWo, 0, wos);
-  fill_hash_uniform_on(dev, x, opts.seed, kX, comm.rank() * L * E, 1.0f);
-  fill_hash_uniform_on(dev, dy, opts.seed, kDy, comm.rank() * L * E, 1.0f);
+  const TokenLayout layout = token_layout(cfg, static_cast<int>(C));
+  fill_rows(dev, x, layout, comm.rank(), opts.seed, kX);
+  fill_rows(dev, dy, layout, comm.rank(), opts.seed, kDy);
   AttentionWeights w{wq, wk, wv, wo};
   AttentionGrads g{dwq, dwk, dwv, dwo};
   AttentionSaved saved;
@@ -130,6 +146,7 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
     world.barrier();
     return now_ms();
   };
+  const RingStats ring_before = block->ring_stats();
   alloc.set_watch({Tag::kAttnWorkspace, Tag::kCommunication});
   alloc.reset_peaks();
   alloc.set_phase(Phase::kForward);
@@ -153,11 +170,20 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   r.intermediates_fwd = reduce_max(world, fwd_inter);
   r.intermediates_bwd = reduce_max(world, m.phase_watch_peak[static_cast<int>(Phase::kBackward)]);
   r.reserved_peak = reduce_max(world, alloc.reserved_peak_bytes());
+  const RingStats ring_after = block->ring_stats();
+  r.ring = RingStats{.exchanges = ring_after.exchanges - ring_before.exchanges,
+                     .bytes_sent = ring_after.bytes_sent - ring_before.bytes_sent,
+                     .wait_s = ring_after.wait_s - ring_before.wait_s,
+                     .compute_s = ring_after.compute_s - ring_before.compute_s};
+  r.ring_compute_min_s = r.ring.compute_s;
+  world.all_reduce(&r.ring.wait_s, &r.ring.wait_s, 1, DType::kF64, ReduceOp::kMax);
+  world.all_reduce(&r.ring.compute_s, &r.ring.compute_s, 1, DType::kF64, ReduceOp::kMax);
+  world.all_reduce(&r.ring_compute_min_s, &r.ring_compute_min_s, 1, DType::kF64, ReduceOp::kMin);
 
   if (!opts.dump_dir.empty() && !opts.rehearsal) {
     const int64_t S = cfg.seq;
-    auto gx = gather_rows(world, dev, x), gdy = gather_rows(world, dev, dy), gy = gather_rows(world, dev, y),
-         gdx = gather_rows(world, dev, dx);
+    auto gx = gather_rows(world, dev, x, layout), gdy = gather_rows(world, dev, dy, layout),
+         gy = gather_rows(world, dev, y, layout), gdx = gather_rows(world, dev, dx, layout);
     auto sq = sum_over_ranks(world, dev, dwq), sk = sum_over_ranks(world, dev, dwk),
          sv = sum_over_ranks(world, dev, dwv), so = sum_over_ranks(world, dev, dwo);
     if (world.rank() == 0) {
@@ -185,6 +211,7 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
       meta["kv_heads"] = cfg.kv_heads;
       meta["head_dim"] = cfg.head_dim;
       meta["upipe_heads"] = r.stage_heads;
+      meta["ring"] = ring_degree(cfg, static_cast<int>(C));
       meta["dtype"] = dtype_name(t);
       meta["rope_theta"] = cfg.rope_theta;
       meta["rope"] = "hf_rotate_half";

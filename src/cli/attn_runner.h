@@ -33,6 +33,10 @@ struct AttnRunResult {
   // (max over ranks): the real footprint, against mem.peak_total (live). 0 on the CPU.
   int64_t reserved_peak = 0;
   int64_t stage_heads = 0;
+  // Ring strategies, the timed forward + backward only: rank 0's exchanges and bytes; the most
+  // any rank waited for exchanges; the most and least time a rank spent in ring attention compute.
+  RingStats ring;
+  double ring_compute_min_s = 0;
   std::string device_name;  // rank 0's device, "cuda:0 (NVIDIA H200)"
   std::string backend;      // the communicator that moved the device buffers
 };

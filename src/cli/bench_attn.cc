@@ -29,7 +29,7 @@ namespace {
 // What the flags ask for, read and checked before any rank starts.
 struct BenchAttnOptions {
   std::vector<std::string> presets;
-  std::vector<int64_t> seqs, mem_seqs, multiples;
+  std::vector<int64_t> seqs, mem_seqs, multiples, rings;
   DType dtype = DType::kBF16;
   DeviceChoice device = DeviceChoice::kCpu;
   int ranks = -1;  // in-process ranks; -1 under mpirun
@@ -53,7 +53,15 @@ struct BenchRow {
 struct Spec {
   Strategy strategy;
   int64_t upipe_heads;  // 0 for ulysses
+  int64_t ring = 1;     // R: ulysses/upipe across R ring groups (ring: R = ranks)
 };
+
+// "ulysses", "upipe", "ring", or with a ring degree: "ulysses+r2", "upipe+r2".
+std::string spec_name(const Spec& s) {
+  std::string n(strategy_name(s.strategy));
+  if (s.strategy != Strategy::kRing && s.ring > 1) n += "+r" + std::to_string(s.ring);
+  return n;
+}
 
 // One strategy's answer under --fit.
 struct FitRow {
@@ -78,6 +86,7 @@ AttentionConfig make_config(const std::string& preset, DType dtype, Spec spec, i
   cfg.dtype = dtype;
   cfg.strategy = spec.strategy;
   cfg.upipe_heads = spec.upipe_heads;
+  cfg.ring = spec.strategy == Strategy::kRing ? 1 : spec.ring;
   apply_heads_preset(preset, &cfg);
   return cfg;
 }
@@ -95,7 +104,9 @@ void add_bench_attn_flags(FlagSet& flags) {
   flags.add("presets", FlagKind::kString, "llama3-8b,qwen3-32b", "head presets (comma separated)");
   flags.add("seqs", FlagKind::kIntList, "4K", "sequence lengths that are run and timed");
   flags.add("mem-seqs", FlagKind::kIntList, "128K,1M,3M", "sequence lengths measured in rehearsal (memory only)");
-  flags.add("multiples", FlagKind::kIntList, "1,2,4", "UPipe stage sizes U as multiples of the ranks C");
+  flags.add("multiples", FlagKind::kIntList, "1,2,4", "UPipe stage sizes U as multiples of the ranks C per ring group");
+  flags.add("rings", FlagKind::kIntList, "1",
+            "ring degrees R: each adds ulysses and upipe across R ring groups of ranks/R (R = ranks: the ring strategy)");
   add_dtype_flag(flags, "bf16");
   add_ranks_flag(flags, 8);
   add_device_flag(flags, std::string(kDeviceHelp) + ". Rehearsal rows are counted on the CPU as GPU ranks");
@@ -164,6 +175,7 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
   o->seqs = flags.get_int_list("seqs");
   o->mem_seqs = flags.get_int_list("mem-seqs");
   o->multiples = flags.get_int_list("multiples");
+  o->rings = flags.get_int_list("rings");
   o->threads = flags.get_string("threads").empty()
                    ? default_threads_per_rank(li.mpi ? local_ranks_under_mpirun() : o->ranks)
                    : static_cast<int>(flags.get_int("threads"));
@@ -185,10 +197,16 @@ std::string where_rows_run(Communicator& world, const BenchAttnOptions& o) {
          (o.threads == 1 ? "" : "s");
 }
 
-// Ulysses, then UPipe at each --multiples of the C ranks.
-std::vector<Spec> strategy_specs(const BenchAttnOptions& o, int C) {
-  std::vector<Spec> specs = {{Strategy::kUlysses, 0}};
-  for (int64_t m : o.multiples) specs.push_back({Strategy::kUPipe, m * C});
+// Per ring degree R (--rings): Ulysses (the ring strategy when R = ranks), then UPipe at each
+// --multiples of the C = ranks / R ranks of a group.
+std::vector<Spec> strategy_specs(const BenchAttnOptions& o, int ranks) {
+  std::vector<Spec> specs;
+  for (int64_t R : o.rings) {
+    if (R < 1 || ranks % R != 0) continue;  // not a layout of these ranks
+    const int64_t C = ranks / R;
+    specs.push_back({R == ranks && R > 1 ? Strategy::kRing : Strategy::kUlysses, 0, R});
+    for (int64_t m : o.multiples) specs.push_back({Strategy::kUPipe, m * C, R});
+  }
   return specs;
 }
 
@@ -204,7 +222,7 @@ std::vector<BenchRow> run_rows(Communicator& world, const BenchAttnOptions& o, c
         for (Spec spec : specs) {
           AttentionConfig cfg = make_config(preset, o.dtype, spec, S);
           if (!validate(cfg, C).ok()) continue;  // e.g. U = 4C > H: not a valid stage size
-          BenchRow row{preset, std::string(strategy_name(spec.strategy)), rehearsal ? "rehearsal" : "run", 0, S, {}, 0, 0};
+          BenchRow row{preset, spec_name(spec), rehearsal ? "rehearsal" : "run", 0, S, {}, 0, 0};
           AttnRunOptions ro;
           ro.device = o.device;
           ro.threads = o.threads;
@@ -255,7 +273,7 @@ void print_rows_table(const std::vector<BenchRow>& rows, const BenchAttnOptions&
     if (r.strategy == "ulysses") base[r.preset + "/" + std::to_string(r.seq) + "/" + r.mode] = &r;
   std::printf("untied bench attn | %s | %s storage | per-rank figures, max over ranks\n", where.c_str(),
               std::string(dtype_name(o.dtype)).c_str());
-  std::printf("%-10s %-8s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
+  std::printf("%-10s %-11s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
               "mode", "fwd_ms", "bwd_ms", "t/uly", "inter_fwd", "inter_bwd", "m/uly", "peak", "formula_mha",
               "formula_gqa");
   for (const BenchRow& r : rows) {
@@ -263,7 +281,7 @@ void print_rows_table(const std::vector<BenchRow>& rows, const BenchAttnOptions&
     char tr[16] = "-", mr[16] = "-";
     if (b && r.mode == "run") std::snprintf(tr, sizeof tr, "%.3f", (r.r.fwd_ms + r.r.bwd_ms) / (b->r.fwd_ms + b->r.bwd_ms));
     if (b) std::snprintf(mr, sizeof mr, "%.3f", double(r.r.intermediates_fwd) / double(b->r.intermediates_fwd));
-    std::printf("%-10s %-8s %4lld %8lld %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
+    std::printf("%-10s %-11s %4lld %8lld %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
                 r.strategy.c_str(), (long long)r.U, (long long)r.seq, r.mode.c_str(),
                 r.mode == "run" ? std::to_string(r.r.fwd_ms).substr(0, 9).c_str() : "-",
                 r.mode == "run" ? std::to_string(r.r.bwd_ms).substr(0, 9).c_str() : "-", tr,
@@ -305,7 +323,7 @@ FitRow longest_fit(Communicator& world, const BenchAttnOptions& o, const std::st
   const int64_t step = o.fit_step, fit_max = o.fit_max / step * step;
   FitRow row;
   row.preset = preset;
-  row.strategy = std::string(strategy_name(spec.strategy));
+  row.strategy = spec_name(spec);
   row.spec = spec;
   std::map<int64_t, int64_t> peak;
   auto fits = [&](int64_t S) {
@@ -405,7 +423,7 @@ void print_fit_table(const std::vector<FitRow>& rows, const BenchAttnOptions& o,
     target_text += " (--mem-budget)";
   std::printf("untied bench attn --fit | %s | %s storage | memory to fit in: %s\n", where.c_str(),
               std::string(dtype_name(o.dtype)).c_str(), target_text.c_str());
-  std::printf("%-10s %-8s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
+  std::printf("%-10s %-11s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
               "max_seq", "peak@max", "run_seq", "fwd_ms", "bwd_ms", "t/uly", "peak_run", "inter_fwd", "inter_bwd",
               gpu ? "  gpu_reserved" : "");
   std::map<std::string, const FitRow*> base;
@@ -418,7 +436,7 @@ void print_fit_table(const std::vector<FitRow>& rows, const BenchAttnOptions& o,
     if (ran && b && b->run_seq > 0)
       std::snprintf(tr, sizeof tr, "%.3f", (r.run.fwd_ms + r.run.bwd_ms) / (b->run.fwd_ms + b->run.bwd_ms));
     const std::string reserved = gpu ? "  " + (ran ? format_bytes(r.run.reserved_peak) : std::string("-")) : "";
-    std::printf("%-10s %-8s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", r.preset.c_str(),
+    std::printf("%-10s %-11s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", r.preset.c_str(),
                 r.strategy.c_str(), (long long)r.U, (long long)r.max_seq, bytes_or_dash(r.peak_at_max).c_str(),
                 ran ? std::to_string(r.run_seq).c_str() : "-", ms_or_dash(ran, r.run.fwd_ms).c_str(),
                 ms_or_dash(ran, r.run.bwd_ms).c_str(), tr, ran ? format_bytes(r.run.mem.peak_total).c_str() : "-",

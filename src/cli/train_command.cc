@@ -25,7 +25,8 @@ void add_train_flags(FlagSet& f) {
         "config file: `name = value` lines, or a JSON object {\"name\": value} of strings, numbers and "
         "booleans (flags override it)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
-  f.add("vocab", FlagKind::kInt, "0", "vocabulary size (0 = the data's vocabulary)");
+  f.add("vocab", FlagKind::kInt, "0",
+        "vocabulary size (0 = the preset's for llama3-8b, llama3-70b and qwen3-32b, else the data's)");
   f.add("layers", FlagKind::kInt, "0", "decoder blocks (0 = the preset's)");
   f.add("data", FlagKind::kString, "kv", "data: kv (built-in key-value retrieval task), tokens or text");
   f.add("data-path", FlagKind::kString, "", "token file (--data tokens) or UTF-8 text file (--data text)");
@@ -34,8 +35,10 @@ void add_train_flags(FlagSet& f) {
   f.add("kv-pairs", FlagKind::kInt, "0", "kv task: pairs per sequence (0 = as many as fit)");
   f.add("kv-fused", FlagKind::kBool, "true", "kv task: each pair one token (one-hop retrieval; --no-kv-fused: key then value, a two-hop task that learns far slower)");
   f.add("seq", FlagKind::kInt, "256", "sequence length S (divisible by the ranks)");
-  f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses or upipe");
-  f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks)");
+  f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses, upipe or ring");
+  f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
+  f.add("ring", FlagKind::kInt, "1",
+        "ring degree R of ulysses/upipe: R groups of ranks/R consecutive ranks, zig-zag ring attention across them");
   add_dtype_flag(f, "f32", "activation and compute-weight storage: f32 or bf16");
   f.add("steps", FlagKind::kInt, "1500", "optimizer steps");
   f.add("batch", FlagKind::kInt, "4", "sequences per step (their gradients add up)");
@@ -156,7 +159,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   auto dt = parse_dtype(f.get_string("dtype"));
   if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
   o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
-                              .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"), .loss_chunk = f.get_int("loss-chunk")};
+                              .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"), .loss_chunk = f.get_int("loss-chunk")};
   o->steps = f.get_int("steps");
   o->batch = f.get_int("batch");
   o->warmup = f.get_int("warmup");
@@ -183,12 +186,19 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   return Status::ok_status();
 }
 
+// " (ring 2 x 8)": R ring groups of C ranks, or "" without a ring.
+std::string ring_note(const AttentionConfig& c, int ranks) {
+  const int R = ring_degree(c, ranks);
+  if (R == 1 || c.strategy == Strategy::kRing) return "";
+  return " x ring " + std::to_string(R) + " (" + std::to_string(ranks / R) + " ranks per group)";
+}
+
 void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t host_peak) {
-  std::printf("one training step, rehearsal | %s, %lld layers | %s U=%lld on %d ranks | S=%lld | %s\n",
+  const AttentionConfig ac = attention_config(o.model, o.decoder);
+  const std::string ring = ring_note(ac, ranks);
+  std::printf("one training step, rehearsal | %s, %lld layers | %s%s U=%lld on %d ranks | S=%lld | %s\n",
               o.model.name.c_str(), (long long)o.model.layers, std::string(strategy_name(o.decoder.strategy)).c_str(),
-              (long long)stage_heads_of(AttentionConfig{.heads = o.model.heads, .strategy = o.decoder.strategy,
-                                                        .upipe_heads = o.decoder.upipe_heads}, ranks),
-              ranks, (long long)o.decoder.seq,
+              ring.c_str(), (long long)stage_heads_of(ac, ranks), ranks, (long long)o.decoder.seq,
               std::string(dtype_name(o.decoder.dtype)).c_str());
   std::printf("peak memory per rank (max over ranks):\n");
   for (int t = 0; t < kNumTags; ++t)
@@ -284,7 +294,8 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   // The data source is built once per process and shared by its in-process ranks (fill is const).
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
   if (!data.ok()) return refuse(data.status());
-  if (flags.get_int("vocab") == 0) opts.model.vocab = data.value()->vocab_size();
+  if (flags.get_int("vocab") == 0 && !preset_keeps_vocabulary(opts.model.name))
+    opts.model.vocab = data.value()->vocab_size();
 
   if (opts.rehearsal) {
     opts.steps = 1, opts.warmup = 0, opts.progress = false;
@@ -302,9 +313,11 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                                                              .rehearsal = opts.rehearsal});
     if (comm.rank() == 0 && opts.progress)
       std::fprintf(stderr,
-                   "untied train | %s (%lld parameters) | %s on %d ranks | S=%lld (%lld per rank) | %s | data %s | %s\n",
+                   "untied train | %s (%lld parameters) | %s%s on %d ranks | S=%lld (%lld per rank) | %s | data %s | %s\n",
                    opts.model.name.c_str(), (long long)parameter_count(opts.model),
-                   std::string(strategy_name(opts.decoder.strategy)).c_str(), comm.size(), (long long)opts.decoder.seq,
+                   std::string(strategy_name(opts.decoder.strategy)).c_str(),
+                   ring_note(attention_config(opts.model, opts.decoder), comm.size()).c_str(), comm.size(),
+                   (long long)opts.decoder.seq,
                    (long long)(opts.decoder.seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),
                    flags.get_string("data").c_str(), rd.dev().name().c_str());
     auto r = train(rd.dev(), rd.comm(), comm, *data.value(), opts);

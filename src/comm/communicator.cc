@@ -7,6 +7,40 @@
 
 namespace untied {
 
+namespace {
+// The default in-flight exchange: the blocking sendrecv, run when it is waited for.
+class DeferredExchange final : public PendingExchange {
+ public:
+  DeferredExchange(Communicator& c, const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
+                   int src)
+      : c_(c), send_(send), recv_(recv), send_bytes_(send_bytes), recv_bytes_(recv_bytes), dest_(dest), src_(src) {}
+  ~DeferredExchange() override {
+    try {
+      wait();
+    } catch (...) {  // dropped: a caller that wants the error calls wait()
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    c_.sendrecv(send_, send_bytes_, dest_, recv_, recv_bytes_, src_);
+  }
+
+ private:
+  Communicator& c_;
+  const void* send_;
+  void* recv_;
+  int64_t send_bytes_, recv_bytes_;
+  int dest_, src_;
+  bool done_ = false;
+};
+}  // namespace
+
+std::unique_ptr<PendingExchange> Communicator::sendrecv_start(const void* send, int64_t send_bytes, int dest,
+                                                              void* recv, int64_t recv_bytes, int src) {
+  return std::make_unique<DeferredExchange>(*this, send, send_bytes, dest, recv, recv_bytes, src);
+}
+
 // One int64 min-reduction: 1 survives only if every rank passed 1.
 bool all_ranks_ok(Communicator& comm, bool ok) {
   int64_t v = ok ? 1 : 0;

@@ -36,6 +36,9 @@ void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk
                         const void* q, const void* k, const void* v, const void* out,
                         const float* lse, const void* dout) {
   validate(s);
+  UNTIED_CHECK(!s.f32_results || s.dtype == DType::kF32,
+               "attention_backward: f32_results with bf16 storage takes D from the caller: use "
+               "attention_backward_with_delta");
   run_op(dev, &KernelTable::attention_backward, "attention_backward",
          AttentionBackwardCall{.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v,
                                .delta_source = DeltaSource::kFromOut, .out = out, .delta = nullptr, .lse = lse,
@@ -50,6 +53,28 @@ void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* d
          AttentionBackwardCall{.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v,
                                .delta_source = DeltaSource::kGiven, .out = nullptr, .delta = delta, .lse = lse,
                                .dout = dout});
+}
+
+void attention_merge(Device& dev, const AttentionMergeShape& s, float* acc, float* lse_acc, const float* part,
+                     const float* lse_part) {
+  UNTIED_CHECK(s.rows >= 0 && s.heads >= 1 && s.head_dim >= 1, "attention_merge: rows (", s.rows, "), heads (",
+               s.heads, ") and head_dim (", s.head_dim, ") must be >= 0, >= 1, >= 1");
+  const int64_t hd = s.heads * s.head_dim;
+  UNTIED_CHECK((s.acc_row_stride == 0 || s.acc_row_stride >= hd) && (s.part_row_stride == 0 || s.part_row_stride >= hd),
+               "attention_merge: row strides (", s.acc_row_stride, ", ", s.part_row_stride,
+               ") are shorter than heads*head_dim (", hd, ")");
+  UNTIED_CHECK((s.lse_acc_stride == 0 || s.lse_acc_stride >= s.rows) &&
+                   (s.lse_part_stride == 0 || s.lse_part_stride >= s.rows),
+               "attention_merge: lse strides (", s.lse_acc_stride, ", ", s.lse_part_stride, ") are shorter than rows (",
+               s.rows, ")");
+  if (s.rows == 0) return;
+  AttentionMergeShape f = s;  // defaults filled in: the backends see explicit strides
+  if (f.acc_row_stride == 0) f.acc_row_stride = hd;
+  if (f.part_row_stride == 0) f.part_row_stride = hd;
+  if (f.lse_acc_stride == 0) f.lse_acc_stride = s.rows;
+  if (f.lse_part_stride == 0) f.lse_part_stride = s.rows;
+  run_op(dev, &KernelTable::attention_merge, "attention_merge",
+         AttentionMergeCall{.s = f, .acc = acc, .lse_acc = lse_acc, .part = part, .lse_part = lse_part});
 }
 
 double attention_forward_flops(const AttentionShape& s) {

@@ -81,6 +81,7 @@ struct AttentionBackwardCall {
   const float* lse;
   const void* dout;
 };
+struct AttentionMergeCall { AttentionMergeShape s; float *acc, *lse_acc; const float *part, *lse_part; };
 struct RopeCall { RopeShape s; void* x; const int64_t* positions; Direction dir; };
 struct RmsNormForwardCall { RmsNormShape s; void* y; float* rstd; const void *x, *w; };
 struct RmsNormBackwardCall {
@@ -140,6 +141,7 @@ struct KernelTable {
   OpEntry<GemmParams> gemm;
   OpEntry<AttentionForwardCall> attention_forward;
   OpEntry<AttentionBackwardCall> attention_backward;
+  OpEntry<AttentionMergeCall> attention_merge;
   OpEntry<RopeCall> rope;
   OpEntry<RmsNormForwardCall> rmsnorm_forward;
   OpEntry<RmsNormBackwardCall> rmsnorm_backward;

@@ -20,12 +20,6 @@ void add_inplace(Device& dev, const Tensor& dst, const Tensor& src) {
   add_into(dev, dst.data(), dst.dtype(), src.data(), src.dtype(), dst.numel());
 }
 
-AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
-  return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
-                         .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype,
-                         .strategy = o.strategy, .upipe_heads = o.upipe_heads, .qk_norm = m.qk_norm,
-                         .norm_eps = m.norm_eps};
-}
 
 // The block's attention weights (with Qwen3's q/k norms when the model has them: else empty).
 AttentionWeights attention_weights(const BlockWeights& w) {
@@ -36,6 +30,13 @@ AttentionWeights attention_weights(const BlockWeights& w) {
 Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); }
 
 }  // namespace
+
+AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
+  return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
+                         .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype,
+                         .strategy = o.strategy, .upipe_heads = o.upipe_heads, .ring = o.ring,
+                         .qk_norm = m.qk_norm, .norm_eps = m.norm_eps};
+}
 
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   Status s = validate(m);

@@ -2,6 +2,10 @@
 
 namespace untied {
 
+bool preset_keeps_vocabulary(const std::string& name) {
+  return name == "llama3-8b" || name == "llama3-70b" || name == "qwen3-32b";
+}
+
 StatusOr<ModelConfig> model_preset(const std::string& name) {
   ModelConfig m;
   m.name = name;

@@ -141,8 +141,11 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
                                        : Status::io_error("cannot write the metrics file " + o.metrics_path));
   if (!ms.ok()) return ms;
 
-  const int64_t S = o.decoder.seq, L = S / comm.size(), r0 = comm.rank() * L;
+  const int64_t S = o.decoder.seq, L = S / comm.size();
   const int64_t B = o.batch;
+  // The positions this rank holds: one run, or two with a ring (token_layout.h).
+  const std::vector<TokenSegment> positions =
+      token_layout(attention_config(o.model, o.decoder), comm.size()).rank_segments(comm.rank());
   // This rank's positions of the step's sequences, on the host (the decoder copies ids and labels
   // to the device).
   std::vector<int32_t> tokens(static_cast<size_t>(B * L)), labels(tokens.size());
@@ -156,7 +159,12 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const double t0 = now_s();
     Status ds;
     for (int64_t b = 0; b < B && ds.ok() && dev.backed(); ++b)
-      ds = data.fill(s * B + b, S, r0, L, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L);
+      for (const TokenSegment& seg : positions) {
+        const int64_t at = b * L + seg.first_row;
+        ds = data.fill(s * B + b, S, seg.first_position, seg.length, tokens.data() + at, labels.data() + at,
+                       answer.data() + at);
+        if (!ds.ok()) break;
+      }
     ds = first_failure(comm, ds);
     if (!ds.ok()) {
       if (metrics) std::fclose(metrics);

@@ -122,10 +122,11 @@ TEST(AttentionErrors, ParseStrategyNamesTheChoices) {
   EXPECT_EQ(parse_strategy("upipe").value(), Strategy::kUPipe);
   EXPECT_EQ(parse_strategy("ulysses").value(), Strategy::kUlysses);
   EXPECT_EQ(parse_strategy("local").value(), Strategy::kLocal);
-  auto bad = parse_strategy("ring");
+  EXPECT_EQ(parse_strategy("ring").value(), Strategy::kRing);
+  auto bad = parse_strategy("usp");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("'ring'"), std::string::npos) << bad.status().message();
-  EXPECT_NE(bad.status().message().find("local, ulysses or upipe"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("'usp'"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("local, ulysses, upipe or ring"), std::string::npos) << bad.status().message();
 }
 
 // Every rank gets the same bad config: every rank throws kInvalidArgument with validate's

@@ -18,18 +18,12 @@
 #include <cstdio>
 
 #include "attention/block_harness.h"
-#include "untied/device/cuda.h"
+#include "common/gpu.h"
 
 namespace untied::attntest {
 namespace {
 
 constexpr uint64_t kSeed = 20251201;
-
-#define REQUIRE_GPU()                                                                  \
-  do {                                                                                 \
-    if (!cuda_built()) GTEST_SKIP() << "this build has no CUDA backend";               \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible: GPU cases skipped"; \
-  } while (0)
 
 void compare(const std::string& name, const BlockDims& d, const BlockRun& run, const Outputs& target,
              const Outputs& baseline_of, const Outputs& baseline_vs, DType t, int C) {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "common/random_inputs.h"
 #include "untied/comm/inproc.h"
 #include "untied/core/tensor.h"
 #include "untied/device/cuda.h"
@@ -17,72 +18,11 @@
 
 namespace untied::attntest {
 
-double max_abs_error(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double e = std::fabs(a[i] - b[i]);
-    m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e);
-  }
-  return m;
-}
-
-double max_abs(const std::vector<double>& a) {
-  double m = 0;
-  for (double x : a)
-    if (std::isfinite(x)) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-::testing::AssertionResult expect_within(const std::string& what, const std::vector<double>& actual,
-                                         const std::vector<double>& expected, double tol, int64_t cols,
-                                         const std::string& how_tol) {
-  if (actual.size() != expected.size())
-    return ::testing::AssertionFailure() << what << ": " << actual.size() << " elements, expected "
-                                         << expected.size();
-  const double err = max_abs_error(actual, expected);
-  int64_t over = 0;
-  std::ostringstream first;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const double e = std::fabs(actual[i] - expected[i]);
-    if (!(e <= tol)) {
-      if (over < 5)
-        first << "\n    [" << static_cast<int64_t>(i) / cols << "," << static_cast<int64_t>(i) % cols
-              << "] got " << actual[i] << ", expected " << expected[i] << " (err " << e << ")";
-      ++over;
-    }
-  }
-  std::printf("  %-58s max err %9.3e  tol %9.3e  (%s)%s\n", what.c_str(), err, tol, how_tol.c_str(),
-              over ? "  FAIL" : "");
-  if (over == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": max err " << err << " > tol " << tol << " (" << how_tol
-                                       << "); " << over << " of " << actual.size()
-                                       << " elements over; first:" << first.str();
-}
-
-int64_t count_identical(const std::vector<double>& a, const std::vector<double>& b) {
-  int64_t n = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += std::memcmp(&a[i], &b[i], sizeof(double)) == 0;
-  return n;
-}
-
-bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && count_identical(a, b) == static_cast<int64_t>(a.size());
-}
-
 int64_t output_cols(const BlockDims& d, int i) { return i == 5 ? d.heads * d.head_dim : d.hidden; }
 
 BlockInputs random_inputs(const BlockDims& d, uint64_t seed, DType exact_in) {
-  std::mt19937_64 rng(seed);
-  auto draw = [&](int64_t n, double sigma) {
-    std::normal_distribution<double> nd(0.0, sigma);
-    std::vector<double> v(static_cast<size_t>(n));
-    for (double& x : v) {
-      const float f = static_cast<float>(nd(rng));
-      x = exact_in == DType::kBF16 ? round_to_bf16(f) : f;
-    }
-    return v;
-  };
+  test::Rng rng(seed);
+  auto draw = [&](int64_t n, double sigma) { return test::normal_values(rng, n, exact_in, sigma); };
   const int64_t S = d.seq, E = d.hidden, HD = d.heads * d.head_dim, GD = d.kv_heads * d.head_dim;
   BlockInputs in;
   in.dims = d;
@@ -139,6 +79,20 @@ class Stored {
   std::vector<bf16> b_;
 };
 
+// Rows of a global (S, cols) tensor in rank-major order (rank 0's L rows, then rank 1's, ...) as
+// the layout hands them out, or (gather) the inverse: rank-major rows back in sequence order.
+std::vector<double> rows_by_rank(const std::vector<double>& v, const TokenLayout& layout, int64_t cols, bool gather) {
+  std::vector<double> out(v.size());
+  const int64_t L = layout.local_tokens();
+  for (int r = 0; r < layout.ranks(); ++r)
+    for (const TokenSegment& s : layout.rank_segments(r)) {
+      const int64_t rank_row = r * L + s.first_row, seq_row = s.first_position;
+      const int64_t from = (gather ? rank_row : seq_row) * cols, to = (gather ? seq_row : rank_row) * cols;
+      std::copy(v.begin() + from, v.begin() + from + s.length * cols, out.begin() + to);
+    }
+  return out;
+}
+
 }  // namespace
 
 Outputs reference_outputs(const BlockInputs& in, bool fp64) {
@@ -147,7 +101,8 @@ Outputs reference_outputs(const BlockInputs& in, bool fp64) {
 
 std::string RunSpec::name() const {
   std::string s = std::string(strategy_name(strategy)) + " C=" + std::to_string(ranks);
-  if (strategy == Strategy::kUPipe) s += " U=" + std::to_string(upipe_heads > 0 ? upipe_heads : ranks);
+  if (strategy == Strategy::kUPipe) s += " U=" + std::to_string(upipe_heads > 0 ? upipe_heads : ranks / ring);
+  if (ring > 1) s += " R=" + std::to_string(ring);
   s += " ";
   s += dtype_name(dtype);
   if (rehearsal) s += " rehearsal";
@@ -160,7 +115,14 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
   const int C = spec.ranks;
   const int64_t L = S / C;
   const DType t = spec.dtype;
-  Stored x(t, in.x), dy(t, in.dy), wq(t, in.wq), wk(t, in.wk), wv(t, in.wv), wo(t, in.wo);
+  const AttentionConfig cfg{.seq = S, .hidden = E, .heads = H, .kv_heads = G, .head_dim = D,
+                            .rope_theta = d.theta, .dtype = t, .strategy = spec.strategy,
+                            .upipe_heads = spec.upipe_heads, .ring = spec.ring};
+  const TokenLayout layout = token_layout(cfg, C);
+  // Each rank's rows of x and dy, at its positions.
+  const std::vector<double> x_by_rank = rows_by_rank(in.x, layout, E, /*gather=*/false),
+                            dy_by_rank = rows_by_rank(in.dy, layout, E, /*gather=*/false);
+  Stored x(t, x_by_rank), dy(t, dy_by_rank), wq(t, in.wq), wk(t, in.wk), wv(t, in.wv), wo(t, in.wo);
 
   BlockRun run;
   run.per_rank.resize(static_cast<size_t>(C));
@@ -175,9 +137,6 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
     } else {
       dev = make_cpu_device({.threads = 1, .rehearsal = spec.rehearsal});
     }
-    const AttentionConfig cfg{.seq = S, .hidden = E, .heads = H, .kv_heads = G, .head_dim = D,
-                              .rope_theta = d.theta, .dtype = t, .strategy = spec.strategy,
-                              .upipe_heads = spec.upipe_heads};
     auto block = make_attention_block(*dev, comm, cfg);
     const int r = comm.rank();
     Stored y(t, L * E), dx(t, L * E), dwq(t, H * D * E), dwk(t, G * D * E), dwv(t, G * D * E), dwo(t, E * H * D);
@@ -230,6 +189,10 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
         else run.out[i][j] += part[j];
         run.abs_partials[i][base + j] += std::fabs(part[j]);
       }
+    }
+    if (i < 2) {  // rank-major rows back into sequence order
+      run.out[i] = rows_by_rank(run.out[i], layout, E, /*gather=*/true);
+      run.abs_partials[i] = rows_by_rank(run.abs_partials[i], layout, E, /*gather=*/true);
     }
   }
   return run;

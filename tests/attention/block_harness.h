@@ -4,7 +4,8 @@
 // attention test uses (STYLE.md habit 7: a failure prints the max error and the first
 // mismatching elements; the exit code tells the truth).
 //
-// Gathering: y and dx are (S, E) with rank r's (L, E) rows at r*L. The weight gradients are
+// Gathering: y and dx are (S, E) with rank r's (L, E) rows at its positions (token_layout.h:
+// r*L.. without a ring; with one, the zig-zag segments), and x, dy are handed out the same way. The weight gradients are
 // local partial sums per rank (attention_block.h); the harness sums them over ranks in fp64, in
 // rank order, and also keeps sum_r |partial_r| per element, which bounds what rounding each
 // partial to its storage type can cost (see partial_sum_floor).
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "attention/block_reference.h"
+#include "common/compare.h"
 #include "untied/attention/attention_block.h"
 #include "untied/core/allocator.h"
 #include "untied/core/dtype.h"
@@ -52,20 +54,21 @@ inline constexpr double kBf16UnitRoundoff = 1.0 / 256.0;
 // Unit roundoff of f32 storage.
 inline constexpr double kF32UnitRoundoff = 1.0 / 16777216.0;
 
-double max_abs_error(const std::vector<double>& a, const std::vector<double>& b);
-double max_abs(const std::vector<double>& a);
+// The comparisons are the shared ones (tests/common/compare.h: one rule for NaN and infinities).
+using test::bitwise_equal;
+using test::count_identical;
+using test::max_abs;
+using test::max_abs_error;
 
-// Checks max |actual - expected| <= tol. `cols` is the row length (prints (row, col) of
-// mismatches). Prints one line with the measured error and tolerance either way (the numbers
-// quoted in reports); on failure also the count over tolerance and the first 5 mismatches.
-::testing::AssertionResult expect_within(const std::string& what, const std::vector<double>& actual,
-                                         const std::vector<double>& expected, double tol, int64_t cols,
-                                         const std::string& how_tol);
-
-// Number of elements whose bits are identical (doubles holding exact float values).
-int64_t count_identical(const std::vector<double>& a, const std::vector<double>& b);
-// True when every element is bitwise identical (and the sizes agree).
-bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b);
+// Checks max |actual - expected| <= tol (test::expect_close); `cols` is the row length (prints
+// (row, col) of mismatches), `how_tol` how tol was derived. Prints one line with the measured error
+// and tolerance either way (the numbers quoted in reports).
+inline ::testing::AssertionResult expect_within(const std::string& what, const std::vector<double>& actual,
+                                                const std::vector<double>& expected, double tol, int64_t cols,
+                                                const std::string& how_tol) {
+  const int64_t rows = cols > 0 ? static_cast<int64_t>(expected.size()) / cols : 0;
+  return test::expect_close(what, actual, expected, tol, test::CheckOptions{.dims = {rows, cols}, .note = how_tol});
+}
 
 // ---- the problem -----------------------------------------------------------------------------
 
@@ -94,6 +97,7 @@ struct RunSpec {
   Strategy strategy = Strategy::kLocal;
   int ranks = 1;
   int64_t upipe_heads = 0;  // U; 0 = C
+  int64_t ring = 1;         // R: ulysses/upipe across R ring groups (strategy kRing: R = ranks)
   DType dtype = DType::kF32;
   bool rehearsal = false;   // counting devices; every tensor passed with nullptr data
   bool gpu = false;         // every rank on its own CUDA device on GPU 0 (the in-process ranks

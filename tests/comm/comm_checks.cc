@@ -202,6 +202,41 @@ int64_t check_sendrecv(Communicator& comm) {
   return t.wrong();
 }
 
+int64_t check_sendrecv_start(Communicator& comm) {
+  const int n = comm.size(), me = comm.rank(), next = (me + 1) % n, prev = (me - 1 + n) % n;
+  Tally t(comm);
+  const int64_t big = (int64_t{1} << 20) + 3, small = 4099;  // two messages of different sizes per step
+  std::vector<uint8_t> a[2] = {std::vector<uint8_t>(big), std::vector<uint8_t>(big)};
+  std::vector<uint8_t> b[2] = {std::vector<uint8_t>(small), std::vector<uint8_t>(small)};
+  for (int64_t i = 0; i < big; ++i) a[0][i] = pattern(me, kNoDst, i);
+  for (int64_t i = 0; i < small; ++i) b[0][i] = pattern(me, me, i);
+  int cur = 0;
+  std::unique_ptr<PendingExchange> pending_b;
+  for (int s = 1; s <= n; ++s) {
+    // Start the big block's exchange, then (the previous step's) small one finishes, then a new
+    // small one starts: two in flight, in the same order on every rank.
+    auto pending_a = comm.sendrecv_start(a[cur].data(), big, next, a[1 - cur].data(), big, prev);
+    if (pending_b) pending_b->wait();
+    pending_b = comm.sendrecv_start(b[cur].data(), small, next, b[1 - cur].data(), small, prev);
+    pending_a->wait();
+    cur = 1 - cur;
+    const int origin = ((me - s) % n + n) % n;
+    for (int64_t i = 0; i < big; ++i)
+      t.expect(a[cur][i], pattern(origin, kNoDst, i), [&] {
+        return str_cat("sendrecv_start step ", s, " big block of rank ", origin, " [", i, "]");
+      });
+  }
+  pending_b->wait();  // after n steps the small block has gone round once: this rank's own
+  for (int64_t i = 0; i < small; ++i)
+    t.expect(b[cur][i], pattern(me, me, i), [&] { return str_cat("sendrecv_start small block [", i, "]"); });
+  // A started exchange that is dropped without wait() still completes (its destructor waits).
+  std::vector<uint8_t> x(64, static_cast<uint8_t>(me)), y(64, 0xff);
+  { auto dropped = comm.sendrecv_start(x.data(), 64, next, y.data(), 64, prev); }
+  for (int64_t i = 0; i < 64; ++i)
+    t.expect(y[i], static_cast<uint8_t>(prev), [&] { return str_cat("dropped sendrecv_start [", i, "]"); });
+  return t.wrong();
+}
+
 // ---- reductions ----
 
 namespace {
@@ -430,6 +465,7 @@ const std::vector<CommCheck>& comm_checks() {
       {"all_reduce", check_all_reduce},
       {"broadcast", check_broadcast},
       {"sendrecv", check_sendrecv},
+      {"sendrecv_start", check_sendrecv_start},
       {"split", check_split},
       {"barrier", check_barrier},
       {"all_ranks_ok", check_all_ranks_ok},

@@ -32,6 +32,9 @@ int64_t check_broadcast(Communicator& comm);
 // ring shifts both ways with unequal send/receive sizes, a full ring pass of n-1 steps, and
 // a send to self.
 int64_t check_sendrecv(Communicator& comm);
+// sendrecv_start: a ring pass with two exchanges of different sizes in flight at once (the ring
+// attention backward's K/V block and its dk/dv sums), each waited for after the next starts.
+int64_t check_sendrecv_start(Communicator& comm);
 // even/odd colours with reversed keys, one colour, one rank per colour, a nested split; the
 // new rank and size, then collectives (including the checks above) on the subgroup.
 int64_t check_split(Communicator& comm);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "cuda/gpu_test_util.h"
+#include "common/gpu.h"
 #include "nccl/device_comm_checks.h"
 #include "untied/comm/inproc.h"
 #include "untied/device/cuda.h"

@@ -1,20 +1,20 @@
+// The CUDA device against its contract: the refusal without a GPU, the budget check, cuBLAS's GEMM
+// against the CPU's, and the caching allocator's counts. GPU cases skip where no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
-#include "untied/core/random.h"
+#include "common/compare.h"
+#include "common/gpu.h"
+#include "common/random_inputs.h"
+#include "untied/core/tensor.h"
 #include "untied/device/cuda.h"
 #include "untied/kernels/gemm.h"
 
 namespace untied {
 namespace {
-
-#define REQUIRE_GPU()                                                                  \
-  do {                                                                                 \
-    if (!cuda_built()) GTEST_SKIP() << "this build has no CUDA backend";               \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible: GPU cases skipped"; \
-  } while (0)
 
 TEST(Cuda, WithoutAGpuTheRefusalSaysWhatToDo) {
   if (cuda_built() && cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible";
@@ -47,8 +47,11 @@ TEST(Cuda, GemmMatchesTheCpu) {
         const int64_t es = dtype_size(t);
         TensorBuffer a(cpu->allocator(), t, {m * k}, Tag::kOther, "a"), b(cpu->allocator(), t, {k * n}, Tag::kOther, "b");
         TensorBuffer c(cpu->allocator(), t, {m * n}, Tag::kOther, "c"), c2(cpu->allocator(), t, {m * n}, Tag::kOther, "c2");
-        fill_hash_uniform(a, 1, 1, 0, 1.0f);
-        fill_hash_uniform(b, 1, 2, 0, 1.0f);
+        test::Rng rng(1);
+        const std::vector<float> av = test::to_float(test::uniform_values(rng, m * k, t));
+        const std::vector<float> bv = test::to_float(test::uniform_values(rng, k * n, t));
+        store_f32(a.data(), t, av.data(), m * k);
+        store_f32(b.data(), t, bv.data(), k * n);
         GemmParams p{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a.data(), .lda = ta ? m : k,
                      .a_dtype = t, .b = b.data(), .ldb = tb ? k : n, .b_dtype = t, .c = c.data(), .ldc = n, .c_dtype = t};
         gemm(*cpu, p);
@@ -63,13 +66,9 @@ TEST(Cuda, GemmMatchesTheCpu) {
         std::vector<float> x(m * n), y(m * n);
         load_f32(x.data(), c.data(), t, m * n);
         load_f32(y.data(), c2.data(), t, m * n);
-        double err = 0, mx = 0;
-        for (int64_t i = 0; i < m * n; ++i) {
-          err = std::max(err, (double)std::fabs(x[i] - y[i]));
-          mx = std::max(mx, (double)std::fabs(x[i]));
-        }
-        EXPECT_LE(err, (t == DType::kBF16 ? 1.0 / 128 : 1e-5) * mx)
-            << dtype_name(t) << " trans_a " << ta << " trans_b " << tb << ": max diff " << err;
+        EXPECT_TRUE(test::expect_rel_close(std::string(dtype_name(t)) + " trans_a " + std::to_string(ta) + " trans_b " +
+                                               std::to_string(tb),
+                                           test::to_double(y), test::to_double(x), t == DType::kBF16 ? 1.0 / 128 : 1e-5));
       }
 }
 

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "gpu_test_util.h"
+#include "common/gpu.h"
 #include "train/train_runs.h"
 
 namespace untied {
@@ -99,7 +99,7 @@ TEST(CudaTrain, CheckpointFromTheGpuResumesOnIt) {
 
 TEST(CudaTrain, PinnedHostMemoryRoundTripsThroughTheGpu) {
   REQUIRE_GPU();
-  auto gpu = gputest::gpu_device();
+  auto gpu = test::gpu_device();
   Allocator host(gpu->host_memory(), Allocator::Options{.name = "pinned"});
   const int64_t n = 1 << 20;
   Buffer a = host.allocate(n * 4, Tag::kActivations, "pinned a");

@@ -90,7 +90,7 @@ Problem make_problem(const AttnCase& c, uint64_t seed) {
                          .kv_heads = c.kv_heads, .head_dim = c.head_dim,
                          .q_offset = c.q_offset, .k_offset = c.k_offset, .causal = c.causal,
                          .scale = static_cast<double>(c.scale)};  // the fp32 scale, exactly
-  std::mt19937_64 rng(seed);
+  test::Rng rng(seed);
   p.q = test::random_values(rng, c.seq_q * c.heads * c.head_dim, c.dtype);
   p.k = test::random_values(rng, c.seq_k * c.kv_heads * c.head_dim, c.dtype);
   p.v = test::random_values(rng, c.seq_k * c.kv_heads * c.head_dim, c.dtype);
@@ -465,7 +465,7 @@ TEST(AttentionKernel, GradientsMatchDirectionalDerivative) {
     const GradReference r = grad_reference(p, fwd.out, fwd.lse);
     const double tol_q = r.dq_budget.tol(), tol_k = r.dk_budget.tol(), tol_v = r.dv_budget.tol();
 
-    std::mt19937_64 rng(7);
+    test::Rng rng(7);
     std::normal_distribution<double> nd;
     auto direction = [&](size_t n) {
       std::vector<double> x(n);

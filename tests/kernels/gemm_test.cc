@@ -60,7 +60,7 @@ struct GemmProblem {
         a(t.a_dtype, a_rows, a_cols, a_cols + t.pad_a, Stored::Pad::kNaN),
         b(t.b_dtype, b_rows, b_cols, b_cols + t.pad_b, Stored::Pad::kNaN),
         c(t.c_dtype, t.m, t.n, t.n + t.pad_c, Stored::Pad::kSentinel) {
-    std::mt19937_64 rng(seed);
+    test::Rng rng(seed);
     a_dense = test::random_values(rng, a_rows * a_cols, t.a_dtype);
     b_dense = test::random_values(rng, b_rows * b_cols, t.b_dtype);
     c0 = test::random_values(rng, t.m * t.n, t.c_dtype);

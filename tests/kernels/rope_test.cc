@@ -83,7 +83,7 @@ class RopeTest : public ::testing::TestWithParam<RopeCase> {
     const RopeCase& c = GetParam();
     shape_ = shape_of(c);
     pos_ = positions_of(c);
-    std::mt19937_64 rng(11);
+    test::Rng rng(11);
     x_ = test::random_values(rng, c.tokens * c.heads * c.head_dim, c.dtype);
     dims_ = {c.tokens, c.heads, c.head_dim};
   }
@@ -162,7 +162,7 @@ TEST(Rope, LargePositionsComposeExactly) {
   auto dev = cpu();
   const int64_t heads = 1, d = 64;
   RopeShape s{.tokens = 1, .heads = heads, .head_dim = d};
-  std::mt19937_64 rng(5);
+  test::Rng rng(5);
   const std::vector<double> x = test::random_values(rng, heads * d, DType::kF32);
   Stored a(DType::kF32, 1, d, d, Stored::Pad::kNaN), b(DType::kF32, 1, d, d, Stored::Pad::kNaN);
   a.set(x);

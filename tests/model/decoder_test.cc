@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <mutex>
 
-#include "untied/comm/inproc.h"
+#include "common/compare.h"
+#include "common/decoder_step.h"
 #include "untied/core/random.h"
 #include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
@@ -44,40 +44,15 @@ Result run(const ModelConfig& m, DecoderOptions o, int ranks, uint64_t seed = 3,
            const std::pair<int, float>* perturb = nullptr) {
   std::vector<int32_t> tokens, labels;
   make_data(o.seq, m.vocab, &tokens, &labels);
-  int64_t global = 0;
-  for (int32_t l : labels) global += l != -100;
-  Result r;
-  std::mutex mu;
-  run_in_process(ranks, [&](Communicator& comm) {
-    auto dev = make_cpu_device({.threads = 1});
-    ShardedParams params(*dev, comm, parameter_descriptors(m), o.dtype);
+  const test::DecoderStep step = test::run_decoder_step(m, o, ranks, tokens, labels, [&](ShardedParams& params, int rank) {
     params.init(parameter_init(m, seed));
     if (perturb) {
       const int i = perturb->first;
-      const int64_t start = params.shard_elems(i) * comm.rank();
+      const int64_t start = params.shard_elems(i) * rank;
       for (int64_t k = 0; k < params.owned_elems(i); ++k) params.master(i)[k] += perturb->second * direction(i, start + k);
     }
-    Decoder dec(*dev, comm, m, o);
-    const int64_t L = o.seq / ranks, r0 = comm.rank() * L;
-    StepSums s = dec.forward_backward(params, tokens.data() + r0, labels.data() + r0, nullptr, global);
-    double loss = s.loss_sum;
-    comm.all_reduce(&loss, &loss, 1, DType::kF64, ReduceOp::kSum);
-    // Gather every gradient shard.
-    std::vector<std::vector<float>> full(params.num_params());
-    for (int i = 0; i < params.num_params(); ++i) {
-      const int64_t sh = params.shard_elems(i);
-      std::vector<float> all(sh * ranks);
-      comm.all_gather(params.grad(i), all.data(), sh * 4);
-      all.resize(params.desc(i).shape.numel());
-      full[i] = std::move(all);
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (comm.rank() == 0) {
-      r.loss = loss / global;
-      r.grads = std::move(full);
-    }
   });
-  return r;
+  return Result{step.loss, step.grads};
 }
 
 // Tolerance: the fp32 rounding of a sum of ~S*E terms of gradient size; local vs distributed
@@ -85,12 +60,10 @@ Result run(const ModelConfig& m, DecoderOptions o, int ranks, uint64_t seed = 3,
 void expect_close(const Result& a, const Result& b, const ModelConfig& m, double rtol) {
   EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::fabs(a.loss));
   auto descs = parameter_descriptors(m);
+  ASSERT_EQ(a.grads.size(), b.grads.size());
   for (size_t i = 0; i < a.grads.size(); ++i) {
-    double mx = 0, err = 0;
-    for (size_t k = 0; k < a.grads[i].size(); ++k) {
-      mx = std::max(mx, (double)std::fabs(a.grads[i][k]));
-      err = std::max(err, (double)std::fabs(a.grads[i][k] - b.grads[i][k]));
-    }
+    const std::vector<double> ga = test::to_double(a.grads[i]), gb = test::to_double(b.grads[i]);
+    const double mx = test::max_abs(ga), err = test::max_abs_error(ga, gb);  // a NaN gives err = inf
     EXPECT_LE(err, rtol * mx + 1e-9) << descs[i].name << ": max |diff| " << err << ", max |grad| " << mx;
   }
 }
@@ -105,6 +78,30 @@ TEST(Decoder, StrategiesAgreeWithLocal) {
       SCOPED_TRACE(std::string(strategy_name(st)) + " on " + std::to_string(ranks) + " ranks");
       o.strategy = st;
       expect_close(ref, run(m, o, ranks), m, 2e-5);
+    }
+  }
+}
+
+// Ring and the Ulysses x ring hybrid through the whole decoder: the data layer's two segments per
+// rank, RoPE at global positions, the ring's merge and its dK/dV travelling back, ZeRO-3 over all
+// ranks. The loss and every gradient as local's, at the tolerance of the other strategies.
+TEST(Decoder, RingAndHybridAgreeWithLocal) {
+  for (bool qk_norm : {false, true}) {
+    ModelConfig m = tiny_model();
+    m.qk_norm = qk_norm;
+    DecoderOptions o{.seq = 48, .strategy = Strategy::kLocal, .mlp_tile = 16, .loss_chunk = 7};
+    const Result ref = run(m, o, 1);
+    struct Layout {
+      Strategy strategy;
+      int ranks, ring;
+    };
+    for (Layout l : {Layout{Strategy::kRing, 2, 1}, Layout{Strategy::kRing, 3, 1}, Layout{Strategy::kUlysses, 4, 2},
+                     Layout{Strategy::kUPipe, 4, 2}, Layout{Strategy::kUPipe, 6, 3}}) {
+      SCOPED_TRACE(std::string(strategy_name(l.strategy)) + " ring " + std::to_string(l.ring) + " on " +
+                   std::to_string(l.ranks) + " ranks" + (qk_norm ? ", qk_norm" : ""));
+      o.strategy = l.strategy;
+      o.ring = l.ring;
+      expect_close(ref, run(m, o, l.ranks), m, 2e-5);
     }
   }
 }

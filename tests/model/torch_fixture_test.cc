@@ -5,10 +5,10 @@
 
 #include <cmath>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 
-#include "untied/comm/inproc.h"
+#include "common/compare.h"
+#include "common/decoder_step.h"
 #include "untied/core/npy.h"
 #include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
@@ -77,8 +77,6 @@ TEST_P(DecoderVsPyTorch, LossAndEveryGradient) {
   const Fixture fx = read_fixture(dir);
   ASSERT_EQ(fx.m.qk_norm, std::string(GetParam()) == "decoder_qknorm");
   ASSERT_EQ(static_cast<int64_t>(fx.tokens.size()), fx.seq);
-  int64_t global = 0;
-  for (int32_t l : fx.labels) global += l != -100;
   const auto descs = parameter_descriptors(fx.m);
   std::vector<std::vector<float>> weights, want;
   for (const auto& d : descs) {
@@ -89,39 +87,17 @@ TEST_P(DecoderVsPyTorch, LossAndEveryGradient) {
   for (auto [strategy, ranks] : {std::pair{Strategy::kLocal, 1}, {Strategy::kUlysses, 2}, {Strategy::kUPipe, 2},
                                   {Strategy::kUPipe, 4}}) {
     SCOPED_TRACE(std::string(strategy_name(strategy)) + " on " + std::to_string(ranks) + " ranks");
-    std::mutex mu;
-    double loss = 0;
-    std::vector<std::vector<float>> got(descs.size());
-    run_in_process(ranks, [&](Communicator& comm) {
-      auto dev = make_cpu_device({.threads = 1});
-      ShardedParams params(*dev, comm, parameter_descriptors(fx.m), DType::kF32);
-      for (int i = 0; i < params.num_params(); ++i) {
-        const int64_t start = params.shard_elems(i) * comm.rank();
-        for (int64_t k = 0; k < params.owned_elems(i); ++k) params.master(i)[k] = weights[i][start + k];
-      }
-      Decoder dec(*dev, comm, fx.m, DecoderOptions{.seq = fx.seq, .strategy = strategy, .mlp_tile = 16});
-      const int64_t L = fx.seq / ranks, r0 = comm.rank() * L;
-      StepSums s = dec.forward_backward(params, fx.tokens.data() + r0, fx.labels.data() + r0, nullptr, global);
-      double ls = s.loss_sum;
-      comm.all_reduce(&ls, &ls, 1, DType::kF64, ReduceOp::kSum);
-      std::vector<std::vector<float>> full(params.num_params());
-      for (int i = 0; i < params.num_params(); ++i) {
-        full[i].resize(params.shard_elems(i) * ranks);
-        comm.all_gather(params.grad(i), full[i].data(), params.shard_elems(i) * 4);
-        full[i].resize(descs[i].shape.numel());
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (comm.rank() == 0) loss = ls / global, got = std::move(full);
-    });
+    const test::DecoderStep step =
+        test::run_decoder_step(fx.m, DecoderOptions{.seq = fx.seq, .strategy = strategy, .mlp_tile = 16}, ranks,
+                               fx.tokens, fx.labels, test::params_from(weights));
+    const double loss = step.loss;
+    const std::vector<std::vector<float>>& got = step.grads;
     // fp32 against float64: the loss to ~1e-7 relative; each gradient to 1e-4 of its largest
     // element (fp32 sums over S*E terms, observed ~1e-6).
     EXPECT_NEAR(loss, fx.loss, 1e-5 * fx.loss);
     for (size_t i = 0; i < descs.size(); ++i) {
-      double mx = 0, err = 0;
-      for (size_t k = 0; k < want[i].size(); ++k) {
-        mx = std::max(mx, (double)std::fabs(want[i][k]));
-        err = std::max(err, (double)std::fabs(want[i][k] - got[i][k]));
-      }
+      const std::vector<double> w = test::to_double(want[i]), g = test::to_double(got[i]);
+      const double mx = test::max_abs(w), err = test::max_abs_error(w, g);  // a NaN gives err = inf
       EXPECT_LE(err, 1e-4 * mx) << descs[i].name << ": max |untied - torch| " << err << ", max |grad| " << mx;
     }
   }

@@ -46,7 +46,7 @@ TEST_P(AdamWTest, SeveralStepsMatchTheFormula) {
   const OptCase& c = GetParam();
   constexpr int kSteps = 6;
   auto dev = test::cpu();
-  std::mt19937_64 rng(61);
+  test::Rng rng(61);
   const std::vector<double> p0 = test::random_values(rng, c.n, DType::kF32);
   std::vector<float> p = to_float(p0), m(c.n, 0.0f), v(c.n, 0.0f);  // kernel state
   std::vector<double> p64 = p0, m64(c.n, 0.0), v64(c.n, 0.0);       // fp64 reference
@@ -81,7 +81,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, AdamWTest,
 // decay = false ignores weight_decay entirely: bit-identical to weight_decay = 0.
 TEST(AdamW, DecayFlagOffEqualsZeroWeightDecay) {
   auto dev = test::cpu();
-  std::mt19937_64 rng(62);
+  test::Rng rng(62);
   const std::vector<float> p0 = to_float(test::random_values(rng, 500, DType::kF32));
   const std::vector<float> g = to_float(test::random_values(rng, 500, DType::kF32));
   std::vector<float> pa = p0, ma(500, 0.1f), va(500, 0.2f), pb = p0, mb = ma, vb = va;
@@ -96,7 +96,7 @@ TEST(AdamW, DecayFlagOffEqualsZeroWeightDecay) {
 
 TEST(GradClipping, SumOfSquaresIsFp64AndDeterministic) {
   const int64_t n = 200003;  // 4 blocks of 65536, the last partial
-  std::mt19937_64 rng(63);
+  test::Rng rng(63);
   const std::vector<float> g = to_float(test::random_values(rng, n, DType::kF32, 1e-3));
   long double exact = 0;
   for (float x : g) exact += static_cast<long double>(x) * x;
@@ -114,7 +114,7 @@ TEST(GradClipping, SumOfSquaresIsFp64AndDeterministic) {
 
 TEST(GradClipping, ScaleInPlaceIsOneFp32Multiply) {
   const int64_t n = 70000;
-  std::mt19937_64 rng(64);
+  test::Rng rng(64);
   const std::vector<float> x0 = to_float(test::random_values(rng, n, DType::kF32));
   std::vector<float> x = x0;
   auto dev = test::cpu();

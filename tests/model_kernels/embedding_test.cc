@@ -60,7 +60,7 @@ Problem make_problem(const EmbCase& c, uint64_t seed) {
   Problem p;
   p.shape = EmbeddingShape{.tokens = c.tokens, .vocab = c.vocab, .dim = c.dim, .dtype = c.dtype,
                            .table_dtype = c.table_dtype};
-  std::mt19937_64 rng(seed);
+  test::Rng rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab - 1));
   p.ids.resize(static_cast<size_t>(c.tokens));
   for (auto& i : p.ids) i = id(rng);

@@ -85,7 +85,7 @@ Problem make_problem(const LossCase& c, uint64_t seed) {
   p.shape = LmHeadLossShape{.tokens = c.tokens, .dim = c.dim, .vocab = c.vocab,
                             .chunk_tokens = c.chunk, .ignore_index = kIgnore, .dtype = c.dtype,
                             .weight_dtype = c.weight_dtype};
-  std::mt19937_64 rng(seed);
+  test::Rng rng(seed);
   p.h = test::random_values(rng, c.tokens * c.dim, c.dtype);
   // w ~ N(0, 9/E): logits ~ N(0, 9), a realistic spread (softmax neither flat nor one-hot).
   p.w = test::random_values(rng, c.vocab * c.dim, c.weight_dtype, 3.0 / std::sqrt(double(c.dim)));

@@ -1,5 +1,5 @@
-// Small helpers shared by the model kernel tests (the comparison itself is
-// tests/kernels/test_util.h: expect_close, make_budget, Stored).
+// Small helpers shared by the model kernel tests (the comparisons are tests/common/compare.h:
+// expect_close, make_budget, to_float, to_double; strided storage tests/kernels/test_util.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,13 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "common/compare.h"
 #include "untied/core/check.h"
 #include "untied/device/device.h"
 
 namespace untied::test {
-
-inline std::vector<float> to_float(const std::vector<double>& x) { return {x.begin(), x.end()}; }
-inline std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
 
 inline std::unique_ptr<Device> cpu(int threads = 2) {
   return make_cpu_device(CpuDeviceOptions{.threads = threads});

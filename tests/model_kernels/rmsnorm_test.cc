@@ -73,7 +73,7 @@ Problem make_problem(const NormCase& c, uint64_t seed) {
   p.shape = RmsNormShape{.rows = c.rows, .dim = c.dim, .eps = c.eps,
                          .row_stride = c.pad ? c.dim + c.pad : 0, .dtype = c.dtype,
                          .weight_dtype = c.weight_dtype};
-  std::mt19937_64 rng(seed);
+  test::Rng rng(seed);
   p.x = test::random_values(rng, c.rows * c.dim, c.dtype);
   p.w = test::random_values(rng, c.dim, DType::kF32, 0.2);
   for (auto& v : p.w) v += 1.0;  // norm weights sit around 1

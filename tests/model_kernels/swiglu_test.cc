@@ -122,7 +122,7 @@ struct Problem {
 
 Problem make_problem(const SwigluCase& c, uint64_t seed) {
   Problem p{c, layout_of(c), {}, {}, {}};
-  std::mt19937_64 rng(seed);
+  test::Rng rng(seed);
   const int64_t n = c.rows * c.dim;
   p.gate = test::random_values(rng, n, c.dtype, c.sigma);
   p.up = test::random_values(rng, n, c.dtype);

@@ -261,6 +261,38 @@ inline int64_t check_sendrecv(Communicator& comm, Device& gpu) {
   return t.wrong();
 }
 
+// sendrecv_start on GPU buffers: a ring pass with two exchanges of different sizes in flight
+// (ring attention's K/V block and dk/dv sums); after n steps each block is back home.
+inline int64_t check_sendrecv_start(Communicator& comm, Device& gpu) {
+  const int n = comm.size(), me = comm.rank(), next = (me + 1) % n, prev = (me - 1 + n) % n;
+  Tally t(comm);
+  const int64_t big = (int64_t{1} << 20) + 3, small = 4099;
+  std::vector<uint8_t> a0(big), b0(small), zero_big(big, 0), zero_small(small, 0);
+  for (int64_t i = 0; i < big; ++i) a0[i] = pattern(me, kNoDst, i);
+  for (int64_t i = 0; i < small; ++i) b0[i] = pattern(me, me, i);
+  Buffer a[2] = {upload(gpu, a0, "a0"), upload(gpu, zero_big, "a1")};
+  Buffer b[2] = {upload(gpu, b0, "b0"), upload(gpu, zero_small, "b1")};
+  int cur = 0;
+  std::unique_ptr<PendingExchange> pending_b;
+  for (int s = 1; s <= n; ++s) {
+    auto pending_a = comm.sendrecv_start(a[cur].data(), big, next, a[1 - cur].data(), big, prev);
+    if (pending_b) pending_b->wait();
+    pending_b = comm.sendrecv_start(b[cur].data(), small, next, b[1 - cur].data(), small, prev);
+    pending_a->wait();
+    cur = 1 - cur;
+    const int origin = ((me - s) % n + n) % n;
+    std::vector<uint8_t> got = download<uint8_t>(gpu, a[cur], big);
+    for (int64_t i = 0; i < big; ++i)
+      t.expect(got[i], pattern(origin, kNoDst, i),
+               [&] { return str_cat("sendrecv_start step ", s, " block of rank ", origin, " [", i, "]"); });
+  }
+  pending_b->wait();
+  std::vector<uint8_t> got = download<uint8_t>(gpu, b[cur], small);
+  for (int64_t i = 0; i < small; ++i)
+    t.expect(got[i], pattern(me, me, i), [&] { return str_cat("sendrecv_start small block [", i, "]"); });
+  return t.wrong();
+}
+
 // The collective reads what the device's compute stream wrote just before: the compute stream
 // is kept busy (fill, then copy, many times over) so a collective that did not wait for it
 // would read zeros.
@@ -365,6 +397,7 @@ inline const std::vector<DeviceCommCheck>& device_comm_checks() {
       {"reductions", check_reductions},
       {"broadcast", check_broadcast},
       {"sendrecv", check_sendrecv},
+      {"sendrecv_start", check_sendrecv_start},
       {"waits_for_compute_stream", check_waits_for_compute_stream},
       {"split", check_split},
       {"errors", check_errors},

@@ -42,15 +42,16 @@
 #include <vector>
 
 #include "untied/comm/communicator.h"
+#include "untied/attention/token_layout.h"
 #include "untied/core/status.h"
 #include "untied/core/tensor.h"
 #include "untied/device/device.h"
 
 namespace untied {
 
-enum class Strategy { kLocal, kUlysses, kUPipe };
+enum class Strategy { kLocal, kUlysses, kUPipe, kRing };
 std::string_view strategy_name(Strategy s);
-StatusOr<Strategy> parse_strategy(std::string_view s);  // "local" | "ulysses" | "upipe"
+StatusOr<Strategy> parse_strategy(std::string_view s);  // "local" | "ulysses" | "upipe" | "ring"
 
 struct AttentionConfig {
   int64_t seq = 0;        // S, global
@@ -62,6 +63,14 @@ struct AttentionConfig {
   DType dtype = DType::kF32;
   Strategy strategy = Strategy::kUPipe;
   int64_t upipe_heads = 0;  // U; 0 = C (most memory saved). Ignored unless kUPipe.
+  // R, the ring degree of ulysses and upipe: R groups of C = ranks / R consecutive ranks, the
+  // all-to-all inside a group, zig-zag ring attention across the groups (token_layout.h). kRing
+  // is ulysses with R = ranks.
+  int64_t ring = 1;
+  // For measurements only: the contiguous ring layout (the imbalance zig-zag removes), and ring
+  // exchanges waited for at once instead of overlapped with compute (the unhidden cost).
+  RingOrder ring_order = RingOrder::kZigzag;
+  bool ring_overlap = true;
   // Qwen3: RMSNorm over each head's D values of q and of k (weights q_norm, k_norm (D)),
   // after the projection and before RoPE.
   bool qk_norm = false;
@@ -82,9 +91,14 @@ struct AttentionGrads {
   Tensor dq_norm = {}, dk_norm = {};  // (D), with qk_norm only; overwritten with local partial sums
 };
 
-// Heads per stage that `cfg`'s strategy runs on `ranks` ranks: H for local and ulysses (one
-// stage), upipe_heads for upipe (0 = ranks). The one place U is resolved.
+// The ring degree R and the Ulysses degree C = ranks / R that `cfg` runs with on `ranks` ranks.
+int ring_degree(const AttentionConfig& cfg, int ranks);
+int ulysses_degree(const AttentionConfig& cfg, int ranks);
+// Heads per stage that `cfg`'s strategy runs on `ranks` ranks: H for local, ulysses and ring (one
+// stage), upipe_heads for upipe (0 = C). The one place U is resolved.
 int64_t stage_heads_of(const AttentionConfig& cfg, int ranks);
+// Which positions each rank holds under cfg on `ranks` ranks (token_layout.h).
+TokenLayout token_layout(const AttentionConfig& cfg, int ranks);
 
 // What forward keeps for backward; owned by the caller between the two calls. Typed records, one
 // per stage and one per round of stages (head_schedule.h), so that forward and backward name
@@ -115,6 +129,15 @@ struct AttentionSaved {
   }
 };
 
+// What the ring's exchanges cost a rank (ring and hybrid strategies; zero otherwise): the time
+// spent waiting for them is the communication that compute did not hide.
+struct RingStats {
+  int64_t exchanges = 0;
+  int64_t bytes_sent = 0;
+  double wait_s = 0;     // waiting for exchanges (with overlap: the part compute did not hide)
+  double compute_s = 0;  // the ring steps' attention (host clock: on a GPU, issue time only)
+};
+
 class AttentionBlock {
  public:
   virtual ~AttentionBlock() = default;
@@ -128,6 +151,8 @@ class AttentionBlock {
   virtual const AttentionConfig& config() const = 0;
   // Heads per stage actually used (U; H for ulysses and local) and the number of stages.
   virtual int64_t stage_heads() const = 0;
+  // Totals since the block was made.
+  virtual RingStats ring_stats() const { return {}; }
 };
 
 // Validates (throws Error(kInvalidArgument) with validate()'s message) and builds the block.

@@ -32,6 +32,16 @@ namespace untied {
 
 enum class ReduceOp { kSum, kMax, kMin };
 
+// A sendrecv in flight (Communicator::sendrecv_start). Its buffers belong to the transfer until
+// wait() returns: then the receive buffer holds the data (on a GPU, for work issued on the bound
+// device's stream after the call) and the send buffer may be reused. Destroying it without
+// wait() waits (errors are then dropped: call wait() to see them).
+class PendingExchange {
+ public:
+  virtual ~PendingExchange() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -64,6 +74,12 @@ class Communicator {
   // Sends send_bytes to `dest` and receives recv_bytes from `src` (both may be rank()).
   virtual void sendrecv(const void* send, int64_t send_bytes, int dest, void* recv,
                         int64_t recv_bytes, int src) = 0;
+  // The same exchange, started and left in flight so that compute can run meanwhile (the ring's
+  // next block while the current one is attended to): nonblocking MPI, a communication stream
+  // on a GPU. Every rank starts and waits its exchanges in the same order. The default (a
+  // backend without its own) runs the blocking sendrecv in wait().
+  virtual std::unique_ptr<PendingExchange> sendrecv_start(const void* send, int64_t send_bytes, int dest,
+                                                          void* recv, int64_t recv_bytes, int src);
   virtual void barrier() = 0;
   // Stops every rank of the job (MPI_Abort; in-process: marks the world failed). Does not return
   // for MPI.

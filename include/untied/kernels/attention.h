@@ -5,7 +5,8 @@
 //   q, out, dout, dq   (seq_q, H, D)   row stride q_row_stride  (default H*D)
 //   k, v, dk, dv       (seq_k, G, D)   row stride kv_row_stride (default G*D)
 //   lse                (H, seq_q) fp32, contiguous: log-sum-exp of the scaled scores per row
-// Storage is f32 or bf16 (`dtype`, the same for all tensors); compute is fp32.
+// Storage is f32 or bf16 (`dtype`, the same for all tensors, but see f32_results); compute is
+// fp32.
 //
 // GQA with the standard mapping: query head h reads KV head h / (H / G).
 // Causal: query row i (global position q_offset + i) sees key j (global position
@@ -48,6 +49,10 @@ struct AttentionShape {
   int64_t q_row_stride = 0;    // 0 = H*D
   int64_t kv_row_stride = 0;   // 0 = G*D
   DType dtype = DType::kF32;   // storage of q, k, v, out, dout, dq, dk, dv
+  // out (forward) and dq, dk, dv (backward) in fp32 whatever `dtype`: partial results that ring
+  // attention merges and sums in fp32. The backward then takes D from the caller
+  // (attention_backward_with_delta).
+  bool f32_results = false;
   int64_t block_q = 0;         // tile sizes; 0 = the backend's default
   int64_t block_k = 0;
 };
@@ -70,6 +75,21 @@ void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk
 void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                                    const void* q, const void* k, const void* v, const float* delta,
                                    const float* lse, const void* dout);
+
+// Two attention results over disjoint key sets of the same queries, merged into the first (ring
+// attention's log-sum-exp rule, all fp32), per query row i and head h:
+//   lse' = log(exp(lse_acc) + exp(lse_part))
+//   acc  = acc * exp(lse_acc - lse') + part * exp(lse_part - lse')     (acc =, lse_acc =)
+// A side with lse = -inf (no key seen) contributes nothing; both -inf leaves acc and lse as they
+// are. acc, part (rows, H, D) with row strides acc_row_stride, part_row_stride (0 = H*D); lse_acc,
+// lse_part (H, ...) with lse_acc_stride, lse_part_stride elements between heads (0 = rows).
+struct AttentionMergeShape {
+  int64_t rows = 0, heads = 0, head_dim = 0;
+  int64_t acc_row_stride = 0, part_row_stride = 0;
+  int64_t lse_acc_stride = 0, lse_part_stride = 0;
+};
+void attention_merge(Device& dev, const AttentionMergeShape& s, float* acc, float* lse_acc, const float* part,
+                     const float* lse_part);
 
 // FLOPs used in benchmarks: forward 4*Sq*Sk*D*H (halved when causal with Sq == Sk),
 // backward 2.5x forward.

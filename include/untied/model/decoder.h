@@ -32,6 +32,7 @@ struct DecoderOptions {
   int64_t seq = 0;  // S, global
   Strategy strategy = Strategy::kUPipe;
   int64_t upipe_heads = 0;  // 0 = C
+  int64_t ring = 1;         // R (attention_block.h): ulysses/upipe across R ring groups
   DType dtype = DType::kF32;  // activations and gathered weights
   int64_t mlp_tile = 0;       // tokens per MLP tile; 0 = min(L, max(E, 256))
   int64_t loss_chunk = 0;     // tokens per LM-head loss chunk; 0 = the kernel's default
@@ -39,6 +40,9 @@ struct DecoderOptions {
 
 // Validates model + options for `ranks` ranks (including the attention block's rules).
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks);
+// The attention block every layer of the decoder runs (its token_layout says which positions each
+// rank holds).
+AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o);
 
 struct StepSums {
   double loss_sum = 0;   // over this rank's labelled tokens

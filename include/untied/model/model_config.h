@@ -36,6 +36,10 @@ struct ModelConfig {
 // and small ones that train on a CPU: tiny, small. `vocab` 0 keeps the preset's vocabulary.
 StatusOr<ModelConfig> model_preset(const std::string& name);
 std::string model_preset_names();  // "tiny, small, llama3-8b, llama3-70b, qwen3-32b"
+// Whether a preset's vocabulary is part of its shape (the real models: their embedding and LM
+// head sizes decide memory), so that a run keeps it unless told otherwise; the CPU presets (tiny,
+// small) take their data's vocabulary instead.
+bool preset_keeps_vocabulary(const std::string& name);
 
 // Checks shapes (positive, H % G == 0, D even); the message says which field to change.
 Status validate(const ModelConfig& m);

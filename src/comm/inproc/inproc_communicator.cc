@@ -382,25 +382,39 @@ class InprocCommunicator final : public Communicator {
 
   void sendrecv(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
                 int src) override {
-    UNTIED_CHECK(send_bytes >= 0 && recv_bytes >= 0, "sendrecv: negative size (send ", send_bytes,
-                 ", recv ", recv_bytes, ")");
-    UNTIED_CHECK(dest >= 0 && dest < size(), "sendrecv: dest ", dest,
-                 " is not a rank of a group of ", size());
-    UNTIED_CHECK(src >= 0 && src < size(), "sendrecv: src ", src, " is not a rank of a group of ",
-                 size());
-    if (group_->world().aborted()) fail_aborted("sendrecv");
-    if (dev_) {  // the message is buffered on the host
-      dev_->synchronize();
-      std::vector<std::byte> staged(static_cast<size_t>(send_bytes));
-      move(staged.data(), send, send_bytes);
-      group_->mailbox(rank_, dest).put(staged.data(), send_bytes);
-    } else {
-      group_->mailbox(rank_, dest).put(send, send_bytes);
+    post(send, send_bytes, dest, recv_bytes, src);
+    receive(recv, recv_bytes, src);
+  }
+
+  // The message is posted (copied into the mailbox) at once; wait() takes the peer's.
+  class InprocExchange final : public PendingExchange {
+   public:
+    InprocExchange(InprocCommunicator& c, void* recv, int64_t recv_bytes, int src)
+        : c_(c), recv_(recv), recv_bytes_(recv_bytes), src_(src) {}
+    ~InprocExchange() override {
+      try {
+        wait();
+      } catch (...) {  // dropped: a caller that wants the error calls wait()
+      }
     }
-    std::vector<std::byte> msg = group_->mailbox(src, rank_).take("sendrecv");
-    UNTIED_CHECK(static_cast<int64_t>(msg.size()) == recv_bytes, "sendrecv: rank ", src, " sent ",
-                 msg.size(), " bytes, this rank expected ", recv_bytes);
-    move(recv, msg.data(), recv_bytes);
+    void wait() override {
+      if (done_) return;
+      done_ = true;
+      c_.receive(recv_, recv_bytes_, src_);
+    }
+
+   private:
+    InprocCommunicator& c_;
+    void* recv_;
+    int64_t recv_bytes_;
+    int src_;
+    bool done_ = false;
+  };
+
+  std::unique_ptr<PendingExchange> sendrecv_start(const void* send, int64_t send_bytes, int dest, void* recv,
+                                                  int64_t recv_bytes, int src) override {
+    post(send, send_bytes, dest, recv_bytes, src);
+    return std::make_unique<InprocExchange>(*this, recv, recv_bytes, src);
   }
 
   void barrier() override {
@@ -443,6 +457,32 @@ class InprocCommunicator final : public Communicator {
   void leave(const char* call) { group_->barrier().wait(call); }
 
   // Copies bytes between this rank's buffers and others' (host memcpy, or the bound device's copy).
+  // The two halves of a sendrecv: the message into the (rank, dest) mailbox; the peer's out of
+  // the (src, rank) one.
+  void post(const void* send, int64_t send_bytes, int dest, int64_t recv_bytes, int src) {
+    UNTIED_CHECK(send_bytes >= 0 && recv_bytes >= 0, "sendrecv: negative size (send ", send_bytes,
+                 ", recv ", recv_bytes, ")");
+    UNTIED_CHECK(dest >= 0 && dest < size(), "sendrecv: dest ", dest,
+                 " is not a rank of a group of ", size());
+    UNTIED_CHECK(src >= 0 && src < size(), "sendrecv: src ", src, " is not a rank of a group of ",
+                 size());
+    if (group_->world().aborted()) fail_aborted("sendrecv");
+    if (dev_) {  // the message is buffered on the host
+      dev_->synchronize();
+      std::vector<std::byte> staged(static_cast<size_t>(send_bytes));
+      move(staged.data(), send, send_bytes);
+      group_->mailbox(rank_, dest).put(staged.data(), send_bytes);
+    } else {
+      group_->mailbox(rank_, dest).put(send, send_bytes);
+    }
+  }
+  void receive(void* recv, int64_t recv_bytes, int src) {
+    std::vector<std::byte> msg = group_->mailbox(src, rank_).take("sendrecv");
+    UNTIED_CHECK(static_cast<int64_t>(msg.size()) == recv_bytes, "sendrecv: rank ", src, " sent ",
+                 msg.size(), " bytes, this rank expected ", recv_bytes);
+    move(recv, msg.data(), recv_bytes);
+  }
+
   void move(void* dst, const void* src, int64_t bytes) {
     if (bytes <= 0) return;
     if (dev_) dev_->copy(dst, src, bytes);

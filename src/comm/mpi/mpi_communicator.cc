@@ -178,6 +178,46 @@ class MpiCommunicator final : public Communicator {
     UNTIED_MPI_CHECK(MPI_Bcast(buf, t.count(), t.type(), root, comm_));
   }
 
+  // Isend + Irecv, completed by wait(): the transfer progresses in MPI (and in wait()) while the
+  // caller computes.
+  class MpiExchange final : public PendingExchange {
+   public:
+    MpiExchange(MPI_Comm comm, const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
+                int src)
+        : st_(send_bytes), rt_(recv_bytes), recv_bytes_(recv_bytes), src_(src) {
+      constexpr int kTag = 1;  // apart from the blocking sendrecv's
+      UNTIED_MPI_CHECK(MPI_Irecv(recv, rt_.count(), rt_.type(), src, kTag, comm, &req_[0]));
+      UNTIED_MPI_CHECK(MPI_Isend(send, st_.count(), st_.type(), dest, kTag, comm, &req_[1]));
+    }
+    ~MpiExchange() override {
+      if (!done_) MPI_Waitall(2, req_, MPI_STATUSES_IGNORE);
+    }
+    void wait() override {
+      if (done_) return;
+      done_ = true;
+      MPI_Status status[2];
+      UNTIED_MPI_CHECK(MPI_Waitall(2, req_, status));
+      int got = 0;
+      UNTIED_MPI_CHECK(MPI_Get_count(&status[0], rt_.type(), &got));
+      UNTIED_CHECK(got == rt_.count(), "sendrecv: rank ", src_, " sent ", got, " units of ",
+                   recv_bytes_ / std::max(rt_.count(), 1), " bytes, this rank expected ", recv_bytes_, " bytes");
+    }
+
+   private:
+    ByteType st_, rt_;
+    int64_t recv_bytes_;
+    int src_;
+    MPI_Request req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    bool done_ = false;
+  };
+
+  std::unique_ptr<PendingExchange> sendrecv_start(const void* send, int64_t send_bytes, int dest, void* recv,
+                                                  int64_t recv_bytes, int src) override {
+    UNTIED_CHECK(dest >= 0 && dest < size_, "sendrecv: dest ", dest, " is not a rank of a group of ", size_);
+    UNTIED_CHECK(src >= 0 && src < size_, "sendrecv: src ", src, " is not a rank of a group of ", size_);
+    return std::make_unique<MpiExchange>(comm_, send, send_bytes, dest, recv, recv_bytes, src);
+  }
+
   void sendrecv(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
                 int src) override {
     UNTIED_CHECK(dest >= 0 && dest < size_, "sendrecv: dest ", dest,

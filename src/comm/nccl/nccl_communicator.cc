@@ -245,38 +245,41 @@ class NcclCommunicator final : public Communicator {
     call.finish();
   }
 
+  // One collective call (defined below).
+ private:
+  class Call;
+
+ public:
   void sendrecv(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
                 int src) override {
-    UNTIED_CHECK(dest >= 0 && dest < size_, "sendrecv: dest ", dest, " is not a rank of a group of ",
-                 size_);
-    UNTIED_CHECK(src >= 0 && src < size_, "sendrecv: src ", src, " is not a rank of a group of ", size_);
-    UNTIED_CHECK(send_bytes >= 0 && recv_bytes >= 0, "sendrecv: negative size: send ", send_bytes,
-                 " bytes, receive ", recv_bytes, " bytes");
-    UNTIED_CHECK((dest == rank_) == (src == rank_), "sendrecv: rank ", rank_, " sends to ", dest,
-                 " and receives from ", src,
-                 ": a send to self must pair with a receive from self in the same call");
-    if (dest == rank_) {  // to self: a copy on the communication stream
-      UNTIED_CHECK(send_bytes == recv_bytes, "sendrecv: rank ", src, " sent ", send_bytes,
-                   " bytes, this rank expected ", recv_bytes);
-      if (send_bytes == 0) return;
-      Call call(*this, "sendrecv");
-      UNTIED_CUDA_CHECK(cudaMemcpyAsync(recv, send, static_cast<size_t>(send_bytes), cudaMemcpyDefault,
-                                        stream_));
-      call.finish();
-      return;
+    std::unique_ptr<Call> call = start_sendrecv(send, send_bytes, dest, recv, recv_bytes, src);
+    if (call != nullptr) call->finish();
+  }
+
+  // The exchange queued on the communication stream; wait() polls it to the end (and copies
+  // staged host buffers back), as the blocking call does.
+  class NcclExchange final : public PendingExchange {
+   public:
+    explicit NcclExchange(std::unique_ptr<Call> call) : call_(std::move(call)) {}
+    ~NcclExchange() override {
+      try {
+        wait();
+      } catch (...) {  // dropped: a caller that wants the error calls wait()
+      }
     }
-    if (send_bytes == 0 && recv_bytes == 0) return;
-    Call call(*this, "sendrecv");
-    // A side of zero bytes is skipped: the peer's matching side is zero bytes too.
-    const void* s = send_bytes > 0 ? call.in(send, send_bytes) : nullptr;
-    void* r = recv_bytes > 0 ? call.out(recv, recv_bytes) : nullptr;
-    NcclGroup group;
-    if (send_bytes > 0)
-      UNTIED_NCCL_CHECK(ncclSend(s, static_cast<size_t>(send_bytes), ncclChar, dest, comm_, stream_));
-    if (recv_bytes > 0)
-      UNTIED_NCCL_CHECK(ncclRecv(r, static_cast<size_t>(recv_bytes), ncclChar, src, comm_, stream_));
-    group.end();
-    call.finish();
+    void wait() override {
+      if (call_ == nullptr) return;
+      std::unique_ptr<Call> c = std::move(call_);
+      c->finish();
+    }
+
+   private:
+    std::unique_ptr<Call> call_;  // null: nothing in flight (zero bytes, or done)
+  };
+
+  std::unique_ptr<PendingExchange> sendrecv_start(const void* send, int64_t send_bytes, int dest, void* recv,
+                                                  int64_t recv_bytes, int src) override {
+    return std::make_unique<NcclExchange>(start_sendrecv(send, send_bytes, dest, recv, recv_bytes, src));
   }
 
   // A one-element all_reduce: no rank's stream completes it before every rank has entered.
@@ -297,6 +300,41 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // sendrecv up to its NCCL calls, queued on the communication stream; null when there is nothing
+  // to wait for (zero bytes both ways).
+  std::unique_ptr<Call> start_sendrecv(const void* send, int64_t send_bytes, int dest, void* recv,
+                                       int64_t recv_bytes, int src) {
+    UNTIED_CHECK(dest >= 0 && dest < size_, "sendrecv: dest ", dest, " is not a rank of a group of ",
+                 size_);
+    UNTIED_CHECK(src >= 0 && src < size_, "sendrecv: src ", src, " is not a rank of a group of ", size_);
+    UNTIED_CHECK(send_bytes >= 0 && recv_bytes >= 0, "sendrecv: negative size: send ", send_bytes,
+                 " bytes, receive ", recv_bytes, " bytes");
+    UNTIED_CHECK((dest == rank_) == (src == rank_), "sendrecv: rank ", rank_, " sends to ", dest,
+                 " and receives from ", src,
+                 ": a send to self must pair with a receive from self in the same call");
+    if (dest == rank_) {  // to self: a copy on the communication stream
+      UNTIED_CHECK(send_bytes == recv_bytes, "sendrecv: rank ", src, " sent ", send_bytes,
+                   " bytes, this rank expected ", recv_bytes);
+      if (send_bytes == 0) return nullptr;
+      auto call = std::make_unique<Call>(*this, "sendrecv");
+      UNTIED_CUDA_CHECK(cudaMemcpyAsync(recv, send, static_cast<size_t>(send_bytes), cudaMemcpyDefault,
+                                        stream_));
+      return call;
+    }
+    if (send_bytes == 0 && recv_bytes == 0) return nullptr;
+    auto call = std::make_unique<Call>(*this, "sendrecv");
+    // A side of zero bytes is skipped: the peer's matching side is zero bytes too.
+    const void* s = send_bytes > 0 ? call->in(send, send_bytes) : nullptr;
+    void* r = recv_bytes > 0 ? call->out(recv, recv_bytes) : nullptr;
+    NcclGroup group;
+    if (send_bytes > 0)
+      UNTIED_NCCL_CHECK(ncclSend(s, static_cast<size_t>(send_bytes), ncclChar, dest, comm_, stream_));
+    if (recv_bytes > 0)
+      UNTIED_NCCL_CHECK(ncclRecv(r, static_cast<size_t>(recv_bytes), ncclChar, src, comm_, stream_));
+    group.end();
+    return call;
+  }
+
   // One collective call: orders the communication stream after the compute stream, stages
   // host buffers, and (finish) copies staged results back and waits for the stream.
   class Call {

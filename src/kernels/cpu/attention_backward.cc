@@ -30,7 +30,7 @@ namespace {
 // Per thread: k, v tiles; dk, dv accumulators; q, dO tiles; S/P, dP.
 int64_t backward_tile_floats(const AttnGeom& a) { return 4 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk; }
 // dQ accumulators beyond dq itself: one per thread but the first, plus the first's when dq is bf16.
-int extra_dq_accumulators(const AttnGeom& a, int threads) { return threads - 1 + (a.dtype == DType::kF32 ? 0 : 1); }
+int extra_dq_accumulators(const AttnGeom& a, int threads) { return threads - 1 + (a.out_dtype == DType::kF32 ? 0 : 1); }
 enum BackwardScratch { kDelta, kDqAccs, kTiles };
 
 }  // namespace
@@ -52,7 +52,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
   const int threads = dev.threads();
   const int64_t hd = a.h * a.d;  // elements of one token row of dQ accumulators
   const bool own_delta = delta_source == DeltaSource::kFromOut;
-  const bool dq_direct = a.dtype == DType::kF32;
+  const bool dq_direct = a.out_dtype == DType::kF32;
   const int64_t per_thread = backward_tile_floats(a);
   float* const delta_buf = scratch.as<float>(kDelta);
   float* const dq_acc_buf = scratch.as<float>(kDqAccs);
@@ -152,8 +152,8 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
         }
       }
       for (int64_t j = 0; j < nk; ++j) {
-        store_f32(at(dk, a.dtype, k0 + j, a.kv_rs, kvh, a.d), a.dtype, dkt + j * a.d, a.d);
-        store_f32(at(dv, a.dtype, k0 + j, a.kv_rs, kvh, a.d), a.dtype, dvt + j * a.d, a.d);
+        store_f32(at(dk, a.out_dtype, k0 + j, a.kv_rs, kvh, a.d), a.out_dtype, dkt + j * a.d, a.d);
+        store_f32(at(dv, a.out_dtype, k0 + j, a.kv_rs, kvh, a.d), a.out_dtype, dvt + j * a.d, a.d);
       }
     }
   }
@@ -168,7 +168,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
       const float* row = dq_acc(t, rs) + i * rs;
       for (int64_t c = 0; c < hd; ++c) main_row[c] += row[c];
     }
-    if (!dq_direct) store_f32(at(dq, a.dtype, i, a.q_rs, 0, a.d), a.dtype, main_row, hd);
+    if (!dq_direct) store_f32(at(dq, a.out_dtype, i, a.q_rs, 0, a.d), a.out_dtype, main_row, hd);
   }
 }
 

@@ -7,6 +7,7 @@
 // single-threaded. Per-thread scratch is independent of the sequence length.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -105,9 +106,40 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
       const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
       float* arow = acc + i * a.d;
       for (int64_t c = 0; c < a.d; ++c) arow[c] *= inv;
-      store_f32(at(out, a.dtype, q0 + i, a.q_rs, h, a.d), a.dtype, arow, a.d);
+      store_f32(at(out, a.out_dtype, q0 + i, a.q_rs, h, a.d), a.out_dtype, arow, a.d);
       lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : neg_inf;
     }
+  }
+}
+
+}  // namespace untied::cpu
+
+namespace untied::cpu {
+
+// The log-sum-exp merge (attention.h), row-parallel; exp/log in double, so a merge of one result
+// with an empty one (lse -inf) copies it exactly.
+void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch&) {
+  const auto& [s, acc, lse_acc, part, lse_part] = c;
+  const int64_t items = s.rows * s.heads;
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t i = item / s.heads, h = item % s.heads;
+    float& la = lse_acc[h * s.lse_acc_stride + i];
+    const float lb = lse_part[h * s.lse_part_stride + i];
+    if (lb == -std::numeric_limits<float>::infinity()) continue;  // the part saw no key
+    float* a = acc + i * s.acc_row_stride + h * s.head_dim;
+    const float* b = part + i * s.part_row_stride + h * s.head_dim;
+    if (la == -std::numeric_limits<float>::infinity()) {
+      std::copy(b, b + s.head_dim, a);
+      la = lb;
+      continue;
+    }
+    const double m = std::max<double>(la, lb);
+    const double ea = std::exp(static_cast<double>(la) - m), eb = std::exp(static_cast<double>(lb) - m);
+    const double sum = ea + eb;
+    const float wa = static_cast<float>(ea / sum), wb = static_cast<float>(eb / sum);
+    for (int64_t x = 0; x < s.head_dim; ++x) a[x] = wa * a[x] + wb * b[x];
+    la = static_cast<float>(m + std::log(sum));
   }
 }
 

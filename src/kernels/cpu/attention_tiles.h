@@ -19,7 +19,8 @@ struct AttnGeom {
   int64_t q_off, k_off;
   bool causal;
   float scale;
-  DType dtype;
+  DType dtype;      // storage of q, k, v, dout
+  DType out_dtype;  // storage of out, dq, dk, dv: f32 with f32_results, else dtype
 };
 
 inline AttnGeom make_geom(const AttentionShape& s) {
@@ -41,6 +42,7 @@ inline AttnGeom make_geom(const AttentionShape& s) {
   a.causal = s.causal;
   a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   a.dtype = s.dtype;
+  a.out_dtype = s.f32_results ? DType::kF32 : s.dtype;
   return a;
 }
 

@@ -9,6 +9,7 @@ const KernelTable& kernel_table() {
       .gemm = {.run = gemm, .scratch = gemm_scratch},
       .attention_forward = {.run = attention_forward, .scratch = attention_forward_scratch},
       .attention_backward = {.run = attention_backward, .scratch = attention_backward_scratch},
+      .attention_merge = {.run = attention_merge},
       .rope = {.run = rope, .scratch = rope_scratch},
       .rmsnorm_forward = {.run = rmsnorm_forward},
       .rmsnorm_backward = {.run = rmsnorm_backward, .scratch = rmsnorm_backward_scratch},

@@ -18,6 +18,8 @@ ScratchRequest attention_forward_scratch(const Device& dev, const AttentionForwa
 void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch);
 ScratchRequest attention_backward_scratch(const Device& dev, const AttentionBackwardCall& c);
 
+void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch& scratch);
+
 void rope(Device& dev, const RopeCall& c, const Scratch& scratch);
 ScratchRequest rope_scratch(const Device& dev, const RopeCall& c);
 

@@ -317,14 +317,23 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t j = k0 + krow + g + hf * 8;
-    if (j < a.sk) {
-      bf16* dkrow = dkp + j * a.kv_rs + kv_col + t2;
-      bf16* dvrow = dvp + j * a.kv_rs + kv_col + t2;
+    if (j >= a.sk) continue;
+    if (p.out_f32) {
+      float* dkrow = static_cast<float*>(p.dk) + j * a.kv_rs + kv_col + t2;
+      float* dvrow = static_cast<float*>(p.dv) + j * a.kv_rs + kv_col + t2;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
-        *reinterpret_cast<uint32_t*>(dkrow + dt * 8) = pack_bf16(dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale);
-        *reinterpret_cast<uint32_t*>(dvrow + dt * 8) = pack_bf16(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
+        *reinterpret_cast<float2*>(dkrow + dt * 8) = make_float2(dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale);
+        *reinterpret_cast<float2*>(dvrow + dt * 8) = make_float2(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
       }
+      continue;
+    }
+    bf16* dkrow = dkp + j * a.kv_rs + kv_col + t2;
+    bf16* dvrow = dvp + j * a.kv_rs + kv_col + t2;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      *reinterpret_cast<uint32_t*>(dkrow + dt * 8) = pack_bf16(dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dvrow + dt * 8) = pack_bf16(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
     }
   }
 }
@@ -489,7 +498,11 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
-      if (col < d) {
+      if (col >= d) continue;
+      if (p.out_f32) {
+        static_cast<float*>(p.dk)[jj * a.kv_rs + kv_col + col] = dk[kk][c] * a.scale;
+        static_cast<float*>(p.dv)[jj * a.kv_rs + kv_col + col] = dv[kk][c];
+      } else {
         from_f32(dkp + jj * a.kv_rs + kv_col + col, dk[kk][c] * a.scale);
         from_f32(dvp + jj * a.kv_rs + kv_col + col, dv[kk][c]);
       }
@@ -551,7 +564,7 @@ ScratchRequest attention_backward_scratch(const Device&, const AttentionBackward
   const int64_t h = c.s.heads, sq = c.s.seq_q, d = c.s.head_dim;
   ScratchRequest r;
   if (c.delta_source == DeltaSource::kFromOut) r.set(kDelta, h * sq * 4, Tag::kAttnWorkspace, "attention backward D");
-  if (c.s.dtype != DType::kF32)  // f32 dq is its own accumulator
+  if (c.s.dtype != DType::kF32 && !c.s.f32_results)  // f32 dq is its own accumulator
     r.set(kDqAcc, sq * h * d * 4, Tag::kAttnWorkspace, "attention backward dQ accumulator");
   return r;
 }
@@ -560,7 +573,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
   using namespace attn;
   const auto& [s, dq, dk, dv, q, k, v, delta_source, out, delta_given, lse, dout] = c;
   const AttnGeom a = make_attn_geom(s);
-  const bool dq_direct = s.dtype == DType::kF32;
+  const bool dq_direct = s.dtype == DType::kF32 || s.f32_results;
   const int64_t hd = static_cast<int64_t>(a.h) * a.d;
   float* const dq_buf = scratch.as<float>(kDqAcc);
 
@@ -580,7 +593,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
                                       static_cast<size_t>(a.sq), stream));
 
   const BwdParams p{.a = a, .q = q, .k = k, .v = v, .dout = dout, .lse = lse, .delta = delta, .dq_acc = dq_acc,
-                    .dq_acc_rs = dq_acc_rs, .dk = dk, .dv = dv};
+                    .dq_acc_rs = dq_acc_rs, .dk = dk, .dv = dv, .out_f32 = s.f32_results ? 1 : 0};
   if (use_tensor_cores(a, s.dtype, q, k, v, dout, dk, dv)) {
     if (a.d == 64)
       launch_bwd_mma<64>(p, stream);

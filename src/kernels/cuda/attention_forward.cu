@@ -222,6 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
 
   // out = O / l (0 for rows that saw no key), lse = (m + log2 l) ln 2 (-inf for those rows).
   bf16* out = static_cast<bf16*>(p.out);
+  float* out32 = static_cast<float*>(p.out);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -232,10 +233,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
       const int64_t i = q0 + wrow + mt * 16 + g + hf * 8;
       if (i < a.sq) {
         const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-        bf16* orow = out + i * a.q_rs + q_col + t2;
+        if (p.out_f32) {
+          float* orow = out32 + i * a.q_rs + q_col + t2;
 #pragma unroll
-        for (int dt = 0; dt < kDT; ++dt)
-          *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
+          for (int dt = 0; dt < kDT; ++dt)
+            *reinterpret_cast<float2*>(orow + dt * 8) = make_float2(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
+        } else {
+          bf16* orow = out + i * a.q_rs + q_col + t2;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt)
+            *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
+        }
         if ((lane & 3) == 0) p.lse[h * a.sq + i] = lt > 0.0f ? (m[mt][hf] + log2f(lt)) * kLn2 : -INFINITY;
       }
     }
@@ -362,7 +370,9 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
-      if (col < d) from_f32(out + i * a.q_rs + q_col + col, acc[rr][c] * inv);
+      if (col >= d) continue;
+      if (p.out_f32) static_cast<float*>(p.out)[i * a.q_rs + q_col + col] = acc[rr][c] * inv;
+      else from_f32(out + i * a.q_rs + q_col + col, acc[rr][c] * inv);
     }
     if (lane == 0) p.lse[h * a.sq + i] = l[rr] > 0.0f ? (m[rr] + log2f(l[rr])) * kLn2 : -INFINITY;
   }
@@ -402,11 +412,53 @@ void launch_fwd_simt_any(const FwdParams& p, cudaStream_t stream) {
 
 Status attention_forward_supports(const AttentionForwardCall& c) { return attn::portable_dim_supported(c.s.head_dim); }
 
+namespace attn {
+namespace {
+
+// The log-sum-exp merge (attention.h): one thread per (row, head), grid-stride; the weights in
+// double as on the CPU, so both give the same bits.
+__global__ void merge_kernel(AttentionMergeShape s, float* acc, float* lse_acc, const float* part,
+                             const float* lse_part) {
+  const int64_t items = s.rows * s.heads;
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < items;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = item / s.heads, h = item % s.heads;
+    float* la = lse_acc + h * s.lse_acc_stride + i;
+    const float lb = lse_part[h * s.lse_part_stride + i];
+    if (lb == -INFINITY) continue;
+    float* a = acc + i * s.acc_row_stride + h * s.head_dim;
+    const float* b = part + i * s.part_row_stride + h * s.head_dim;
+    if (*la == -INFINITY) {
+      for (int64_t x = 0; x < s.head_dim; ++x) a[x] = b[x];
+      *la = lb;
+      continue;
+    }
+    const double m = fmax(static_cast<double>(*la), static_cast<double>(lb));
+    const double ea = exp(static_cast<double>(*la) - m), eb = exp(static_cast<double>(lb) - m);
+    const double sum = ea + eb;
+    const float wa = static_cast<float>(ea / sum), wb = static_cast<float>(eb / sum);
+    for (int64_t x = 0; x < s.head_dim; ++x) a[x] = __fadd_rn(__fmul_rn(wa, a[x]), __fmul_rn(wb, b[x]));
+    *la = static_cast<float>(m + log(sum));
+  }
+}
+
+}  // namespace
+}  // namespace attn
+
+void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch&) {
+  const auto& [s, acc, lse_acc, part, lse_part] = c;
+  constexpr int kThreads = 256;
+  const int64_t items = s.rows * s.heads;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 65535));
+  attn::merge_kernel<<<grid, kThreads, 0, static_cast<CudaDevice&>(dev).stream()>>>(s, acc, lse_acc, part, lse_part);
+  UNTIED_CUDA_CHECK(cudaGetLastError());
+}
+
 void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch&) {
   using namespace attn;
   const auto& [s, out, lse, q, k, v] = c;
   const AttnGeom a = make_attn_geom(s);
-  const FwdParams p{.a = a, .q = q, .k = k, .v = v, .out = out, .lse = lse};
+  const FwdParams p{.a = a, .q = q, .k = k, .v = v, .out = out, .lse = lse, .out_f32 = s.f32_results ? 1 : 0};
   cudaStream_t stream = static_cast<CudaDevice&>(dev).stream();
   if (use_tensor_cores(a, s.dtype, q, k, v, out)) {
     if (a.d == 64) return launch_fwd_mma<64>(p, stream);

@@ -47,8 +47,9 @@ struct FwdParams {
   const void* q;
   const void* k;
   const void* v;
-  void* out;   // (sq, H, D), row stride q_rs
+  void* out;   // (sq, H, D), row stride q_rs: the storage type, or fp32 when out_f32
   float* lse;  // (H, sq)
+  int out_f32 = 0;  // AttentionShape::f32_results
 };
 
 struct BwdParams {
@@ -61,8 +62,9 @@ struct BwdParams {
   const float* delta;  // (H, sq) = rowsum(dout * out)
   float* dq_acc;       // fp32 dQ accumulator (sq, H, D) with row stride dq_acc_rs
   int64_t dq_acc_rs;
-  void* dk;            // (sk, G, D), row stride kv_rs
+  void* dk;            // (sk, G, D), row stride kv_rs: the storage type, or fp32 when out_f32
   void* dv;
+  int out_f32 = 0;     // AttentionShape::f32_results (dk, dv in fp32; dq_acc is then dq itself)
 };
 
 inline AttnGeom make_attn_geom(const AttentionShape& s) {

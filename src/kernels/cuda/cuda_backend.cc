@@ -10,6 +10,7 @@ const KernelTable& kernel_table() {
       .attention_forward = {.run = attention_forward, .supports = attention_forward_supports},
       .attention_backward = {.run = attention_backward, .scratch = attention_backward_scratch,
                              .supports = attention_backward_supports},
+      .attention_merge = {.run = attention_merge},
       .rope = {.run = rope, .supports = rope_supports},
       .rmsnorm_forward = {.run = rmsnorm_forward},
       .rmsnorm_backward = {.run = rmsnorm_backward, .scratch = rmsnorm_backward_scratch},

@@ -34,6 +34,8 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
 ScratchRequest attention_backward_scratch(const Device& dev, const AttentionBackwardCall& c);
 Status attention_backward_supports(const AttentionBackwardCall& c);
 
+void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch& scratch);  // attention_forward.cu
+
 void rope(Device& dev, const RopeCall& c, const Scratch& scratch);  // rope.cu
 Status rope_supports(const RopeCall& c);
 

@@ -8,8 +8,8 @@ per .cu file: every kernel of the backend (its GEMMs are cuBLAS, not kernels of 
 emulated build has emu_cublas.cc). These textual changes, nothing else:
   - attention_tiles.cuh: the block between the "PTX primitives" markers is replaced by
     #include "emu_ptx_primitives.h" (CPU versions of the same functions);
-  - every launch `kernel<<<grid, block, smem, stream>>>(args);` (kernel possibly a template-id,
-    `name<T, 4>`) becomes `::emu::launch(kernel, grid, block, smem, stream, args);`;
+  - every launch `kernel<<<grid, block, smem, stream>>>(args);` (kernel possibly qualified or a
+    template-id, `ns::name<T, 4>`) becomes `::emu::launch(kernel, grid, block, smem, stream, args);`;
   - every static shared array or variable `__shared__ T name[N]...;` / `__shared__ T name;`
     becomes `static T name[N]...; ::emu::shared_array(&name, sizeof(name));` (one copy for the
     fibers of a block, refilled with a NaN pattern at each block start; see emu_runtime.h);
@@ -25,7 +25,7 @@ import sys
 
 BEGIN = '// ---- PTX primitives (sm_80+) ----'
 END = '// ---- end PTX primitives ----'
-LAUNCH = re.compile(r'(\w+(?:<[^<>;()]*>)?)<<<(.+?)>>>\((.*?)\);', re.S)
+LAUNCH = re.compile(r'((?:\w+::)*\w+(?:<[^<>;()]*>)?)<<<(.+?)>>>\((.*?)\);', re.S)
 SHARED = re.compile(r'\b__shared__\s+([\w:<>, ]+?)\s+(\w+)((?:\[[^\]\[;]+\])*);')
 CUB_SORT = '#include <cub/device/device_radix_sort.cuh>'
 KERNELS = ('attention_forward', 'attention_backward', 'rope', 'rmsnorm', 'swiglu', 'tensor_ops', 'adamw',

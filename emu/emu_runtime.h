@@ -40,8 +40,9 @@
 //   - Range checks of the kernels' plain shared-memory loads and stores (only the primitives'
 //     accesses are checked; shared memory is a heap vector, so AddressSanitizer can see a plain
 //     access past its end; static __shared__ arrays are plain static arrays, where an access
-//     past one may land unseen in the next) and of global memory (each tensor is its own malloc, see
-//     host_device/device/cuda/cuda_device.h, for the same reason).
+//     past one may land unseen in the next) and of global memory (each device buffer starts on a
+//     page of its own, emu_device_memory.h, so an access past its end faults only beyond its last
+//     page; the op test, tests/ops, checks every byte outside what an op may write instead).
 //   - Floating point: host fp32 arithmetic; exp2f/log2f/expf/sincos/pow are the libm ones, not
 //     the GPU's (expf within 2 ulp of it on the GPU), and g++ may contract plain expressions
 //     differently from nvcc (the _rn intrinsics above are exact).
@@ -60,6 +61,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <type_traits>
@@ -239,16 +241,13 @@ inline void fiber_main() {
 // Prepares `stack` so that the first switch to the returned pointer enters fiber_main: the
 // frame emu_fiber_switch pops (mxcsr and x87 control word, six callee-saved registers, then the
 // return address).
-inline void* init_fiber_stack(char* stack) {
+// mxcsr and fpu_cw: the floating-point control state the fiber starts with (the caller's).
+inline void* init_fiber_stack(char* stack, uint32_t mxcsr, uint16_t fpu_cw) {
   const uintptr_t top = reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t{15};
   uint64_t* p = reinterpret_cast<uint64_t*>(top);
   *--p = 0;                                        // fiber_main's (never used) return address
   *--p = reinterpret_cast<uint64_t>(&fiber_main);  // popped by ret
   for (int i = 0; i < 6; ++i) *--p = 0;            // rbp rbx r12 r13 r14 r15
-  uint32_t mxcsr;
-  uint16_t fpu_cw;
-  asm volatile("stmxcsr %0" : "=m"(mxcsr));
-  asm volatile("fnstcw %0" : "=m"(fpu_cw));
   --p;
   std::memcpy(reinterpret_cast<char*>(p), &mxcsr, 4);
   std::memcpy(reinterpret_cast<char*>(p) + 4, &fpu_cw, 2);
@@ -273,10 +272,14 @@ inline void shared_array(void* p, size_t bytes) {
 
 inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<void()> body) {
   for (const SharedArray& a : g_shared_arrays) std::memset(a.p, 0xFF, a.bytes);
-  Block b;
+  // One block at a time (launch holds the device mutex), so its state is kept between blocks and
+  // reset here: the allocations of a fresh Block per block cost more than small blocks run.
+  static Block b;
   const int n = static_cast<int>(bdim.x * bdim.y * bdim.z);
   const int warps = (n + 31) / 32;
   b.fibers.resize(n);
+  b.block_gen = 0;
+  b.block_arrived = 0;
   b.warp_gen.assign(warps, 0);
   b.warp_arrived.assign(warps, 0);
   b.warp_size.assign(warps, 0);
@@ -286,15 +289,29 @@ inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<v
   g_block = &b;
   g_block_idx = bidx;
   g_block_dim = bdim;
+  uint32_t mxcsr;
+  uint16_t fpu_cw;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpu_cw));
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
+    f.done = false;
+    f.wait = Wait::kNone;
+    f.wait_gen = 0;
+    f.uncommitted.clear();
+    f.groups.clear();
     f.warp = i / 32;
     f.lane = i % 32;
     f.tid = make_uint3(i % bdim.x, (i / bdim.x) % bdim.y, i / (bdim.x * bdim.y));
     ++b.warp_size[f.warp];
-    f.sp = init_fiber_stack(fiber_stack(i));
+    f.sp = init_fiber_stack(fiber_stack(i), mxcsr, fpu_cw);
   }
-  std::mt19937_64 rng(g_options.seed ^ (bidx.x * 0x9E3779B97F4A7C15ull));
+  const Schedule s = g_options.schedule;
+  // The random schedules' generator, seeded per block (only for them: seeding costs more than a
+  // small block runs).
+  std::optional<std::mt19937_64> rng;
+  if (s == Schedule::kWarpsRandom || s == Schedule::kLanesRandom)
+    rng.emplace(g_options.seed ^ (bidx.x * 0x9E3779B97F4A7C15ull));
   int done = 0;
   auto runnable = [&](const Fiber& f) {
     if (f.done) return false;
@@ -321,7 +338,6 @@ inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<v
     die("deadlock:", msg);
   };
 
-  const Schedule s = g_options.schedule;
   if (s == Schedule::kWarpsForward || s == Schedule::kWarpsReverse || s == Schedule::kWarpsRandom) {
     // One warp runs alone until each of its threads waits at a block barrier (or has finished),
     // so warps drift a whole barrier interval apart: exposes missing block barriers.
@@ -329,7 +345,7 @@ inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<v
     while (done < n) {
       for (int w = 0; w < warps; ++w) worder[w] = w;
       if (s == Schedule::kWarpsReverse) std::reverse(worder.begin(), worder.end());
-      if (s == Schedule::kWarpsRandom) std::shuffle(worder.begin(), worder.end(), rng);
+      if (s == Schedule::kWarpsRandom) std::shuffle(worder.begin(), worder.end(), *rng);
       bool progress = false;
       for (int w : worder) {
         bool ran = false;
@@ -353,7 +369,7 @@ inline void run_block(uint3 bidx, uint3 bdim, size_t smem_bytes, std::function<v
     std::vector<int> order(n);
     for (int i = 0; i < n; ++i) order[i] = s == Schedule::kLanesReverse ? n - 1 - i : i;
     while (done < n) {
-      if (s == Schedule::kLanesRandom) std::shuffle(order.begin(), order.end(), rng);
+      if (s == Schedule::kLanesRandom) std::shuffle(order.begin(), order.end(), *rng);
       bool progress = false;
       for (int i : order) {
         if (!runnable(b.fibers[i])) continue;

@@ -17,11 +17,11 @@
 // whole range with one mprotect each, for every thread.
 // Each buffer starts on a page of its own; freed pages go back to the system and their addresses
 // are not reused (the range is large), so a stale pointer faults outside a scope too. Inside a
-// scope the whole range is open: this finds host accesses, not overruns (the kernel tests, with
-// one exact malloc per buffer, are for those). New buffers hold 0xFF bytes (a NaN pattern), so
-// reads of what no kernel wrote show up as NaN.
+// scope the whole range is open: this finds host accesses, not overruns (the op test, tests/ops,
+// compares every byte of its buffers outside what an op may write for those). New buffers hold
+// 0xFF bytes (a NaN pattern), so reads of what no kernel wrote show up as NaN.
 //
-// Without guarded buffers a scope only takes the mutex: the kernel tests pay nothing for it.
+// Without guarded buffers a scope only takes the mutex.
 #pragma once
 
 #include <execinfo.h>

@@ -2,7 +2,7 @@
 // machine-specific code (emu_runtime.h): saves the callee-saved registers, mxcsr and the x87
 // control word on the current stack, stores the stack pointer in *save_sp, and resumes the fiber
 // whose stack pointer is new_sp (a frame of the same shape, built by this function or by
-// emu::init_fiber_stack). CMakeLists.txt builds the test on x86-64 only.
+// emu::init_fiber_stack). CMakeLists.txt builds the emulator on x86-64 hosts only.
 asm(R"(
   .text
   .globl emu_fiber_switch

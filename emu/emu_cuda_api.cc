@@ -2,7 +2,7 @@
 // communicator), answered on the host for the emulator (emu_runtime.h): sm_90-like GPUs (132 SMs,
 // 227 KiB of opt-in shared memory per block, kEmulatedGpuBytes of memory shared by the process),
 // as many as UNTIED_EMU_GPUS says (default 1), GPU i on PCI bus i, so that processes using the
-// same index share "a GPU" as NCCL sees it; the kernel tests can present other compute
+// same index share "a GPU" as NCCL sees it; the op test (tests/ops) can present other compute
 // capabilities (set_compute_capability). Its memory (cudaMalloc) is guarded
 // device memory (emu_device_memory.h); page-locked host memory (cudaHostAlloc) is plain host
 // memory. Memsets and copies run at once on the host (every kernel has finished when its launch

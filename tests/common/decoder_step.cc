@@ -1,0 +1,60 @@
+// The decoder step of decoder_step.h.
+#include "common/decoder_step.h"
+
+#include <mutex>
+
+#include "untied/comm/inproc.h"
+#include "untied/device/device.h"
+
+namespace untied::test {
+
+DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int ranks,
+                             const std::vector<int32_t>& tokens, const std::vector<int32_t>& labels,
+                             const ParamsInit& init) {
+  int64_t global = 0;  // labelled tokens of the whole sequence
+  for (int32_t l : labels) global += l != -100;
+  const auto descs = parameter_descriptors(m);
+  DecoderStep out;
+  std::mutex mu;
+  run_in_process(ranks, [&](Communicator& comm) {
+    auto dev = make_cpu_device({.threads = 1});
+    ShardedParams params(*dev, comm, descs, o.dtype);
+    init(params, comm.rank());
+    Decoder dec(*dev, comm, m, o);
+    // This rank's positions (token_layout.h: one run, or two under a ring), gathered in row order.
+    const int64_t L = o.seq / ranks;
+    std::vector<int32_t> my_tokens(static_cast<size_t>(L)), my_labels(static_cast<size_t>(L));
+    for (const TokenSegment& seg : token_layout(attention_config(m, o), ranks).rank_segments(comm.rank()))
+      for (int64_t i = 0; i < seg.length; ++i) {
+        my_tokens[seg.first_row + i] = tokens[seg.first_position + i];
+        my_labels[seg.first_row + i] = labels[seg.first_position + i];
+      }
+    StepSums s = dec.forward_backward(params, my_tokens.data(), my_labels.data(), nullptr, global);
+    double loss = s.loss_sum;
+    comm.all_reduce(&loss, &loss, 1, DType::kF64, ReduceOp::kSum);
+    std::vector<std::vector<float>> full(params.num_params());
+    for (int i = 0; i < params.num_params(); ++i) {
+      const int64_t sh = params.shard_elems(i);
+      full[i].resize(static_cast<size_t>(sh * ranks));
+      comm.all_gather(params.grad(i), full[i].data(), sh * 4);
+      full[i].resize(static_cast<size_t>(descs[i].shape.numel()));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm.rank() == 0) {
+      out.loss = loss / static_cast<double>(global);
+      out.grads = std::move(full);
+    }
+  });
+  return out;
+}
+
+ParamsInit params_from(const std::vector<std::vector<float>>& full) {
+  return [&full](ShardedParams& params, int rank) {
+    for (int i = 0; i < params.num_params(); ++i) {
+      const int64_t start = params.shard_elems(i) * rank;
+      for (int64_t k = 0; k < params.owned_elems(i); ++k) params.master(i)[k] = full[i][start + k];
+    }
+  };
+}
+
+}  // namespace untied::test

@@ -1,0 +1,33 @@
+// One decoder step on in-process ranks, for the model tests (tests/common): every rank gets a CPU
+// device of one thread, its ZeRO shard of the parameters (filled by the caller), and its L = S/C
+// tokens; forward_backward runs once; the loss (summed over ranks, divided by the labelled
+// tokens of the whole sequence) and every parameter's full gradient (the shards gathered) come
+// back from rank 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "untied/dist/sharded_params.h"
+#include "untied/model/decoder.h"
+
+namespace untied::test {
+
+struct DecoderStep {
+  double loss = 0;                        // mean over the labelled tokens of the sequence
+  std::vector<std::vector<float>> grads;  // per parameter, full (descriptor order)
+};
+
+// Fills rank `rank`'s shard of the parameters (master copies) before the step.
+using ParamsInit = std::function<void(ShardedParams& params, int rank)>;
+
+// REQUIRES: tokens.size() == labels.size() == o.seq, o.seq % ranks == 0.
+DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int ranks,
+                             const std::vector<int32_t>& tokens, const std::vector<int32_t>& labels,
+                             const ParamsInit& init);
+
+// A ParamsInit that copies full parameters (descriptor order) into each rank's shard.
+ParamsInit params_from(const std::vector<std::vector<float>>& full);
+
+}  // namespace untied::test
