@@ -224,7 +224,7 @@ TEST_P(StrategyVsLocal, MatchesLocal) {
   for (int i = 0; i < kNumOutputs; ++i) {
     const double base = max_abs_error(baseline_of[i], baseline_vs[i]);
     const double floor = kFloorUlps * FLT_EPSILON * max_abs(target[i]);
-    const double part = i >= 2 ? partial_sum_floor(run.abs_partials[i], c.spec.dtype, stored_adds(c.d, c.spec.ranks, i))
+    const double part = i >= 2 ? partial_sum_floor(run.abs_partials[i], c.spec.dtype, stored_adds(c.d, c.spec.group(), i))
                                : 0.0;
     const double tol = kErrFactor * base + floor + part;
     if (bf16)  // the figures of "bf16 error no worse than local's": both against local in f32

@@ -101,6 +101,24 @@ std::vector<BadConfig> bad_configs() {
   b.push_back({"zero kv_heads", with([](auto& c) { c.kv_heads = 0; }), 1, {"kv_heads must be >= 1"}});
   b.push_back({"rope_theta 0", with([](auto& c) { c.rope_theta = 0; }), 1, {"rope_theta must be > 0"}});
   b.push_back({"f64 storage", with([](auto& c) { c.dtype = DType::kF64; }), 1, {"dtype must be f32 or bf16"}});
+  // Ring and the Ulysses x ring hybrid.
+  b.push_back({"ranks not divisible by R", with([](auto& c) { c.ring = 3; }), 4,
+               {"--ring 3 must divide the number of ranks (4)"}});
+  b.push_back({"S not divisible by 2RC", with([](auto& c) { c.seq = 50; c.ring = 2; }), 2,
+               {"sequence length 50", "2 * R * C = 4", "--seq 52"}});
+  b.push_back({"S not divisible by 2RC (ring)", with([](auto& c) { c.seq = 60; c.strategy = Strategy::kRing; }), 4,
+               {"sequence length 60", "2 * R * C = 8", "--seq 64"}});
+  b.push_back({"heads the Ulysses degree does not divide",
+               with([](auto& c) { c.heads = 6; c.kv_heads = 6; c.ring = 2; c.strategy = Strategy::kUlysses; }), 8,
+               {"ulysses with ring 2", "the 4 ranks of a ring group", "heads (6)"}});
+  b.push_back({"U not a multiple of C (hybrid)", with([](auto& c) { c.upipe_heads = 2; c.ring = 2; }), 8,
+               {"upipe with ring 2", "U (2)", "multiple of the ranks (4)"}});
+  b.push_back({"ring on local", with([](auto& c) { c.strategy = Strategy::kLocal; c.ring = 2; }), 1,
+               {"strategy local has no ring"}});
+  b.push_back({"ring strategy with another ring degree",
+               with([](auto& c) { c.strategy = Strategy::kRing; c.ring = 2; }), 4,
+               {"strategy ring runs one ring over all 4 ranks", "--ring 2"}});
+  b.push_back({"ring degree 0", with([](auto& c) { c.ring = 0; }), 2, {"ring degree (--ring) must be >= 1"}});
   return b;
 }
 

@@ -16,6 +16,7 @@
 
 #include <cfloat>
 #include <cstdio>
+#include <vector>
 
 #include "attention/block_harness.h"
 #include "common/gpu.h"
@@ -56,10 +57,14 @@ TEST_P(AttentionGpu, EveryStrategyMatchesLocalAndTheCpu) {
     const Outputs ref64 = reference_outputs(in, true), naive32 = reference_outputs(in, false);
     const BlockRun local = run_block(in, RunSpec{.strategy = Strategy::kLocal, .gpu = true});
     compare("gpu local f32 vs fp64", d, local, ref64, naive32, ref64, DType::kF32, 1);
-    for (RunSpec s : {RunSpec{.strategy = Strategy::kUlysses, .ranks = C, .gpu = true},
-                      RunSpec{.strategy = Strategy::kUPipe, .ranks = C, .upipe_heads = C, .gpu = true}}) {
+    std::vector<RunSpec> specs = {RunSpec{.strategy = Strategy::kUlysses, .ranks = C, .gpu = true},
+                                  RunSpec{.strategy = Strategy::kUPipe, .ranks = C, .upipe_heads = C, .gpu = true},
+                                  RunSpec{.strategy = Strategy::kRing, .ranks = C, .gpu = true}};
+    if (C % 2 == 0)  // the hybrid: C/2 ranks per Ulysses group x a 2-ring
+      specs.push_back(RunSpec{.strategy = Strategy::kUPipe, .ranks = C, .ring = 2, .gpu = true});
+    for (const RunSpec& s : specs) {
       const BlockRun run = run_block(in, s);
-      compare(s.name() + " vs gpu local", d, run, local.out, local.out, ref64, DType::kF32, C);
+      compare(s.name() + " vs gpu local", d, run, local.out, local.out, ref64, DType::kF32, s.group());
     }
   }
   // bf16: every GPU strategy against the CPU's fp32 local on the same bf16-exact inputs.
@@ -70,10 +75,11 @@ TEST_P(AttentionGpu, EveryStrategyMatchesLocalAndTheCpu) {
     for (RunSpec s : {RunSpec{.strategy = Strategy::kLocal, .dtype = DType::kBF16, .gpu = true},
                       RunSpec{.strategy = Strategy::kUlysses, .ranks = C, .dtype = DType::kBF16, .gpu = true},
                       RunSpec{.strategy = Strategy::kUPipe, .ranks = C, .upipe_heads = C, .dtype = DType::kBF16,
-                              .gpu = true}}) {
+                              .gpu = true},
+                      RunSpec{.strategy = Strategy::kRing, .ranks = C, .dtype = DType::kBF16, .gpu = true}}) {
       const BlockRun run = run_block(in, s);
       compare(s.name() + " vs cpu local f32", d, run, target.out, cpu_bf16.out, target.out, DType::kBF16,
-              s.ranks);
+              s.group());
     }
   }
 }

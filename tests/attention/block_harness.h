@@ -103,6 +103,8 @@ struct RunSpec {
   bool gpu = false;         // every rank on its own CUDA device on GPU 0 (the in-process ranks
                             // share it); inputs copied there, outputs copied back
   std::string name() const;  // "upipe C=4 U=8 f32 gpu"
+  // The ranks of one Ulysses group (1 for the ring strategy; ranks / ring otherwise).
+  int group() const { return strategy == Strategy::kRing ? 1 : static_cast<int>(ranks / ring); }
 };
 
 struct BlockRun {
