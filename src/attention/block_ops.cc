@@ -69,16 +69,58 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
 }
 
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, const std::vector<TokenSegment>& segments, Rope dir) {
+                 double theta, const RowPositions& pos, Rope dir) {
   const int64_t es = dtype_size(t);
+  if (pos.table != nullptr) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t};
+      void* p = static_cast<char*>(buf) + b * rows * heads * d * es;
+      if (dir == Rope::kInverse) rope_backward(dev, s, p, pos.table);
+      else rope_forward(dev, s, p, pos.table);
+    }
+    return;
+  }
   for (int64_t b = 0; b < blocks; ++b)
-    for (const TokenSegment& seg : segments) {
+    for (const TokenSegment& seg : *pos.segments) {
       const RopeShape s{.tokens = seg.length, .heads = heads, .head_dim = d, .theta = theta, .dtype = t,
                         .first_position = seg.first_position};
       void* p = static_cast<char*>(buf) + (b * rows + seg.first_row) * heads * d * es;
       if (dir == Rope::kInverse) rope_backward(dev, s, p, nullptr);
       else rope_forward(dev, s, p, nullptr);
     }
+}
+
+namespace {
+TensorBuffer upload(Device& dev, const std::vector<int64_t>& v, const char* what) {
+  TensorBuffer b(dev.allocator(), DType::kI64, {static_cast<int64_t>(v.size())}, Tag::kOther, what);
+  if (dev.backed()) dev.copy(b.data(), v.data(), static_cast<int64_t>(v.size()) * 8);
+  return b;
+}
+}  // namespace
+
+void keep_mask(Device& dev, const SequenceMask& mask, const std::vector<TokenSegment>& rows,
+               const std::vector<TokenSegment>& group, SavedMask& out) {
+  out.mask = mask;
+  if (mask.num_docs() <= 1) return;
+  out.doc_starts = upload(dev, mask.starts(), "document starts");
+  out.rope_rows = upload(dev, mask.rope_positions(rows), "RoPE positions (rank rows)");
+  out.rope_group = upload(dev, mask.rope_positions(group), "RoPE positions (group sequence)");
+}
+
+AttentionShape masked(AttentionShape s, const SavedMask& m) {
+  s.window = m.mask.window();
+  if (m.mask.num_docs() > 1) {
+    s.doc_starts = m.doc_starts.as<int64_t>();
+    s.num_docs = m.mask.num_docs();
+    // Rehearsal: unbacked buffers; the kernels do not run, the shape must still validate.
+    if (s.doc_starts == nullptr) s.num_docs = 0;
+  }
+  return s;
+}
+
+void check_mask(const AttentionConfig& cfg, const SequenceMask& mask) {
+  UNTIED_CHECK(mask.seq() == cfg.seq, "attention: the sequence mask covers ", mask.seq(),
+               " tokens, the block's sequence is ", cfg.seq);
 }
 
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes) {

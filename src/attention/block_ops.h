@@ -7,6 +7,7 @@
 
 #include "untied/attention/attention_block.h"
 #include "untied/attention/token_layout.h"
+#include "untied/kernels/attention.h"
 #include "untied/kernels/gemm.h"
 #include "untied/kernels/rope.h"
 
@@ -50,11 +51,28 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
                            DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
                            int64_t d, Write dw_write);
 
-// RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens,
-// whose positions the segments give (token_layout.h: one or two runs of positions); one kernel
-// call per segment and block.
+// The RoPE positions of a run of rows: the segments of global positions they hold
+// (token_layout.h: one or two runs), or, with packed documents, a device table of one position per
+// row (each document restarting at 0, sequence_mask.h).
+struct RowPositions {
+  const std::vector<TokenSegment>* segments = nullptr;
+  const int64_t* table = nullptr;  // when not null, used instead of the segments
+};
+
+// RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens, at
+// `pos`; one kernel call per block (and segment).
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, const std::vector<TokenSegment>& segments, Rope dir);
+                 double theta, const RowPositions& pos, Rope dir);
+
+// What a forward keeps of its mask (attention_block.h, SavedMask): the host copy, and with more
+// than one document the starts and the RoPE positions of `rows` (this rank's) and `group` (its
+// group sequence's) on the device. Counted, not copied, in rehearsal.
+void keep_mask(Device& dev, const SequenceMask& mask, const std::vector<TokenSegment>& rows,
+               const std::vector<TokenSegment>& group, SavedMask& out);
+// s with the kept mask's documents and window.
+AttentionShape masked(AttentionShape s, const SavedMask& m);
+// Refuses a mask of another length than the block's sequence.
+void check_mask(const AttentionConfig& cfg, const SequenceMask& mask);
 
 // all_to_all of equal blocks; skipped in rehearsal (unbacked buffers).
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes);

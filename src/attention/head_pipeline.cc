@@ -66,9 +66,16 @@ PackedHeads HeadPipeline::packed(void* base, int64_t heads, int64_t elem_bytes) 
 }
 
 AttentionShape HeadPipeline::kernel_shape() const {
-  return AttentionShape{.seq_q = seq_group_, .seq_k = seq_group_, .heads = sched_.q_per_rank,
-                        .kv_heads = sched_.kv_per_rank, .head_dim = cfg_.head_dim, .causal = true,
-                        .dtype = cfg_.dtype};
+  return masked(AttentionShape{.seq_q = seq_group_, .seq_k = seq_group_, .heads = sched_.q_per_rank,
+                               .kv_heads = sched_.kv_per_rank, .head_dim = cfg_.head_dim, .causal = true,
+                               .dtype = cfg_.dtype},
+                *mask_);
+}
+
+RowPositions HeadPipeline::rank_rows() const { return {.segments = &positions_, .table = mask_->rope_rows.as<int64_t>()}; }
+
+RowPositions HeadPipeline::group_rows() const {
+  return {.segments = &group_positions_, .table = mask_->rope_group.as<int64_t>()};
 }
 
 void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep) {
@@ -80,7 +87,7 @@ void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t
     for (int64_t j = 0; j < u; ++j)
       project_head(dev_, q.slot(p, j), q.ld(), t, x.data(), x.dtype(), L, w.wq, sched_.q_head(s, p, j), D);
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
-  rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, positions_, Rope::kForward);
+  rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, rank_rows(), Rope::kForward);
   st.q = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
   exchange(dev_, *ulysses_, send.data(), st.q.data(), L * u * D * dtype_size(t));
 }
@@ -109,7 +116,7 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_
         project_head(dev_, kv.slot(p, i), kv.ld(), t, x.data(), x.dtype(), L, part.w, sched_.kv_head(round, p, i), D);
     if (part.norm_w != nullptr) {
       normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
-      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, positions_, Rope::kForward);
+      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, rank_rows(), Rope::kForward);
     }
     part.recv = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication, part.recv_what);
     exchange(dev_, *ulysses_, send.data(), part.recv.data(), L * nkv * D * dtype_size(t));
@@ -128,13 +135,17 @@ void HeadPipeline::return_output(int64_t s, const Tensor& o, const Tensor& attn_
       dev_.copy_2d(out.slot(0, sched_.q_head(s, p, j)), out.ld() * es, from.slot(p, j), from.ld() * es, D * es, L);
 }
 
-void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) {
+void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
+                           AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, y);
+  check_mask(cfg_, mask);
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
   const KeepNorm keep = saving_ == Saving::kKeepStages ? KeepNorm::kYes : KeepNorm::kNo;
   saved.reset();
+  keep_mask(dev_, mask, positions_, group_positions_, saved.mask);
+  mask_ = &saved.mask;
   saved.attn_out = TensorBuffer(alloc, t, {L, H, D}, Tag::kActivations, "attention output (saved)");
   for (int64_t s = 0; s < sched_.stages; ++s) {
     SavedStage& st = saved.stages.emplace_back();
@@ -144,7 +155,7 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
     st.o = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "attention output (head-sharded)");
     st.lse = TensorBuffer(alloc, DType::kF32, {u, C * L}, Tag::kActivations, "attention LSE (saved)");
     if (ring_ != nullptr)
-      ring_->forward(st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
+      ring_->forward(*mask_, st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     else
       attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     return_output(s, st.o, saved.attn_out);
@@ -158,6 +169,7 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
   gemm(dev_, GemmParams{.trans_b = true, .m = L, .n = cfg_.hidden, .k = H * D, .a = saved.attn_out.data(),
                         .lda = H * D, .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(),
                         .c = y.data(), .ldc = cfg_.hidden, .c_dtype = y.dtype()});
+  mask_ = nullptr;
 }
 
 // dO (S, u, D) of one stage, head-sharded, and D = rowsum(dO * O) in the kernel's (u, S) layout.
@@ -208,7 +220,7 @@ void HeadPipeline::return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const 
   TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "dq all-to-all receive");
   exchange(dev_, *ulysses_, dq.data(), recv.data(), L * u * D * dtype_size(t));
   dq.reset();
-  rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, positions_, Rope::kInverse);
+  rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, rank_rows(), Rope::kInverse);
   if (qk.on()) {  // through the per-head q norm
     recv = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, recv);
     st.q_norm = SavedQkNorm{};
@@ -243,7 +255,7 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
     // The sums, RoPE undone (their rows are the whole sequence in order), go back in the block's
     // dtype, as dq does: half the bytes of fp32 for bf16, and every GEMM operand of the
     // projection backward in one dtype.
-    if (part.is_k) rope_blocks(dev_, part.sum.data(), DType::kF32, 1, seq_group_, nkv, D, cfg_.rope_theta, group_positions_,
+    if (part.is_k) rope_blocks(dev_, part.sum.data(), DType::kF32, 1, seq_group_, nkv, D, cfg_.rope_theta, group_rows(),
                               Rope::kInverse);
     TensorBuffer send;
     if (t != DType::kF32) {
@@ -283,6 +295,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   UNTIED_CHECK(static_cast<int64_t>(saved.stages.size()) == sched_.stages && saved.rounds.size() == kept_rounds,
                "attention backward without a matching forward (", saved.stages.size(), " saved stages and ",
                saved.rounds.size(), " rounds, expected ", sched_.stages, " and ", kept_rounds, ")");
+  mask_ = &saved.mask;
 
   // dwo (E, H*D) = dy^T attn_out
   gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = L, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(),
@@ -318,7 +331,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
     DoutStage d = exchange_dout(s, dy, w, saved.attn_out);
     TensorBuffer dq(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
     if (ring_ != nullptr) {  // dk, dv of this rank's block, summed over the ring, straight into the round's sums
-      ring_->backward(dq.data(), acc.dk.as<float>(), acc.dv.as<float>(), st.q.data(), rd.k.data(), rd.v.data(),
+      ring_->backward(*mask_, dq.data(), acc.dk.as<float>(), acc.dv.as<float>(), st.q.data(), rd.k.data(), rd.v.data(),
                       d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
       d = DoutStage{};
       st.q.reset();
@@ -340,6 +353,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   }
   if (dx.dtype() != DType::kF32) convert(dev_, dx.data(), dx.dtype(), dx_acc, DType::kF32, L * E);
   qk.store_grads(g);
+  mask_ = nullptr;
   saved.reset();
 }
 

@@ -24,7 +24,8 @@ class HeadPipeline final : public AttentionBlock {
  public:
   // REQUIRES: validate(cfg, comm.size()).ok().
   HeadPipeline(Device& dev, Communicator& comm, const AttentionConfig& cfg, Saving saving);
-  void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) override;
+  void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
+               AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
   const AttentionConfig& config() const override { return cfg_; }
@@ -57,7 +58,11 @@ class HeadPipeline final : public AttentionBlock {
   void return_round_dkv(int64_t t, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w, const Tensor& x,
                         float* dx_acc, AttentionGrads& g, QkNorm& qk);
 
+  // The kernels' shape and the RoPE positions of this rank's rows and of its group sequence, under
+  // the mask of the pass in progress (mask_).
   AttentionShape kernel_shape() const;
+  RowPositions rank_rows() const;
+  RowPositions group_rows() const;
 
   Device& dev_;
   AttentionConfig cfg_;
@@ -73,6 +78,7 @@ class HeadPipeline final : public AttentionBlock {
   int64_t seq_group_;                     // rows after the all-to-all: S / R (S without a ring)
   std::vector<TokenSegment> positions_;   // this rank's rows (one or two runs of positions)
   std::vector<TokenSegment> group_positions_;  // the group sequence's rows
+  const SavedMask* mask_ = nullptr;        // the mask of the forward or backward in progress
 };
 
 }  // namespace untied::attn

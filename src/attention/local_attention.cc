@@ -9,19 +9,23 @@
 namespace untied::attn {
 
 LocalAttention::LocalAttention(Device& dev, const AttentionConfig& cfg)
-    : dev_(dev), cfg_(cfg) {}
+    : dev_(dev), cfg_(cfg), rows_{TokenSegment{.first_row = 0, .first_position = 0, .length = cfg.seq}} {}
 
-AttentionShape LocalAttention::kernel_shape() const {
-  return AttentionShape{.seq_q = cfg_.seq, .seq_k = cfg_.seq, .heads = cfg_.heads, .kv_heads = cfg_.kv_heads,
-                        .head_dim = cfg_.head_dim, .causal = true, .dtype = cfg_.dtype};
+AttentionShape LocalAttention::kernel_shape(const SavedMask& m) const {
+  return masked(AttentionShape{.seq_q = cfg_.seq, .seq_k = cfg_.seq, .heads = cfg_.heads, .kv_heads = cfg_.kv_heads,
+                        .head_dim = cfg_.head_dim, .causal = true, .dtype = cfg_.dtype}, m);
 }
 
-void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) {
+void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
+                             AttentionSaved& saved) {
   check_tensors(cfg_, cfg_.seq, x, w, y);
+  check_mask(cfg_, mask);
   const int64_t S = cfg_.seq, E = cfg_.hidden, H = cfg_.heads, G = cfg_.kv_heads, D = cfg_.head_dim;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
   saved.reset();
+  keep_mask(dev_, mask, rows_, rows_, saved.mask);
+  const RowPositions pos = rope_positions(saved.mask);
   // One stage of every head, one round of every KV head.
   SavedStage& st = saved.stages.emplace_back();
   SavedRound& rd = saved.rounds.emplace_back();
@@ -41,13 +45,11 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
     q = qk.forward(st.q_norm.pre, w.q_norm, &st.q_norm.rstd, "q (normed, local)");
     k = qk.forward(rd.k_norm.pre, w.k_norm, &rd.k_norm.rstd, "k (normed, local)");
   }
-  rope_forward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, q.data(),
-               nullptr);
-  rope_forward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t}, k.data(),
-               nullptr);
+  rope_blocks(dev_, q.data(), t, 1, S, H, D, cfg_.rope_theta, pos, Rope::kForward);
+  rope_blocks(dev_, k.data(), t, 1, S, G, D, cfg_.rope_theta, pos, Rope::kForward);
   saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
   st.lse = TensorBuffer(alloc, DType::kF32, {H, S}, Tag::kActivations, "attention LSE (saved)");
-  attention_forward(dev_, kernel_shape(), saved.attn_out.data(), st.lse.as<float>(), q.data(), k.data(), v.data());
+  attention_forward(dev_, kernel_shape(saved.mask), saved.attn_out.data(), st.lse.as<float>(), q.data(), k.data(), v.data());
   // y = attn_out wo^T
   gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = E, .k = H * D, .a = saved.attn_out.data(), .lda = H * D,
                         .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = y.data(), .ldc = E,
@@ -75,12 +77,11 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
   TensorBuffer dq(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "dq (local)");
   TensorBuffer dk(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dk (local)");
   TensorBuffer dv(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dv (local)");
-  attention_backward(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
+  attention_backward(dev_, kernel_shape(saved.mask), dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
                      saved.attn_out.data(), st.lse.as<float>(), dout.data());
-  rope_backward(dev_, RopeShape{.tokens = S, .heads = H, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
-                dq.data(), nullptr);
-  rope_backward(dev_, RopeShape{.tokens = S, .heads = G, .head_dim = D, .theta = cfg_.rope_theta, .dtype = t},
-                dk.data(), nullptr);
+  const RowPositions pos = rope_positions(saved.mask);
+  rope_blocks(dev_, dq.data(), t, 1, S, H, D, cfg_.rope_theta, pos, Rope::kInverse);
+  rope_blocks(dev_, dk.data(), t, 1, S, G, D, cfg_.rope_theta, pos, Rope::kInverse);
   QkNorm qk(dev_, cfg_, QkGrads::kAccumulate);
   if (qk.on()) {
     dq = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, dq);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "untied/attention/attention_block.h"
+#include "attention/block_ops.h"
 #include "untied/kernels/attention.h"
 
 namespace untied::attn {
@@ -11,16 +12,19 @@ namespace untied::attn {
 class LocalAttention final : public AttentionBlock {
  public:
   LocalAttention(Device& dev, const AttentionConfig& cfg);
-  void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) override;
+  void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
+               AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
   const AttentionConfig& config() const override { return cfg_; }
   int64_t stage_heads() const override { return cfg_.heads; }
 
  private:
-  AttentionShape kernel_shape() const;
+  AttentionShape kernel_shape(const SavedMask& m) const;
+  RowPositions rope_positions(const SavedMask& m) const { return {.segments = &rows_, .table = m.rope_rows.as<int64_t>()}; }
   Device& dev_;
   AttentionConfig cfg_;
+  std::vector<TokenSegment> rows_;  // the whole sequence, one run
 };
 
 }  // namespace untied::attn

@@ -1,6 +1,8 @@
 // Zig-zag ring attention: see ring_attention.h.
 #include "attention/ring_attention.h"
 
+#include "attention/block_ops.h"
+
 #include <chrono>
 
 #include "untied/core/check.h"
@@ -22,11 +24,12 @@ RingAttention::RingAttention(Device& dev, Communicator& ring, const TokenLayout&
                 layout.ring());
 }
 
-bool RingAttention::pair_shape(int qi, int jt, int ki, AttentionShape* s) const {
+bool RingAttention::pair_shape(const SavedMask& mask, int qi, int jt, int ki, AttentionShape* s) const {
   const int64_t q_pos = layout_.chunk_position(j_, qi), k_pos = layout_.chunk_position(jt, ki);
-  if (k_pos > q_pos + lc_ - 1) return false;  // every key after every query: nothing visible
-  *s = AttentionShape{.seq_q = lc_, .seq_k = lc_, .heads = u_, .kv_heads = w_, .head_dim = d_, .q_offset = q_pos,
-                      .k_offset = k_pos, .causal = true, .dtype = t_, .f32_results = true};
+  if (!mask.mask.any_visible(q_pos, q_pos + lc_ - 1, k_pos, k_pos + lc_ - 1)) return false;
+  *s = masked(AttentionShape{.seq_q = lc_, .seq_k = lc_, .heads = u_, .kv_heads = w_, .head_dim = d_,
+                             .q_offset = q_pos, .k_offset = k_pos, .causal = true, .dtype = t_, .f32_results = true},
+              mask);
   return true;
 }
 
@@ -55,7 +58,7 @@ void RingAttention::wait(std::unique_ptr<PendingExchange>& p) {
   p.reset();
 }
 
-void RingAttention::forward(void* out, float* lse, const void* q, const void* k, const void* v) {
+void RingAttention::forward(const SavedMask& mask, void* out, float* lse, const void* q, const void* k, const void* v) {
   Allocator& alloc = dev_.allocator();
   const int64_t es = dtype_size(t_), kv_bytes = 2 * sg_ * w_ * d_ * es;
   TensorBuffer kv[2] = {pack_kv(k, v, "ring K/V block"),
@@ -77,7 +80,7 @@ void RingAttention::forward(void* out, float* lse, const void* q, const void* k,
     for (int qi = 0; qi < 2; ++qi)
       for (int ki = 0; ki < 2; ++ki) {
         AttentionShape s;
-        if (!pair_shape(qi, jt, ki, &s)) continue;
+        if (!pair_shape(mask, qi, jt, ki, &s)) continue;
         const void* qc = static_cast<const char*>(q) + qi * lc_ * u_ * d_ * es;
         const void* kc = kvp + ki * lc_ * w_ * d_ * es;
         const void* vc = kvp + (sg_ + ki * lc_) * w_ * d_ * es;
@@ -100,7 +103,7 @@ void RingAttention::forward(void* out, float* lse, const void* q, const void* k,
     dev_.copy_2d(lse + qi * lc_, sg_ * 4, lse_c[qi].data(), lc_ * 4, lc_ * 4, u_);
 }
 
-void RingAttention::backward(void* dq, float* dk_acc, float* dv_acc, const void* q, const void* k, const void* v,
+void RingAttention::backward(const SavedMask& mask, void* dq, float* dk_acc, float* dv_acc, const void* q, const void* k, const void* v,
                              const float* delta, const float* lse, const void* dout) {
   Allocator& alloc = dev_.allocator();
   const int64_t es = dtype_size(t_), kvn = sg_ * w_ * d_, kv_bytes = 2 * kvn * es, sums_bytes = 2 * kvn * 4;
@@ -139,7 +142,7 @@ void RingAttention::backward(void* dq, float* dk_acc, float* dv_acc, const void*
     for (int qi = 0; qi < 2; ++qi)
       for (int ki = 0; ki < 2; ++ki) {
         AttentionShape s;
-        if (!pair_shape(qi, jt, ki, &s)) continue;
+        if (!pair_shape(mask, qi, jt, ki, &s)) continue;
         const void* qc = static_cast<const char*>(q) + qi * lc_ * u_ * d_ * es;
         const void* doc = static_cast<const char*>(dout) + qi * lc_ * u_ * d_ * es;
         const void* kc = kvp + ki * lc_ * w_ * d_ * es;

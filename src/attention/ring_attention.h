@@ -40,18 +40,19 @@ class RingAttention {
                 int64_t head_dim, DType dtype, bool overlap = true);
 
   // out (Sg, u, D) =, lse (u, Sg) fp32 =, from q (Sg, u, D), k, v (Sg, w, D). Collective.
-  void forward(void* out, float* lse, const void* q, const void* k, const void* v);
+  // `mask`: the sequence's documents and window (sequence_mask.h, SavedMask), global positions.
+  void forward(const SavedMask& mask, void* out, float* lse, const void* q, const void* k, const void* v);
   // dq (Sg, u, D) =; dk_acc, dv_acc (Sg, w, D) fp32 += (this rank's K/V block, summed over the
   // ring); from q, k, v, D = rowsum(dO * O) and lse (u, Sg) fp32, and dout (Sg, u, D). Collective.
-  void backward(void* dq, float* dk_acc, float* dv_acc, const void* q, const void* k, const void* v,
+  void backward(const SavedMask& mask, void* dq, float* dk_acc, float* dv_acc, const void* q, const void* k, const void* v,
                 const float* delta, const float* lse, const void* dout);
 
   const RingStats& stats() const { return stats_; }
 
  private:
   // The flash call of q chunk qi of this rank against k chunk ki of ring rank jt, or false when
-  // the causal mask removes the pair entirely.
-  bool pair_shape(int qi, int jt, int ki, AttentionShape* s) const;
+  // the mask (causal, documents, window) removes the pair entirely.
+  bool pair_shape(const SavedMask& mask, int qi, int jt, int ki, AttentionShape* s) const;
   // k and v into one buffer [k (Sg, w, D) | v (Sg, w, D)], the unit that travels.
   TensorBuffer pack_kv(const void* k, const void* v, const char* what);
   // Starts the exchange of `send` (bytes) to the next ring rank and of the previous one's into recv.

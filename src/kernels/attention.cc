@@ -21,6 +21,11 @@ void validate(const AttentionShape& s) {
                s.kv_heads * s.head_dim, ")");
   UNTIED_CHECK(s.block_q >= 0 && s.block_k >= 0, "attention: block sizes must be >= 0 (0 = default)");
   UNTIED_CHECK(s.scale >= 0.0f, "attention: scale must be >= 0 (0 = 1/sqrt(head_dim)), got ", s.scale);
+  UNTIED_CHECK(s.window >= 0, "attention: window must be >= 0 (0 = none), got ", s.window);
+  UNTIED_CHECK((s.doc_starts == nullptr) == (s.num_docs == 0), "attention: doc_starts and num_docs (", s.num_docs,
+               ") must be given together");
+  UNTIED_CHECK(s.causal || (s.num_docs == 0 && s.window == 0),
+               "attention: documents and windows need the causal mask");
   UNTIED_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16,
                "attention: storage must be f32 or bf16, got ", dtype_name(s.dtype));
 }

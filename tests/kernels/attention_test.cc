@@ -59,6 +59,8 @@ struct AttnCase {
   int64_t block_q = 0, block_k = 0;  // 0 = kernel default
   int64_t q_pad = 0, kv_pad = 0;     // row stride = H*D + q_pad, G*D + kv_pad
   float scale = 0;                   // 0 = 1/sqrt(D)
+  std::vector<int64_t> doc_starts = {};  // global positions; empty = one document
+  int64_t window = 0;
 };
 
 std::ostream& operator<<(std::ostream& os, const AttnCase& c) { return os << c.name; }
@@ -66,6 +68,7 @@ std::ostream& operator<<(std::ostream& os, const AttnCase& c) { return os << c.n
 // One attention problem: the kernel's shape, the reference's dims and storage-exact inputs.
 struct Problem {
   AttentionShape shape;
+  std::vector<int64_t> doc_starts;  // what shape.doc_starts points to
   ref::AttnDims dims;
   std::vector<double> q, k, v, dout;  // dense, each value exact in shape.dtype
   int64_t q_cols() const { return shape.heads * shape.head_dim; }
@@ -89,7 +92,14 @@ Problem make_problem(const AttnCase& c, uint64_t seed) {
   p.dims = ref::AttnDims{.seq_q = c.seq_q, .seq_k = c.seq_k, .heads = c.heads,
                          .kv_heads = c.kv_heads, .head_dim = c.head_dim,
                          .q_offset = c.q_offset, .k_offset = c.k_offset, .causal = c.causal,
-                         .scale = static_cast<double>(c.scale)};  // the fp32 scale, exactly
+                         .scale = static_cast<double>(c.scale),  // the fp32 scale, exactly
+                         .doc_starts = c.doc_starts, .window = c.window};
+  p.doc_starts = c.doc_starts;
+  p.shape.window = c.window;
+  if (!p.doc_starts.empty()) {
+    p.shape.doc_starts = p.doc_starts.data();
+    p.shape.num_docs = static_cast<int64_t>(p.doc_starts.size());
+  }
   test::Rng rng(seed);
   p.q = test::random_values(rng, c.seq_q * c.heads * c.head_dim, c.dtype);
   p.k = test::random_values(rng, c.seq_k * c.kv_heads * c.head_dim, c.dtype);
@@ -273,6 +283,38 @@ std::vector<AttnCase> attention_cases() {
   cs.push_back({.name = "bf16_strided", .seq_q = 77, .seq_k = 77, .heads = 8, .kv_heads = 1,
                 .head_dim = 64, .causal = true, .dtype = DType::kBF16, .block_q = 16,
                 .block_k = 16, .q_pad = 3, .kv_pad = 67});
+  // Packed documents and sliding windows (global positions; tiles the mask removes are skipped).
+  //   boundaries inside and at tile edges, a one-token document (37), default blocks and small ones.
+  for (bool small_blocks : {false, true}) {
+    AttnCase c{.name = std::string("docs_mixed") + (small_blocks ? "_b16x32" : ""), .seq_q = 300, .seq_k = 300,
+               .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = true,
+               .doc_starts = {0, 32, 37, 38, 150, 256, 299}};
+    if (small_blocks) { c.block_q = 16; c.block_k = 32; }
+    cs.push_back(c);
+  }
+  //   many tiny documents (every 3 tokens), G = 1.
+  {
+    AttnCase c{.name = "docs_tiny", .seq_q = 130, .seq_k = 130, .heads = 8, .kv_heads = 1, .head_dim = 64,
+               .causal = true, .block_q = 16, .block_k = 16};
+    for (int64_t s = 0; s < 130; s += 3) c.doc_starts.push_back(s);
+    cs.push_back(c);
+  }
+  //   a window alone, and with documents (bf16 too).
+  cs.push_back({.name = "window17", .seq_q = 200, .seq_k = 200, .heads = 4, .kv_heads = 2, .head_dim = 64,
+                .causal = true, .block_q = 16, .block_k = 32, .window = 17});
+  cs.push_back({.name = "window1", .seq_q = 40, .seq_k = 40, .heads = 2, .kv_heads = 1, .head_dim = 64,
+                .causal = true, .window = 1});
+  cs.push_back({.name = "docs_window_bf16", .seq_q = 257, .seq_k = 257, .heads = 8, .kv_heads = 2,
+                .head_dim = 128, .causal = true, .dtype = DType::kBF16, .doc_starts = {0, 100, 101, 200},
+                .window = 40});
+  //   ring blocks: queries 128..191 against keys 0..63 and 100..163 of documents starting at 50
+  //   and 150 (rows that see nothing in the block; keys seen by nobody).
+  cs.push_back({.name = "docs_ring_block", .seq_q = 64, .seq_k = 64, .heads = 4, .kv_heads = 2, .head_dim = 64,
+                .causal = true, .q_offset = 128, .k_offset = 100, .block_q = 16, .block_k = 16,
+                .doc_starts = {0, 50, 150}});
+  cs.push_back({.name = "docs_ring_block_unseen", .seq_q = 64, .seq_k = 64, .heads = 4, .kv_heads = 2,
+                .head_dim = 64, .causal = true, .q_offset = 128, .k_offset = 0, .block_q = 16, .block_k = 16,
+                .doc_starts = {0, 50, 150}, .window = 100});
   return cs;
 }
 

@@ -6,7 +6,12 @@
 namespace untied::ref {
 
 bool attn_visible(const AttnDims& d, int64_t i, int64_t j) {
-  return !d.causal || d.k_offset + j <= d.q_offset + i;
+  if (!d.causal) return true;
+  const int64_t p = d.q_offset + i, k = d.k_offset + j;
+  if (k > p) return false;
+  for (const int64_t s : d.doc_starts)
+    if (k < s && s <= p) return false;  // a document starts between the key and the query
+  return d.window == 0 || p - k < d.window;
 }
 
 namespace {

@@ -21,9 +21,15 @@ struct AttnDims {
   int64_t q_offset = 0, k_offset = 0;             // global positions of row 0
   bool causal = true;
   double scale = 0;  // 0 = 1/sqrt(D)
+  // Packed documents (global start positions, the first 0; empty = one document) and a sliding
+  // window of `window` keys (0 = none), both with causal only.
+  std::vector<int64_t> doc_starts = {};
+  int64_t window = 0;
 };
 
-// Query row i sees key j iff !causal or k_offset + j <= q_offset + i.
+// Query row i (position p = q_offset + i) sees key j (position k = k_offset + j) iff !causal, or
+// k <= p, k is in p's document (no document start s with k < s <= p) and p - k < window (when
+// window > 0).
 bool attn_visible(const AttnDims& d, int64_t i, int64_t j);
 
 // out (seq_q, H, D) =, lse (H, seq_q) =. A row that sees no key: out = 0, lse = -inf.

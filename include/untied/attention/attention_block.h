@@ -5,8 +5,10 @@
 //   x  (L, E)       input (already normed)              dx (L, E)   its gradient
 //   wq (H*D, E)     wk, wv (G*D, E)    wo (E, H*D)      the Hugging Face Llama layout
 //   y  (L, E)       output (before the residual add)    dy (L, E)   its gradient
-// Forward: q = x wq^T, k = x wk^T, v = x wv^T; RoPE on q and k at each token's global position;
-// causal attention with standard GQA (query head h uses KV head h / (H/G)); y = attn wo^T.
+// Forward: q = x wq^T, k = x wk^T, v = x wv^T; RoPE on q and k at each token's global position
+// (its position in its document with packed documents); causal attention with standard GQA
+// (query head h uses KV head h / (H/G)), restricted to each token's document and window when
+// the sequence mask has them (sequence_mask.h); y = attn wo^T.
 //
 // Strategies (Strategy):
 //   kLocal    one rank, no exchange: the reference.
@@ -42,6 +44,7 @@
 #include <vector>
 
 #include "untied/comm/communicator.h"
+#include "untied/attention/sequence_mask.h"
 #include "untied/attention/token_layout.h"
 #include "untied/core/status.h"
 #include "untied/core/tensor.h"
@@ -118,14 +121,22 @@ struct SavedRound {       // the KV heads resident for one round, unless recompu
   TensorBuffer k, v;      // (S, w, D) head-sharded (local: (S, G, D)), k after norm and RoPE
   SavedQkNorm k_norm;     // qk_norm only
 };
+struct SavedMask {         // the mask forward ran with, as the kernels read it (kOther, int64)
+  SequenceMask mask;
+  TensorBuffer doc_starts;  // (num_docs) on the device, with more than one document
+  TensorBuffer rope_rows;   // RoPE positions of this rank's L rows, with more than one document
+  TensorBuffer rope_group;  // and of its group sequence's S / R rows (head-sharded tensors)
+};
 struct AttentionSaved {
   TensorBuffer attn_out;            // (L, H, D) kActivations: attention output, standard head order
   std::vector<SavedStage> stages;   // one per stage, in stage order
   std::vector<SavedRound> rounds;   // one per round, in round order (empty when recomputed)
+  SavedMask mask;
   void reset() {
     attn_out.reset();
     stages.clear();
     rounds.clear();
+    mask = SavedMask{};
   }
 };
 
@@ -141,8 +152,14 @@ struct RingStats {
 class AttentionBlock {
  public:
   virtual ~AttentionBlock() = default;
-  // y (L, E) =.  Collective.
-  virtual void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) = 0;
+  // y (L, E) =.  Collective. `mask` is the sequence's documents and window (sequence_mask.h;
+  // mask.seq() == S; the same on every rank); forward keeps a copy in `saved` for backward.
+  virtual void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
+                       AttentionSaved& saved) = 0;
+  // The plain causal mask over the whole sequence.
+  void forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, AttentionSaved& saved) {
+    forward(y, x, w, SequenceMask(config().seq), saved);
+  }
   // dx (L, E) =; grads = (local partial sums). Collective. Frees `saved`.
   // dx is in the block's dtype, or f32 (then it is the fp32 accumulator: in a bf16 block this
   // saves the (L, E) fp32 scratch the block otherwise accumulates in).

@@ -45,6 +45,9 @@ struct AttentionShape {
   int64_t q_offset = 0;  // global position of query row 0
   int64_t k_offset = 0;  // global position of key row 0
   bool causal = true;
+  const int64_t* doc_starts = nullptr;  // num_docs entries, device memory; null = one document
+  int64_t num_docs = 0;
+  int64_t window = 0;                   // keys a query sees at most (itself included); 0 = all
   float scale = 0.0f;          // 0 = 1/sqrt(D)
   int64_t q_row_stride = 0;    // 0 = H*D
   int64_t kv_row_stride = 0;   // 0 = G*D

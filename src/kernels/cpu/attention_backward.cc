@@ -116,22 +116,28 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
       if (a.causal) i_first = std::clamp<int64_t>(a.k_off + k0 - a.q_off, 0, a.sq);
       for (int64_t hq = kvh * a.group; hq < (kvh + 1) * a.group; ++hq) {
         for (int64_t q0 = (i_first / a.bq) * a.bq; q0 < a.sq; q0 += a.bq) {
+          // Documents and window: once a tile's first row starts after this key tile, so do all later ones.
+          if (has_lower_bound(a) && first_visible_key(a, q0) >= k0 + nk) break;
           const int64_t nq = std::min(a.bq, a.sq - q0);
           const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, qt);
           const F32Rows dor = f32_rows(at(dout, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, dot);
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
           sgemm(false, true, nq, nk, a.d, s2, qr.ptr, qr.ld, kr.ptr, kr.ld, 0.0f, pt, nk);
-          const bool needs_mask = a.causal && visible_keys(a, q0) < k0 + nk;
+          const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
+                                  (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
           for (int64_t i = 0; i < nq; ++i) {
             float* prow = pt + i * nk;
             const float l2 = lse[hq * a.sq + q0 + i] * kLog2e;
-            const int64_t lim = needs_mask ? std::clamp<int64_t>(visible_keys(a, q0 + i) - k0, 0, nk) : nk;
+            // Keys [lo, lim) of this tile.
+            const int64_t lo = needs_mask ? std::clamp<int64_t>(first_visible_key(a, q0 + i) - k0, 0, nk) : 0;
+            const int64_t lim = needs_mask ? std::clamp<int64_t>(visible_keys(a, q0 + i) - k0, lo, nk) : nk;
             if (l2 == -std::numeric_limits<float>::infinity()) {
               std::fill(prow, prow + nk, 0.0f);
               continue;
             }
+            for (int64_t j = 0; j < lo; ++j) prow[j] = 0.0f;
 #pragma omp simd
-            for (int64_t j = 0; j < lim; ++j) prow[j] = fast_exp2(prow[j] - l2);
+            for (int64_t j = lo; j < lim; ++j) prow[j] = fast_exp2(prow[j] - l2);
             for (int64_t j = lim; j < nk; ++j) prow[j] = 0.0f;
           }
           // dV (nk, D) += P^T dO.

@@ -70,19 +70,23 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     std::fill(m, m + nq, neg_inf);
     std::fill(l, l + nq, 0.0f);
 
-    const int64_t k_end = visible_keys(a, q0 + nq - 1);  // keys seen by the tile's last row
-    for (int64_t k0 = 0; k0 < k_end; k0 += a.bk) {
+    // Keys [k_begin, k_end): from the first row's first key to the last row's last one.
+    const int64_t k_begin = first_visible_key(a, q0), k_end = visible_keys(a, q0 + nq - 1);
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += a.bk) {
       const int64_t nk = std::min(a.bk, a.sk - k0);
       const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
       const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
       // st (nq, nk) = qt kt^T, in log2 units.
       sgemm(false, true, nq, nk, a.d, 1.0f, qt, a.d, kr.ptr, kr.ld, 0.0f, st, nk);
-      const bool needs_mask = a.causal && visible_keys(a, q0) < k0 + nk;
+      const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
+                              (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
       for (int64_t i = 0; i < nq; ++i) {
         float* srow = st + i * nk;
-        if (needs_mask) {
-          const int64_t lim = visible_keys(a, q0 + i) - k0;  // keys [0, lim) of this tile
-          for (int64_t j = std::max<int64_t>(lim, 0); j < nk; ++j) srow[j] = neg_inf;
+        if (needs_mask) {  // keys [lo, lim) of this tile
+          const int64_t lo = std::clamp<int64_t>(first_visible_key(a, q0 + i) - k0, 0, nk);
+          const int64_t lim = std::clamp<int64_t>(visible_keys(a, q0 + i) - k0, lo, nk);
+          for (int64_t j = 0; j < lo; ++j) srow[j] = neg_inf;
+          for (int64_t j = lim; j < nk; ++j) srow[j] = neg_inf;
         }
         const float mx = row_max(srow, nk, m[i]);
         if (mx == neg_inf) {  // nothing visible yet in this row

@@ -1,5 +1,6 @@
 // Shared pieces of the CPU flash-attention forward and backward: tile geometry, fp32 views of
-// f32/bf16 storage, and the causal limit of each query row.
+// f32/bf16 storage, and the causal limit of each query row and
+// the first key of its document and window.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +19,8 @@ struct AttnGeom {
   int64_t sq, sk, h, g, group, d, q_rs, kv_rs, bq, bk, nqb, nkb;
   int64_t q_off, k_off;
   bool causal;
+  const int64_t* doc_starts;  // null: one document
+  int64_t num_docs, window;
   float scale;
   DType dtype;      // storage of q, k, v, dout
   DType out_dtype;  // storage of out, dq, dk, dv: f32 with f32_results, else dtype
@@ -40,6 +43,9 @@ inline AttnGeom make_geom(const AttentionShape& s) {
   a.q_off = s.q_offset;
   a.k_off = s.k_offset;
   a.causal = s.causal;
+  a.doc_starts = s.doc_starts;
+  a.num_docs = s.num_docs;
+  a.window = s.window;
   a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   a.dtype = s.dtype;
   a.out_dtype = s.f32_results ? DType::kF32 : s.dtype;
@@ -51,6 +57,17 @@ inline int64_t visible_keys(const AttnGeom& a, int64_t i) {
   if (!a.causal) return a.sk;
   return std::clamp<int64_t>(a.q_off + i - a.k_off + 1, 0, a.sk);
 }
+
+// The first key (from key row 0) that query row i may see: past the start of its document and
+// the window (sequence_mask.h); 0 without either. Non-decreasing in i.
+inline int64_t first_visible_key(const AttnGeom& a, int64_t i) {
+  const int64_t p = a.q_off + i;
+  int64_t lo = 0;  // a global position
+  if (a.doc_starts != nullptr) lo = *(std::upper_bound(a.doc_starts, a.doc_starts + a.num_docs, p) - 1);
+  if (a.window > 0) lo = std::max(lo, p - a.window + 1);
+  return std::clamp<int64_t>(lo - a.k_off, 0, a.sk);
+}
+inline bool has_lower_bound(const AttnGeom& a) { return a.doc_starts != nullptr || a.window > 0; }
 
 // An fp32 view of `rows` rows of `cols` elements at `src` (row stride `ld` elements, storage
 // `t`): f32 storage is used in place; bf16 is widened into `scratch` (rows*cols floats).
