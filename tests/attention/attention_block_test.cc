@@ -46,7 +46,20 @@ std::string dims_name(const BlockDims& d) {
   std::snprintf(buf, sizeof buf, "S%lld_E%lld_H%lld_G%lld_D%lld", static_cast<long long>(d.seq),
                 static_cast<long long>(d.hidden), static_cast<long long>(d.heads), static_cast<long long>(d.kv_heads),
                 static_cast<long long>(d.head_dim));
-  return buf;
+  std::string s = buf;
+  if (!d.doc_lens.empty()) {
+    s += "_docs";
+    for (const int64_t n : d.doc_lens) s += "_" + std::to_string(n);
+    if (d.doc_lens.size() > 8) s = std::string(buf) + "_docs" + std::to_string(d.doc_lens.size());
+  }
+  if (d.window > 0) s += "_W" + std::to_string(d.window);
+  return s;
+}
+
+BlockDims with_docs(BlockDims d, std::vector<int64_t> lens, int64_t window = 0) {
+  d.doc_lens = std::move(lens);
+  d.window = window;
+  return d;
 }
 
 // One problem's inputs and the results every strategy is compared with, computed once.
@@ -138,8 +151,28 @@ const std::vector<BlockDims>& all_problems() {
   return p;
 }
 
+// Packed documents and windows, S = 48 (divisible by C in {1, 2, 3, 4, 8} and by 2RC for every ring
+// below): boundaries inside a shard and exactly at shard boundaries (12, 24 and 36 for C = 4 and 8;
+// 24 for C = 2; 16 and 32 for C = 3), a one-token document, documents longer than a shard, many tiny
+// documents; GQA (g = 4) and replicated KV (G = 1 < C); a window alone and with documents.
+const std::vector<BlockDims>& masked_problems() {
+  std::vector<int64_t> tiny;
+  for (int i = 0; i < 24; ++i) tiny.push_back(1 + i % 3);  // 1, 2, 3, ... = 48 tokens
+  static const std::vector<BlockDims> p = {
+      with_docs(dims(48, 32, 8, 2, 16), {5, 7, 12, 1, 7, 4, 12}),  // starts 0 5 12 24 25 32 36
+      with_docs(dims(48, 32, 8, 1, 16), {30, 1, 1, 16}),
+      with_docs(dims(48, 32, 8, 2, 16), tiny),
+      with_docs(dims(48, 32, 6, 3, 16), {16, 16, 3, 13}),
+      with_docs(dims(48, 32, 8, 2, 16), {}, 7),
+      with_docs(dims(48, 32, 8, 2, 16), {5, 7, 12, 1, 7, 4, 12}, 5),
+  };
+  return p;
+}
+
 TEST(AttentionBlock, LocalMatchesFp64Reference) {
-  for (const BlockDims& d : all_problems()) {
+  std::vector<BlockDims> problems = all_problems();
+  problems.insert(problems.end(), masked_problems().begin(), masked_problems().end());
+  for (const BlockDims& d : problems) {
     Problem& p = problem(d);
     for (int i = 0; i < kNumOutputs; ++i) {
       const double base = max_abs_error(p.naive32[i], p.ref64[i]);
@@ -177,9 +210,9 @@ bool valid(const BlockDims& d, const RunSpec& s) {
 
 // For each problem and C in {1, 2, 3, 4, 8} that the heads allow: ulysses, and upipe at
 // U = C, 2C, 4C where valid.
-std::vector<StrategyCase> strategy_cases(DType t) {
+std::vector<StrategyCase> strategy_cases(DType t, const std::vector<BlockDims>& problems) {
   std::vector<StrategyCase> out;
-  for (const BlockDims& d : all_problems())
+  for (const BlockDims& d : problems)
     for (int C : {1, 2, 3, 4, 8}) {
       if (d.seq % C != 0) continue;
       if (t == DType::kBF16 && (C == 1 || d.heads == 16)) continue;  // bf16: a representative subset
@@ -193,7 +226,7 @@ std::vector<StrategyCase> strategy_cases(DType t) {
     }
   // Ring and the Ulysses x ring hybrid: R in {2, 3, 4} ring groups of C in {1, 2, 4} ranks, up to 8
   // ranks (odd R included); ring (C = 1), and ulysses / upipe (U = C) across the groups.
-  for (const BlockDims& d : all_problems())
+  for (const BlockDims& d : problems)
     for (int R : {2, 3, 4})
       for (int C : {1, 2, 4}) {
         if (R * C > 8) continue;
@@ -242,15 +275,23 @@ TEST_P(StrategyVsLocal, MatchesLocal) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(F32, StrategyVsLocal, ::testing::ValuesIn(strategy_cases(DType::kF32)),
+INSTANTIATE_TEST_SUITE_P(F32, StrategyVsLocal, ::testing::ValuesIn(strategy_cases(DType::kF32, all_problems())),
                          [](const auto& info) { return case_name(info.param); });
-INSTANTIATE_TEST_SUITE_P(BF16, StrategyVsLocal, ::testing::ValuesIn(strategy_cases(DType::kBF16)),
+INSTANTIATE_TEST_SUITE_P(BF16, StrategyVsLocal, ::testing::ValuesIn(strategy_cases(DType::kBF16, all_problems())),
+                         [](const auto& info) { return case_name(info.param); });
+// Packed documents and windows: every strategy against local with the same mask (and local
+// against the dense masked fp64 reference above).
+INSTANTIATE_TEST_SUITE_P(MaskedF32, StrategyVsLocal,
+                         ::testing::ValuesIn(strategy_cases(DType::kF32, masked_problems())),
+                         [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(MaskedBF16, StrategyVsLocal,
+                         ::testing::ValuesIn(strategy_cases(DType::kBF16, masked_problems())),
                          [](const auto& info) { return case_name(info.param); });
 
 // The families the brief names must all be present (a guard against the case generator
 // silently skipping them).
 TEST(AttentionBlock, CaseListCoversTheFamilies) {
-  const std::vector<StrategyCase> f32 = strategy_cases(DType::kF32);
+  const std::vector<StrategyCase> f32 = strategy_cases(DType::kF32, all_problems());
   auto has = [&](int64_t H, int64_t G, int C, Strategy s, int64_t U) {
     for (const StrategyCase& c : f32)
       if (c.d.heads == H && c.d.kv_heads == G && c.spec.ranks == C && c.spec.strategy == s &&
@@ -268,7 +309,7 @@ TEST(AttentionBlock, CaseListCoversTheFamilies) {
   EXPECT_TRUE(has(16, 4, 4, Strategy::kUPipe, 4));
   EXPECT_TRUE(has(16, 4, 4, Strategy::kUPipe, 8));
   EXPECT_TRUE(has(16, 4, 4, Strategy::kUPipe, 16));                                  // U = 4C
-  std::printf("  %zu f32 and %zu bf16 strategy cases\n", f32.size(), strategy_cases(DType::kBF16).size());
+  std::printf("  %zu f32 and %zu bf16 strategy cases\n", f32.size(), strategy_cases(DType::kBF16, all_problems()).size());
 }
 
 // ---- bit identity ------------------------------------------------------------------------------

@@ -163,7 +163,9 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
     dev->allocator().reset_peaks();
     AttentionSaved saved;
     dev->allocator().set_phase(Phase::kForward);
-    block->forward(yt, xt, w, saved);
+    const SequenceMask mask = d.doc_lens.empty() ? SequenceMask(S, d.window)
+                                                 : SequenceMask::from_lengths(d.doc_lens, d.window).value();
+    block->forward(yt, xt, w, mask, saved);
     const MemoryStats after_forward = dev->allocator().stats();
     dev->allocator().set_phase(Phase::kBackward);
     block->backward(dxt, g, dyt, xt, w, saved);

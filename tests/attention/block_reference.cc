@@ -47,13 +47,33 @@ std::vector<T> matmul_at(const std::vector<T>& a, const std::vector<T>& b, int64
   return out;
 }
 
-// RoPE (rotate_half) on x (S, heads, D) at positions 0..S-1; sign = +1 forward, -1 inverse.
+// The first position of each position's document (0 for every one without documents).
+std::vector<int64_t> document_firsts(const BlockDims& d) {
+  std::vector<int64_t> first(static_cast<size_t>(d.seq), 0);
+  int64_t at = 0;
+  for (const int64_t n : d.doc_lens) {
+    for (int64_t i = at; i < at + n && i < d.seq; ++i) first[i] = at;
+    at += n;
+  }
+  return first;
+}
+
+// The first key query i sees: its document's first token, or the window's.
+int64_t first_key(const BlockDims& d, const std::vector<int64_t>& firsts, int64_t i) {
+  int64_t lo = firsts[i];
+  if (d.window > 0 && i - d.window + 1 > lo) lo = i - d.window + 1;
+  return lo;
+}
+
+// RoPE (rotate_half) on x (S, heads, D) at each token's position in its document; sign = +1
+// forward, -1 inverse.
 template <typename T>
 void rope(std::vector<T>& x, const BlockDims& d, int64_t heads, int sign) {
   const int64_t D = d.head_dim, half = D / 2;
+  const std::vector<int64_t> firsts = document_firsts(d);
   for (int64_t s = 0; s < d.seq; ++s)
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(s) * std::pow(d.theta, -2.0 * static_cast<double>(i) / D);
+      const double angle = static_cast<double>(s - firsts[s]) * std::pow(d.theta, -2.0 * static_cast<double>(i) / D);
       const T c = static_cast<T>(std::cos(angle)), sn = static_cast<T>(sign * std::sin(angle));
       for (int64_t h = 0; h < heads; ++h) {
         T* v = &x[(s * heads + h) * D];
@@ -68,7 +88,7 @@ void rope(std::vector<T>& x, const BlockDims& d, int64_t heads, int sign) {
 template <typename T>
 struct Forward {
   std::vector<T> q, k, v;  // after RoPE: (S, H, D), (S, G, D), (S, G, D)
-  std::vector<T> p;        // (H, S, S) softmax probabilities, 0 above the diagonal
+  std::vector<T> p;        // (H, S, S) softmax probabilities, 0 where masked
   std::vector<T> attn;     // (S, H, D)
 };
 
@@ -84,26 +104,28 @@ Forward<T> run_forward(const BlockDims& d, const std::vector<T>& x, const BlockW
   rope(f.k, d, G, +1);
   f.p.assign(static_cast<size_t>(H * S * S), T(0));
   f.attn.assign(static_cast<size_t>(S * H * D), T(0));
+  const std::vector<int64_t> firsts = document_firsts(d);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t kvh = h / (H / G);
     for (int64_t i = 0; i < S; ++i) {
       T* p = &f.p[(h * S + i) * S];
       T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j <= i; ++j) {
+      const int64_t j0 = first_key(d, firsts, i);
+      for (int64_t j = j0; j <= i; ++j) {
         T s = 0;
         for (int64_t c = 0; c < D; ++c) s += f.q[(i * H + h) * D + c] * f.k[(j * G + kvh) * D + c];
         p[j] = s * scale;
         if (p[j] > mx) mx = p[j];
       }
       T l = 0;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = j0; j <= i; ++j) {
         p[j] = std::exp(p[j] - mx);
         l += p[j];
       }
-      for (int64_t j = 0; j <= i; ++j) p[j] /= l;
+      for (int64_t j = j0; j <= i; ++j) p[j] /= l;
       for (int64_t c = 0; c < D; ++c) {
         T o = 0;
-        for (int64_t j = 0; j <= i; ++j) o += p[j] * f.v[(j * G + kvh) * D + c];
+        for (int64_t j = j0; j <= i; ++j) o += p[j] * f.v[(j * G + kvh) * D + c];
         f.attn[(i * H + h) * D + c] = o;
       }
     }
