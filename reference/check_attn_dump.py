@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks an `untied attn --dump DIR` against an independent NumPy (float64) implementation of the
-attention block: projections, Hugging Face rotate_half RoPE at global positions, causal softmax
-attention with standard GQA, output projection, and the hand-written backward.
+attention block: projections, Hugging Face rotate_half RoPE at global positions (restarting at
+each document start when meta.json has doc_lens), causal softmax attention within each document
+and sliding window (meta.json: doc_lens, window), standard GQA, output projection, and the
+hand-written backward.
 
 usage: python3 reference/check_attn_dump.py DIR [--rtol 1e-4]
 Exits non-zero when any of y, dx, dwq, dwk, dwv, dwo differs by more than rtol * max|reference|.
@@ -12,10 +14,18 @@ import sys
 import numpy as np
 
 
-def rope_tables(seq, dim, theta):
+def rope_tables(positions, dim, theta):
     inv = theta ** (-np.arange(0, dim // 2, dtype=np.float64) * 2.0 / dim)
-    ang = np.arange(seq, dtype=np.float64)[:, None] * inv[None, :]
+    ang = positions.astype(np.float64)[:, None] * inv[None, :]
     return np.cos(ang), np.sin(ang)
+
+
+def documents(seq, doc_lens):
+    """Each position's document index and its position within the document."""
+    lens = doc_lens if doc_lens else [seq]
+    doc = np.repeat(np.arange(len(lens)), lens)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    return doc, np.arange(seq) - starts[doc]
 
 
 def rope(x, cos, sin, inverse=False):  # x (S, heads, D)
@@ -34,14 +44,20 @@ def main():
     x, dy, wq, wk, wv, wo = (ld(n) for n in ("x", "dy", "wq", "wk", "wv", "wo"))
     S, H, G, D = meta["seq"], meta["heads"], meta["kv_heads"], meta["head_dim"]
     g = H // G
-    cos, sin = rope_tables(S, D, meta["rope_theta"])
+    doc, pos = documents(S, meta.get("doc_lens", []))
+    window = meta.get("window", 0)
+    cos, sin = rope_tables(pos, D, meta["rope_theta"])
     q = rope((x @ wq.T).reshape(S, H, D), cos, sin)
     k = rope((x @ wk.T).reshape(S, G, D), cos, sin)
     v = (x @ wv.T).reshape(S, G, D)
     kh, vh = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)  # query head h uses KV head h // g
     scale = 1.0 / np.sqrt(D)
     s = np.einsum("ihd,jhd->hij", q, kh) * scale
-    s = np.where(np.tril(np.ones((S, S), dtype=bool))[None], s, -np.inf)
+    i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+    visible = (j <= i) & (doc[:, None] == doc[None, :])
+    if window > 0:
+        visible &= i - j < window
+    s = np.where(visible[None], s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     out = np.einsum("hij,jhd->ihd", p, vh)

@@ -98,6 +98,13 @@ TokenLayout token_layout(const AttentionConfig& c, int ranks) {
   return TokenLayout(c.seq, ring_degree(c, ranks), ulysses_degree(c, ranks), c.ring_order);
 }
 
+AttentionConfig padded_config(const AttentionConfig& c, int ranks) {
+  AttentionConfig out = c;
+  const int R = ranks >= 1 ? ring_degree(c, ranks) : 1;
+  if (ranks >= 1 && R >= 1 && ranks % R == 0 && c.seq >= 1) out.seq = padded_seq(c.seq, ranks, R);
+  return out;
+}
+
 std::unique_ptr<AttentionBlock> make_attention_block(Device& dev, Communicator& comm, const AttentionConfig& cfg) {
   Status st = validate(cfg, comm.size());
   UNTIED_CHECK(st.ok(), st.message());

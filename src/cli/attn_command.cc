@@ -15,7 +15,12 @@
 namespace untied::cli {
 
 void add_attention_flags(FlagSet& f) {
-  f.add("seq", FlagKind::kInt, "4096", "global sequence length S (divisible by the ranks)");
+  f.add("seq", FlagKind::kInt, "4096",
+        "global sequence length S (any: padded to a multiple of the ranks, or of 2*ranks with a ring, with tokens "
+        "nothing attends to)");
+  f.add("docs", FlagKind::kString, "",
+        "packed documents: their lengths, summing to S, e.g. 100,28,128 (each attends only to itself; RoPE restarts)");
+  f.add("window", FlagKind::kInt, "0", "sliding window: a query at p sees keys in (p-W, p] (default: none)");
   f.add("heads-like", FlagKind::kString, "", "head preset: llama3-8b (H 32 G 8 D 128 E 4096) or qwen3-32b (H 64 G 8 D 128 E 5120)");
   f.add("hidden", FlagKind::kInt, "1024", "model width E");
   f.add("heads", FlagKind::kInt, "16", "query heads H");
@@ -112,6 +117,29 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   opts.warmup = static_cast<int>(flags.get_int("warmup"));
   opts.seed = static_cast<uint64_t>(flags.get_int("seed"));
   opts.dump_dir = flags.get_string("dump");
+  Status mask_st = Status::ok_status();
+  if (flags.was_set("window")) {
+    opts.window = flags.get_int("window");
+    if (opts.window < 1)
+      mask_st = Status::invalid_argument("--window " + std::to_string(opts.window) +
+                                         ": a window holds at least 1 key (the query itself); drop --window for none");
+  }
+  if (mask_st.ok() && !flags.get_string("docs").empty()) {
+    auto lens = parse_int_list(flags.get_string("docs"));
+    if (!lens.ok()) mask_st = Status::invalid_argument("--docs: " + lens.status().message());
+    if (mask_st.ok()) {
+      opts.doc_lens = lens.value();
+      auto m = SequenceMask::from_lengths(opts.doc_lens, opts.window);
+      if (!m.ok()) mask_st = Status::invalid_argument("--docs: " + m.status().message());
+      else if (m.value().seq() != cfg.seq)
+        mask_st = Status::invalid_argument("--docs: the document lengths sum to " + std::to_string(m.value().seq()) +
+                                           ", not to --seq " + std::to_string(cfg.seq) + "; make them add up to S");
+    }
+  }
+  if (!mask_st.ok()) {
+    if (root) std::fprintf(stderr, "untied attn: %s\n", mask_st.message().c_str());
+    return 2;
+  }
   if (opts.threads < 1) {
     if (root) std::fprintf(stderr, "untied attn: --threads must be >= 1\n");
     return 2;
@@ -121,7 +149,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   return run_ranks(argc, argv, li.mpi ? 1 : ranks, [&](Communicator& comm) {
     // The configuration is checked on every rank before any allocation or compute; the device
     // (GPU present, budget) in run_attention, also before any compute.
-    check_all_ranks(comm, validate(cfg, comm.size()));
+    check_all_ranks(comm, validate(padded_config(cfg, comm.size()), comm.size()));
     AttnRunResult r = run_attention(comm, cfg, opts);
     if (comm.rank() != 0) return;
     const int64_t U = r.stage_heads;
@@ -132,6 +160,9 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       j["strategy"] = strategy_name(cfg.strategy);
       j["ranks"] = comm.size();
       j["seq"] = cfg.seq;
+      j["padded_seq"] = r.padded_seq;
+      j["docs"] = opts.doc_lens.empty() ? 1 : static_cast<int64_t>(opts.doc_lens.size());
+      j["window"] = opts.window;
       j["hidden"] = cfg.hidden;
       j["heads"] = cfg.heads;
       j["kv_heads"] = cfg.kv_heads;
@@ -178,6 +209,16 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                 std::string(strategy_name(cfg.strategy)).c_str(), ring.c_str(), (long long)U, (long long)(cfg.heads / U),
                 where.c_str(), std::string(dtype_name(cfg.dtype)).c_str(), (long long)cfg.seq, (long long)cfg.hidden,
                 (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, note);
+    if (!opts.doc_lens.empty() || opts.window > 0 || r.padded_seq != cfg.seq) {
+      std::string docs = opts.doc_lens.empty() ? "one document" : std::to_string(opts.doc_lens.size()) + " documents (";
+      for (size_t i = 0; i < opts.doc_lens.size() && i < 8; ++i) docs += (i ? "," : "") + std::to_string(opts.doc_lens[i]);
+      if (!opts.doc_lens.empty()) docs += opts.doc_lens.size() > 8 ? ",...)" : ")";
+      std::printf("  mask      %s%s%s\n", docs.c_str(),
+                  opts.window > 0 ? (", window " + std::to_string(opts.window)).c_str() : "",
+                  r.padded_seq != cfg.seq ? (", padded to " + std::to_string(r.padded_seq) + " (" +
+                                             std::to_string(r.padded_seq - cfg.seq) + " tokens nothing attends to)").c_str()
+                                          : "");
+    }
     std::printf("  forward   %10.2f ms\n  backward  %10.2f ms\n", r.fwd_ms, r.bwd_ms);
     if (r.ring.exchanges > 0)
       std::printf("  ring      %lld exchanges, %s sent per rank; waiting for them %.2f ms (slowest rank); ring "

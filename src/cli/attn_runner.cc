@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -50,12 +51,17 @@ std::vector<float> gather_rows(Communicator& world, Device& dev, const Tensor& t
   return ordered;
 }
 
-// The rows of t (this rank's tokens) = the global tensor's rows at this rank's positions.
-void fill_rows(Device& dev, const Tensor& t, const TokenLayout& layout, int rank, uint64_t seed, uint64_t stream) {
+// The rows of t (this rank's tokens) = the global tensor's rows at this rank's positions; zero at
+// positions >= real (the padding).
+void fill_rows(Device& dev, const Tensor& t, const TokenLayout& layout, int rank, uint64_t seed, uint64_t stream,
+               int64_t real) {
   const int64_t cols = t.numel() / t.dim(0);
-  for (const TokenSegment& s : layout.rank_segments(rank))
-    fill_hash_uniform_on(dev, t.slice0(s.first_row, s.first_row + s.length), seed, stream, s.first_position * cols,
-                         1.0f);
+  for (const TokenSegment& s : layout.rank_segments(rank)) {
+    const int64_t n = std::clamp<int64_t>(real - s.first_position, 0, s.length);
+    if (n > 0) fill_hash_uniform_on(dev, t.slice0(s.first_row, s.first_row + n), seed, stream, s.first_position * cols, 1.0f);
+    if (n < s.length && dev.backed())
+      dev.fill_zero(t.slice0(s.first_row + n, s.first_row + s.length).data(), (s.length - n) * cols * dtype_size(t.dtype()));
+  }
 }
 
 std::vector<float> sum_over_ranks(Communicator& world, Device& dev, const Tensor& t) {
@@ -108,8 +114,12 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   Device& dev = rd.dev();
   Communicator& comm = rd.comm();  // moves the block's device buffers; figures go over `world`
   Allocator& alloc = dev.allocator();
-  auto block = make_attention_block(dev, comm, cfg);
-  const int64_t C = comm.size(), L = cfg.seq / C, E = cfg.hidden, HD = cfg.heads * cfg.head_dim,
+  const AttentionConfig run_cfg = padded_config(cfg, comm.size());
+  auto block = make_attention_block(dev, comm, run_cfg);
+  const SequenceMask real_mask = opts.doc_lens.empty() ? SequenceMask(cfg.seq, opts.window)
+                                                       : SequenceMask::from_lengths(opts.doc_lens, opts.window).value();
+  const SequenceMask mask = real_mask.padded_to(run_cfg.seq);
+  const int64_t C = comm.size(), L = run_cfg.seq / C, E = cfg.hidden, HD = cfg.heads * cfg.head_dim,
                 GD = cfg.kv_heads * cfg.head_dim;
   const DType t = cfg.dtype;
   const float ws = 1.0f / std::sqrt(static_cast<float>(E)), wos = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -124,9 +134,9 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   fill_hash_uniform_on(dev, wk, opts.seed, kWk, 0, ws);
   fill_hash_uniform_on(dev, wv, opts.seed, kWv, 0, ws);
   fill_hash_uniform_on(dev, wo, opts.seed, kWo, 0, wos);
-  const TokenLayout layout = token_layout(cfg, static_cast<int>(C));
-  fill_rows(dev, x, layout, comm.rank(), opts.seed, kX);
-  fill_rows(dev, dy, layout, comm.rank(), opts.seed, kDy);
+  const TokenLayout layout = token_layout(run_cfg, static_cast<int>(C));
+  fill_rows(dev, x, layout, comm.rank(), opts.seed, kX, cfg.seq);
+  fill_rows(dev, dy, layout, comm.rank(), opts.seed, kDy, cfg.seq);
   AttentionWeights w{wq, wk, wv, wo};
   AttentionGrads g{dwq, dwk, dwv, dwo};
   AttentionSaved saved;
@@ -135,8 +145,9 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   r.stage_heads = block->stage_heads();
   r.device_name = dev.name();
   r.backend = comm.backend();
+  r.padded_seq = run_cfg.seq;
   for (int i = 0; i < (opts.rehearsal ? 0 : opts.warmup); ++i) {
-    block->forward(y, x, w, saved);
+    block->forward(y, x, w, mask, saved);
     block->backward(dx, g, dy, x, w, saved);
   }
   // Every rank starts each phase together with its device idle; a GPU's clock is read only
@@ -151,7 +162,7 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   alloc.reset_peaks();
   alloc.set_phase(Phase::kForward);
   double t0 = start_together();
-  block->forward(y, x, w, saved);
+  block->forward(y, x, w, mask, saved);
   dev.synchronize();
   double fwd = now_ms() - t0;
   const int64_t fwd_inter = alloc.stats().watch_peak;
@@ -181,9 +192,10 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   world.all_reduce(&r.ring_compute_min_s, &r.ring_compute_min_s, 1, DType::kF64, ReduceOp::kMin);
 
   if (!opts.dump_dir.empty() && !opts.rehearsal) {
-    const int64_t S = cfg.seq;
+    const int64_t S = cfg.seq;  // the real rows: the padding is dropped
     auto gx = gather_rows(world, dev, x, layout), gdy = gather_rows(world, dev, dy, layout),
          gy = gather_rows(world, dev, y, layout), gdx = gather_rows(world, dev, dx, layout);
+    for (auto* v : {&gx, &gdy, &gy, &gdx}) v->resize(static_cast<size_t>(S * E));
     auto sq = sum_over_ranks(world, dev, dwq), sk = sum_over_ranks(world, dev, dwk),
          sv = sum_over_ranks(world, dev, dwv), so = sum_over_ranks(world, dev, dwo);
     if (world.rank() == 0) {
@@ -215,8 +227,11 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
       meta["dtype"] = dtype_name(t);
       meta["rope_theta"] = cfg.rope_theta;
       meta["rope"] = "hf_rotate_half";
-      meta["positions"] = "global, 0..seq-1";
+      meta["positions"] = "global, 0..seq-1, restarting at 0 at each document start";
       meta["causal"] = true;
+      meta["doc_lens"] = real_mask.lengths();
+      meta["window"] = opts.window;
+      meta["padded_seq"] = run_cfg.seq;
       meta["gqa"] = "query head h uses kv head h / (heads / kv_heads)";
       meta["seed"] = opts.seed;
       meta["weight_layout"] =

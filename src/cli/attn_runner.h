@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cli/rank_device.h"
 #include "untied/attention/attention_block.h"
@@ -22,6 +23,9 @@ struct AttnRunOptions {
   uint64_t seed = 1;
   std::string dump_dir;     // non-empty: write .npy files and meta.json there (rank 0)
   int warmup = 1;           // untimed forward+backward passes first (first-touch page faults)
+  // The sequence's documents (lengths summing to cfg.seq; empty = one) and window (0 = none).
+  std::vector<int64_t> doc_lens;
+  int64_t window = 0;
 };
 
 struct AttnRunResult {
@@ -39,11 +43,14 @@ struct AttnRunResult {
   double ring_compute_min_s = 0;
   std::string device_name;  // rank 0's device, "cuda:0 (NVIDIA H200)"
   std::string backend;      // the communicator that moved the device buffers
+  int64_t padded_seq = 0;   // the length run: cfg.seq padded to what the ranks divide
 };
 
 // Collective over `world` (which moves only host memory): makes each rank's device and its
 // communicator (make_rank_device; refusals stop every rank together), runs the block, and
-// agrees the figures over the world. Throws untied::Error on failure (budget included).
+// agrees the figures over the world. Any cfg.seq runs: padded (padded_config) with zero inputs and
+// gradients on the padding, which the mask keeps every real token from seeing; --dump writes
+// the cfg.seq real rows. Throws untied::Error on failure (budget included).
 // GPU times are taken with the device synchronized before each clock read.
 AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, const AttnRunOptions& opts);
 

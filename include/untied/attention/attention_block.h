@@ -102,6 +102,11 @@ int ulysses_degree(const AttentionConfig& cfg, int ranks);
 int64_t stage_heads_of(const AttentionConfig& cfg, int ranks);
 // Which positions each rank holds under cfg on `ranks` ranks (token_layout.h).
 TokenLayout token_layout(const AttentionConfig& cfg, int ranks);
+// cfg with its sequence padded to the length `ranks` ranks run (padded_seq, sequence_mask.h):
+// what a caller with any S builds the block for, masking the padding (SequenceMask::padded_to)
+// and counting no loss on it. Unchanged when the ring degree does not divide the ranks (validate
+// then says so).
+AttentionConfig padded_config(const AttentionConfig& cfg, int ranks);
 
 // What forward keeps for backward; owned by the caller between the two calls. Typed records, one
 // per stage and one per round of stages (head_schedule.h), so that forward and backward name
