@@ -34,7 +34,12 @@ void add_train_flags(FlagSet& f) {
   f.add("kv-values", FlagKind::kInt, "4", "kv task: distinct values (chance accuracy 1/values)");
   f.add("kv-pairs", FlagKind::kInt, "0", "kv task: pairs per sequence (0 = as many as fit)");
   f.add("kv-fused", FlagKind::kBool, "true", "kv task: each pair one token (one-hop retrieval; --no-kv-fused: key then value, a two-hop task that learns far slower)");
-  f.add("seq", FlagKind::kInt, "256", "sequence length S (divisible by the ranks)");
+  f.add("seq", FlagKind::kInt, "256",
+        "sequence length S (any: padded to a multiple of the ranks, or of 2*ranks with a ring; no loss on the padding)");
+  f.add("window", FlagKind::kInt, "0", "sliding-window attention: a query at p sees keys in (p-W, p] (default: none)");
+  f.add("text-split", FlagKind::kString, "blank-lines",
+        "--data text: documents are blocks between blank lines (blank-lines), single lines (lines) or the file (file); "
+        "each attends only to itself");
   f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses, upipe or ring");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
   f.add("ring", FlagKind::kInt, "1",
@@ -137,6 +142,14 @@ Status parse_float(const FlagSet& f, const char* name, float* out) {
   return Status::ok_status();
 }
 
+// ", padded to 1002" when the ranks do not divide S; ", window W" with a window.
+std::string pad_note(const TrainOptions& o, int ranks) {
+  const int64_t padded = padded_config(attention_config(o.model, o.decoder), ranks).seq;
+  std::string note = padded != o.decoder.seq ? ", padded to " + std::to_string(padded) : "";
+  if (o.window > 0) note += ", window " + std::to_string(o.window);
+  return note;
+}
+
 Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOptions* d, DeviceChoice* device) {
   auto m = model_preset(f.get_string("preset"));
   if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
@@ -183,6 +196,13 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   d->kv.num_values = f.get_int("kv-values");
   d->kv.num_pairs = f.get_int("kv-pairs");
   d->kv.fused_pairs = f.get_bool("kv-fused");
+  if (f.was_set("window") && f.get_int("window") < 1)
+    return Status::invalid_argument("--window " + std::to_string(f.get_int("window")) +
+                                    ": a window holds at least 1 key (the query itself); drop --window for none");
+  o->window = f.get_int("window");
+  auto split = parse_document_split(f.get_string("text-split"));
+  if (!split.ok()) return Status::invalid_argument("--text-split: " + split.status().message());
+  d->text_split = split.value();
   return Status::ok_status();
 }
 
@@ -313,12 +333,12 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                                                              .rehearsal = opts.rehearsal});
     if (comm.rank() == 0 && opts.progress)
       std::fprintf(stderr,
-                   "untied train | %s (%lld parameters) | %s%s on %d ranks | S=%lld (%lld per rank) | %s | data %s | %s\n",
+                   "untied train | %s (%lld parameters) | %s%s on %d ranks | S=%lld%s (%lld per rank) | %s | data %s | %s\n",
                    opts.model.name.c_str(), (long long)parameter_count(opts.model),
                    std::string(strategy_name(opts.decoder.strategy)).c_str(),
                    ring_note(attention_config(opts.model, opts.decoder), comm.size()).c_str(), comm.size(),
-                   (long long)opts.decoder.seq,
-                   (long long)(opts.decoder.seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),
+                   (long long)opts.decoder.seq, pad_note(opts, comm.size()).c_str(),
+                   (long long)(padded_config(attention_config(opts.model, opts.decoder), comm.size()).seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),
                    flags.get_string("data").c_str(), rd.dev().name().c_str());
     auto r = train(rd.dev(), rd.comm(), comm, *data.value(), opts);
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());

@@ -41,7 +41,7 @@ AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) 
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   Status s = validate(m);
   if (!s.ok()) return s;
-  s = validate(attention_config(m, o), ranks);
+  s = validate(padded_config(attention_config(m, o), ranks), ranks);
   if (!s.ok()) return s;
   if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
   return Status::ok_status();
@@ -53,11 +53,12 @@ struct Decoder::BlockActs {
 };
 
 Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o, Allocator* host)
-    : dev_(dev), comm_(comm), m_(m), o_(o), rows_(o.seq / comm.size()), host_(host) {
+    : dev_(dev), comm_(comm), m_(m), o_(o),
+      rows_(padded_config(attention_config(m, o), comm.size()).seq / comm.size()), host_(host) {
   Status s = validate(m, o, comm.size());
   UNTIED_CHECK(s.ok(), s.message());
   tile_ = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows_) : std::min(rows_, std::max<int64_t>(m.hidden, 256));
-  attn_ = make_attention_block(dev, comm, attention_config(m, o));
+  attn_ = make_attention_block(dev, comm, padded_config(attention_config(m, o), comm.size()));
 }
 
 RmsNormShape Decoder::norm_shape(int64_t rows) const {
@@ -157,7 +158,7 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
   rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w.attn_norm.data());
   A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
-  attn_->forward(A.hm, A.a, attention_weights(w), A.saved);
+  attn_->forward(A.hm, A.a, attention_weights(w), *mask_, A.saved);
   add_inplace(dev_, A.hm, x);
   if (acts != nullptr) return;  // recompute for backward: the MLP is recomputed tile by tile there
   A.saved.reset();
@@ -229,6 +230,15 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
 
 StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                                    const uint8_t* is_answer, int64_t global_count) {
+  const SequenceMask plain = SequenceMask(o_.seq).padded_to(padded_seq());
+  return forward_backward(params, tokens, labels, is_answer, global_count, plain);
+}
+
+StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
+                                   const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask) {
+  UNTIED_CHECK(mask.seq() == padded_seq(), "decoder: the sequence mask covers ", mask.seq(), " tokens, not the ",
+               padded_seq(), " the decoder runs");
+  mask_ = &mask;
   const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
   const int N = static_cast<int>(m_.layers);
   const DType t = o_.dtype;

@@ -109,7 +109,7 @@ class TempFile {
 int token_width_for_vocab(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
 Status write_token_file(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size,
-                        int width_bytes) {
+                        int width_bytes, std::span<const int64_t> doc_starts) {
   if (width_bytes != 2 && width_bytes != 4)
     return Status::invalid_argument("token width " + std::to_string(width_bytes) + " bytes for " + path +
                                     " is not supported: use 2 (uint16) or 4 (uint32)");
@@ -126,6 +126,13 @@ Status write_token_file(const std::string& path, std::span<const int32_t> tokens
                                       path + ": fix the tokens or the vocab size");
   }
 
+  for (size_t d = 0; d < doc_starts.size(); ++d) {
+    const bool ok = d == 0 ? doc_starts[0] == 0 : doc_starts[d] > doc_starts[d - 1];
+    if (!ok || doc_starts[d] >= static_cast<int64_t>(tokens.size()))
+      return Status::invalid_argument("document start " + std::to_string(d) + " is " + std::to_string(doc_starts[d]) +
+                                      ": starts must begin at 0 and increase strictly below the token count (" +
+                                      std::to_string(tokens.size()) + "); nothing was written to " + path);
+  }
   const std::string keep = " (any existing " + path + " is unchanged)";
   TempFile tmp(path);
   if (const int err = tmp.create())
@@ -134,7 +141,7 @@ Status write_token_file(const std::string& path, std::span<const int32_t> tokens
 
   unsigned char header[kTokenFileHeaderBytes] = {};
   std::memcpy(header, kTokenFileMagic, 8);
-  put_u32(header + 8, kTokenFileVersion);
+  put_u32(header + 8, doc_starts.empty() ? 1 : 2);
   put_u32(header + 12, static_cast<uint32_t>(width_bytes));
   put_u64(header + 16, tokens.size());
   put_u64(header + 24, static_cast<uint64_t>(vocab_size));
@@ -151,6 +158,12 @@ Status write_token_file(const std::string& path, std::span<const int32_t> tokens
       for (int b = 0; b < width_bytes; ++b) p[b] = static_cast<unsigned char>(t >> (8 * b));
     }
     err = write_all(tmp.fd(), buf.data(), n * static_cast<size_t>(width_bytes));
+  }
+  if (err == 0 && !doc_starts.empty()) {  // version 2: the document index
+    std::vector<unsigned char> index(8 * (doc_starts.size() + 1));
+    put_u64(index.data(), doc_starts.size());
+    for (size_t d = 0; d < doc_starts.size(); ++d) put_u64(index.data() + 8 * (d + 1), static_cast<uint64_t>(doc_starts[d]));
+    err = write_all(tmp.fd(), index.data(), index.size());
   }
   if (err != 0)
     return Status::io_error("writing " + tmp.name() + " failed: " + errno_text(err) +
@@ -196,9 +209,9 @@ StatusOr<TokenFile> TokenFile::open(const std::string& path) {
   if (std::memcmp(h, kTokenFileMagic, 8) != 0) return Status::corrupt(not_ours + " (bad magic bytes)" + hint);
 
   const uint32_t version = get_u32(h + 8);
-  if (version != kTokenFileVersion)
+  if (version != 1 && version != 2)
     return Status::unsupported(path + " has token file format version " + std::to_string(version) +
-                               "; this build reads version " + std::to_string(kTokenFileVersion) +
+                               "; this build reads versions 1 and 2" +
                                ": re-create the file with this build, or use the build that wrote it");
   const uint32_t width = get_u32(h + 12);
   if (width != 2 && width != 4)
@@ -211,7 +224,34 @@ StatusOr<TokenFile> TokenFile::open(const std::string& path) {
     return Status::corrupt(path + ": vocab size " + std::to_string(vocab) + " does not fit " +
                            std::to_string(width) + "-byte tokens (or exceeds 2^31 - 1); the file is corrupt" + redo);
   const uint64_t payload = static_cast<uint64_t>(file_bytes - kTokenFileHeaderBytes);
-  if (count > payload / width || count * width != payload)
+  // Version 2: the document index follows the tokens.
+  uint64_t index_bytes = 0;
+  if (version == 2 && count <= payload / width && payload - count * width >= 8) {
+    unsigned char m[8];
+    if (const int err = pread_all(fd, m, 8, static_cast<off_t>(kTokenFileHeaderBytes + count * width)))
+      return Status::io_error("cannot read the document index of " + path);
+    const uint64_t docs = get_u64(m);
+    if (docs > (payload - count * width - 8) / 8 || (count > 0 && docs == 0))
+      return Status::corrupt(path + ": the document index says " + std::to_string(docs) +
+                             " documents, which the file does not hold; it is truncated or corrupt" + redo);
+    index_bytes = 8 + 8 * docs;
+    std::vector<unsigned char> raw(8 * docs);
+    if (docs > 0 &&
+        pread_all(fd, raw.data(), raw.size(), static_cast<off_t>(kTokenFileHeaderBytes + count * width + 8)) != 0)
+      return Status::io_error("cannot read the document index of " + path);
+    file.doc_starts_.resize(docs);
+    for (uint64_t d = 0; d < docs; ++d) {
+      const uint64_t at = get_u64(raw.data() + 8 * d);
+      if (at >= count || (d == 0 ? at != 0 : at <= static_cast<uint64_t>(file.doc_starts_[d - 1])))
+        return Status::corrupt(path + ": document start " + std::to_string(d) + " (" + std::to_string(at) +
+                               ") does not begin at 0 and increase strictly below the token count; the file is corrupt" +
+                               redo);
+      file.doc_starts_[d] = static_cast<int64_t>(at);
+    }
+  } else if (version == 2 && count <= payload / width) {
+    return Status::corrupt(path + ": a version 2 file without its document index; it is truncated or corrupt" + redo);
+  }
+  if (count > payload / width || count * width + index_bytes != payload)
     return Status::corrupt(path + ": the header says " + std::to_string(count) + " tokens of " +
                            std::to_string(width) + " bytes (" + std::to_string(kTokenFileHeaderBytes) +
                            " + " + std::to_string(count) + "*" + std::to_string(width) + " bytes) but the file has " +
@@ -219,12 +259,13 @@ StatusOr<TokenFile> TokenFile::open(const std::string& path) {
   file.width_ = static_cast<int>(width);
   file.count_ = static_cast<int64_t>(count);
   file.vocab_ = static_cast<int64_t>(vocab);
+  file.version_ = static_cast<int>(version);
   return file;
 }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept
     : path_(std::move(other.path_)), fd_(other.fd_), width_(other.width_), count_(other.count_),
-      vocab_(other.vocab_) {
+      vocab_(other.vocab_), version_(other.version_), doc_starts_(std::move(other.doc_starts_)) {
   other.fd_ = -1;
 }
 
@@ -236,6 +277,8 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     width_ = other.width_;
     count_ = other.count_;
     vocab_ = other.vocab_;
+    version_ = other.version_;
+    doc_starts_ = std::move(other.doc_starts_);
     other.fd_ = -1;
   }
   return *this;

@@ -42,6 +42,20 @@ std::string byte_decode(std::span<const int32_t> ids, SpecialTokens specials) {
   return out;
 }
 
+StatusOr<DocumentSplit> parse_document_split(std::string_view s) {
+  if (s == "blank-lines") return DocumentSplit::kBlankLines;
+  if (s == "lines") return DocumentSplit::kLines;
+  if (s == "file") return DocumentSplit::kWholeFile;
+  return Status::invalid_argument("unknown document split '" + std::string(s) + "': use blank-lines, lines or file");
+}
+
+std::vector<int64_t> bos_positions(std::span<const int32_t> ids) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == kBos) out.push_back(static_cast<int64_t>(i));
+  return out;
+}
+
 std::vector<std::string_view> split_documents(std::string_view text, DocumentSplit split) {
   std::vector<std::string_view> docs;
   if (split == DocumentSplit::kWholeFile) {
@@ -58,7 +72,9 @@ std::vector<std::string_view> split_documents(std::string_view text, DocumentSpl
     size_t content_end = eol;
     if (content_end > pos && text[content_end - 1] == '\r') --content_end;
     const std::string_view line = text.substr(pos, content_end - pos);
-    if (all_blank(line)) {
+    if (split == DocumentSplit::kLines) {
+      if (!all_blank(line)) docs.push_back(line);
+    } else if (all_blank(line)) {
       if (doc_begin != std::string_view::npos) docs.push_back(text.substr(doc_begin, doc_end - doc_begin));
       doc_begin = std::string_view::npos;
     } else {
@@ -108,7 +124,7 @@ Status text_files_to_token_file(const std::vector<std::string>& text_paths, cons
                                 DocumentSplit split) {
   StatusOr<std::vector<int32_t>> ids = read_text_tokens(text_paths, split);
   if (!ids.ok()) return ids.status();
-  return write_token_file(token_path, ids.value(), kByteVocabSize, 2);
+  return write_token_file(token_path, ids.value(), kByteVocabSize, 2, bos_positions(ids.value()));
 }
 
 }  // namespace untied

@@ -1,6 +1,7 @@
 // The training loop: see trainer.h.
 #include "untied/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <unistd.h>
@@ -26,7 +27,7 @@ std::string identity(const TrainOptions& o, int ranks, const DataSource& data) {
   const ModelConfig& m = o.model;
   return str_cat("batch=", o.batch, " model ", m.name, " V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads,
                  " D=", m.head_dim, " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm,
-                 " seq=", o.decoder.seq, " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
+                 " seq=", o.decoder.seq, o.window > 0 ? str_cat(" window=", o.window) : std::string(), " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
                  " data=", data.kind(), " data_vocab=", data.vocab_size());
 }
 
@@ -141,11 +142,14 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
                                        : Status::io_error("cannot write the metrics file " + o.metrics_path));
   if (!ms.ok()) return ms;
 
-  const int64_t S = o.decoder.seq, L = S / comm.size();
+  // S real tokens per sequence, run as Sp (padded to what the ranks divide: the padding is one
+  // more document, with no labels).
+  const int64_t S = o.decoder.seq, Sp = decoder.padded_seq(), L = Sp / comm.size();
   const int64_t B = o.batch;
   // The positions this rank holds: one run, or two with a ring (token_layout.h).
   const std::vector<TokenSegment> positions =
-      token_layout(attention_config(o.model, o.decoder), comm.size()).rank_segments(comm.rank());
+      token_layout(padded_config(attention_config(o.model, o.decoder), comm.size()), comm.size())
+          .rank_segments(comm.rank());
   // This rank's positions of the step's sequences, on the host (the decoder copies ids and labels
   // to the device).
   std::vector<int32_t> tokens(static_cast<size_t>(B * L)), labels(tokens.size());
@@ -158,13 +162,30 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   for (int64_t s = start; s < end; ++s) {
     const double t0 = now_s();
     Status ds;
-    for (int64_t b = 0; b < B && ds.ok() && dev.backed(); ++b)
+    std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));
+    for (int64_t b = 0; b < B && ds.ok() && dev.backed(); ++b) {
       for (const TokenSegment& seg : positions) {
         const int64_t at = b * L + seg.first_row;
-        ds = data.fill(s * B + b, S, seg.first_position, seg.length, tokens.data() + at, labels.data() + at,
-                       answer.data() + at);
+        const int64_t real = std::clamp<int64_t>(S - seg.first_position, 0, seg.length);  // the rest is padding
+        if (real > 0)
+          ds = data.fill(s * B + b, S, seg.first_position, real, tokens.data() + at, labels.data() + at,
+                         answer.data() + at);
+        std::fill(tokens.begin() + at + real, tokens.begin() + at + seg.length, 0);
+        std::fill(labels.begin() + at + real, labels.begin() + at + seg.length, kIgnoreIndex);
+        std::fill(answer.begin() + at + real, answer.begin() + at + seg.length, 0);
         if (!ds.ok()) break;
       }
+      // The sample's documents, from the data alone (every rank gets the same).
+      if (ds.ok()) {
+        auto starts = data.document_starts(s * B + b, S);
+        if (!starts.ok()) ds = starts.status();
+        else {
+          auto mask = SequenceMask::from_starts(S, std::move(starts).value(), o.window);
+          if (!mask.ok()) ds = mask.status();
+          else masks[b] = mask.value().padded_to(Sp);
+        }
+      }
+    }
     ds = first_failure(comm, ds);
     if (!ds.ok()) {
       if (metrics) std::fclose(metrics);
@@ -178,7 +199,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     StepSums st;
     for (int64_t b = 0; b < B; ++b) {
       const StepSums one =
-          decoder.forward_backward(params, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L, count);
+          decoder.forward_backward(params, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L, count,
+                                   masks[b]);
       st.loss_sum += one.loss_sum;
       st.answers += one.answers;
       st.correct += one.correct;

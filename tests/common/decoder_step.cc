@@ -10,7 +10,7 @@ namespace untied::test {
 
 DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int ranks,
                              const std::vector<int32_t>& tokens, const std::vector<int32_t>& labels,
-                             const ParamsInit& init) {
+                             const ParamsInit& init, const std::vector<int64_t>& doc_lens, int64_t window) {
   int64_t global = 0;  // labelled tokens of the whole sequence
   for (int32_t l : labels) global += l != -100;
   const auto descs = parameter_descriptors(m);
@@ -21,15 +21,20 @@ DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int 
     ShardedParams params(*dev, comm, descs, o.dtype);
     init(params, comm.rank());
     Decoder dec(*dev, comm, m, o);
-    // This rank's positions (token_layout.h: one run, or two under a ring), gathered in row order.
-    const int64_t L = o.seq / ranks;
-    std::vector<int32_t> my_tokens(static_cast<size_t>(L)), my_labels(static_cast<size_t>(L));
-    for (const TokenSegment& seg : token_layout(attention_config(m, o), ranks).rank_segments(comm.rank()))
-      for (int64_t i = 0; i < seg.length; ++i) {
+    // This rank's positions (token_layout.h: one run, or two under a ring), gathered in row order;
+    // positions past S are padding (token 0, no label).
+    const int64_t Sp = dec.padded_seq(), L = Sp / ranks;
+    std::vector<int32_t> my_tokens(static_cast<size_t>(L), 0), my_labels(static_cast<size_t>(L), -100);
+    for (const TokenSegment& seg :
+         token_layout(padded_config(attention_config(m, o), ranks), ranks).rank_segments(comm.rank()))
+      for (int64_t i = 0; i < seg.length && seg.first_position + i < o.seq; ++i) {
         my_tokens[seg.first_row + i] = tokens[seg.first_position + i];
         my_labels[seg.first_row + i] = labels[seg.first_position + i];
       }
-    StepSums s = dec.forward_backward(params, my_tokens.data(), my_labels.data(), nullptr, global);
+    const SequenceMask mask =
+        (doc_lens.empty() ? SequenceMask(o.seq, window) : SequenceMask::from_lengths(doc_lens, window).value())
+            .padded_to(Sp);
+    StepSums s = dec.forward_backward(params, my_tokens.data(), my_labels.data(), nullptr, global, mask);
     double loss = s.loss_sum;
     comm.all_reduce(&loss, &loss, 1, DType::kF64, ReduceOp::kSum);
     std::vector<std::vector<float>> full(params.num_params());

@@ -22,10 +22,11 @@ struct DecoderStep {
 // Fills rank `rank`'s shard of the parameters (master copies) before the step.
 using ParamsInit = std::function<void(ShardedParams& params, int rank)>;
 
-// REQUIRES: tokens.size() == labels.size() == o.seq, o.seq % ranks == 0.
+// REQUIRES: tokens.size() == labels.size() == o.seq. Any o.seq: the decoder pads it (no labels on
+// the padding). doc_lens (summing to o.seq; empty = one document) and window: the sequence mask.
 DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int ranks,
                              const std::vector<int32_t>& tokens, const std::vector<int32_t>& labels,
-                             const ParamsInit& init);
+                             const ParamsInit& init, const std::vector<int64_t>& doc_lens = {}, int64_t window = 0);
 
 // A ParamsInit that copies full parameters (descriptor order) into each rank's shard.
 ParamsInit params_from(const std::vector<std::vector<float>>& full);

@@ -40,10 +40,16 @@ void make_data(int64_t S, int64_t V, std::vector<int32_t>* tokens, std::vector<i
 float direction(int i, int64_t k) { return hash_uniform(99, static_cast<uint64_t>(i), static_cast<uint64_t>(k)); }
 
 // perturb = (parameter i, eps): every element k of parameter i moves by eps * direction(i, k).
+// doc_lens, window: the sequence mask (packed documents: no label crosses a document).
 Result run(const ModelConfig& m, DecoderOptions o, int ranks, uint64_t seed = 3,
-           const std::pair<int, float>* perturb = nullptr) {
+           const std::pair<int, float>* perturb = nullptr, const std::vector<int64_t>& doc_lens = {},
+           int64_t window = 0) {
   std::vector<int32_t> tokens, labels;
   make_data(o.seq, m.vocab, &tokens, &labels);
+  for (int64_t at = 0, d = 0; d + 1 < static_cast<int64_t>(doc_lens.size()); ++d) {
+    at += doc_lens[d];
+    labels[at - 1] = -100;
+  }
   const test::DecoderStep step = test::run_decoder_step(m, o, ranks, tokens, labels, [&](ShardedParams& params, int rank) {
     params.init(parameter_init(m, seed));
     if (perturb) {
@@ -51,7 +57,7 @@ Result run(const ModelConfig& m, DecoderOptions o, int ranks, uint64_t seed = 3,
       const int64_t start = params.shard_elems(i) * rank;
       for (int64_t k = 0; k < params.owned_elems(i); ++k) params.master(i)[k] += perturb->second * direction(i, start + k);
     }
-  });
+  }, doc_lens, window);
   return Result{step.loss, step.grads};
 }
 
@@ -99,6 +105,57 @@ TEST(Decoder, RingAndHybridAgreeWithLocal) {
                      Layout{Strategy::kUPipe, 4, 2}, Layout{Strategy::kUPipe, 6, 3}}) {
       SCOPED_TRACE(std::string(strategy_name(l.strategy)) + " ring " + std::to_string(l.ring) + " on " +
                    std::to_string(l.ranks) + " ranks" + (qk_norm ? ", qk_norm" : ""));
+      o.strategy = l.strategy;
+      o.ring = l.ring;
+      expect_close(ref, run(m, o, l.ranks), m, 2e-5);
+    }
+  }
+}
+
+// Packed documents (a one-token one, boundaries inside and at rank boundaries, one longer than a
+// rank's share) and a window, through every strategy: the loss and every gradient as local's with
+// the same mask. And the mask matters: local with documents differs from local without.
+TEST(Decoder, PackedDocumentsAgreeWithLocal) {
+  const std::vector<int64_t> docs = {5, 7, 12, 1, 23};
+  for (int64_t window : {int64_t{0}, int64_t{6}}) {
+    const ModelConfig m = tiny_model();
+    DecoderOptions o{.seq = 48, .strategy = Strategy::kLocal, .mlp_tile = 16, .loss_chunk = 7};
+    const Result ref = run(m, o, 1, 3, nullptr, docs, window);
+    const Result unmasked = run(m, o, 1, 3, nullptr, {}, window);
+    EXPECT_GT(std::fabs(ref.loss - unmasked.loss), 1e-4 * std::fabs(ref.loss)) << "documents changed nothing";
+    struct Layout {
+      Strategy strategy;
+      int ranks, ring;
+    };
+    for (Layout l : {Layout{Strategy::kUlysses, 2, 1}, Layout{Strategy::kUPipe, 4, 1}, Layout{Strategy::kRing, 3, 1},
+                     Layout{Strategy::kUPipe, 4, 2}}) {
+      SCOPED_TRACE(std::string(strategy_name(l.strategy)) + " ring " + std::to_string(l.ring) + " on " +
+                   std::to_string(l.ranks) + " ranks, window " + std::to_string(window));
+      o.strategy = l.strategy;
+      o.ring = l.ring;
+      expect_close(ref, run(m, o, l.ranks, 3, nullptr, docs, window), m, 2e-5);
+    }
+  }
+}
+
+// Any S: a sequence the ranks do not divide runs padded (tokens nothing attends to, no loss),
+// and gives the single-rank result on the unpadded sequence: S = 50 on 4 ranks (padded to 52),
+// on a ring of 3 (to 54) and on 2 x 2 hybrid (to 56); S = 1000 on 3 ranks (to 1002).
+TEST(Decoder, AnySequenceLengthEqualsOneRank) {
+  const ModelConfig m = tiny_model();
+  for (int64_t S : {int64_t{50}, int64_t{1000}}) {
+    DecoderOptions o{.seq = S, .strategy = Strategy::kLocal, .mlp_tile = 16, .loss_chunk = 7};
+    const Result ref = run(m, o, 1);
+    struct Layout {
+      Strategy strategy;
+      int ranks, ring;
+    };
+    const std::vector<Layout> layouts =
+        S == 50 ? std::vector<Layout>{{Strategy::kUlysses, 4, 1}, {Strategy::kRing, 3, 1}, {Strategy::kUPipe, 4, 2}}
+                : std::vector<Layout>{{Strategy::kRing, 3, 1}};
+    for (Layout l : layouts) {
+      SCOPED_TRACE("S " + std::to_string(S) + " " + std::string(strategy_name(l.strategy)) + " ring " +
+                   std::to_string(l.ring) + " on " + std::to_string(l.ranks) + " ranks");
       o.strategy = l.strategy;
       o.ring = l.ring;
       expect_close(ref, run(m, o, l.ranks), m, 2e-5);

@@ -4,6 +4,8 @@
 // [i*S, (i+1)*S) mod N"; the factory's errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <memory>
 #include <thread>
 #include <vector>
@@ -88,16 +90,29 @@ void expect_shards_match(const DataSource& src, int64_t index, int64_t seq_len) 
   }
 }
 
-// The stream model of token and text sources: token p of sample i is stream[(i*S + p) mod N].
-void expect_stream_model(const DataSource& src, const std::vector<int32_t>& stream, int64_t index, int64_t seq_len) {
+// The stream model of token and text sources: token p of sample i is stream[(i*S + p) mod N]; a
+// document starts at p when its stream position is in `docs` (p = 0 always), and then position
+// p - 1 has no label.
+void expect_stream_model(const DataSource& src, const std::vector<int32_t>& stream, int64_t index, int64_t seq_len,
+                         const std::vector<int64_t>& docs = {}) {
   const int64_t n = static_cast<int64_t>(stream.size());
+  auto starts_doc = [&](int64_t p) {
+    const int64_t q = (index * seq_len + p) % n;
+    return std::find(docs.begin(), docs.end(), q) != docs.end();
+  };
   const Range w = fill_range(src, index, seq_len, 0, seq_len);
+  std::vector<int64_t> expected_starts = {0};
   for (int64_t p = 0; p < seq_len; ++p) {
     ASSERT_EQ(w.tokens[p], stream[(index * seq_len + p) % n]) << "sample " << index << " p " << p;
-    const int32_t label = p + 1 < seq_len ? stream[(index * seq_len + p + 1) % n] : kIgnoreIndex;
+    const bool labelled = p + 1 < seq_len && !starts_doc(p + 1);
+    const int32_t label = labelled ? stream[(index * seq_len + p + 1) % n] : kIgnoreIndex;
     ASSERT_EQ(w.labels[p], label) << "sample " << index << " p " << p;
-    ASSERT_EQ(w.answer[p], p + 1 < seq_len ? 1 : 0) << "sample " << index << " p " << p;
+    ASSERT_EQ(w.answer[p], labelled ? 1 : 0) << "sample " << index << " p " << p;
+    if (p > 0 && starts_doc(p)) expected_starts.push_back(p);
   }
+  auto got = src.document_starts(index, seq_len);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  ASSERT_EQ(got.value(), expected_starts) << "sample " << index;
 }
 
 std::vector<int32_t> stream_tokens(int64_t n, int64_t vocab) {
@@ -107,6 +122,28 @@ std::vector<int32_t> stream_tokens(int64_t n, int64_t vocab) {
 }
 
 constexpr int64_t kS = 240;  // divisible by 1, 2, 3 and 4
+
+// A version 2 token file: its documents give each sample's starts (across the wrap of the stream:
+// the file's start is one), and no label crosses one; any split over ranks gives the same.
+TEST(DataSource, TokenFileDocuments) {
+  TempDir dir;
+  for (int64_t n : {1000, 100, 7}) {
+    SCOPED_TRACE("N " + std::to_string(n));
+    const std::vector<int32_t> stream = stream_tokens(n, 500);
+    std::vector<int64_t> docs = {0};
+    for (int64_t at : {int64_t{1}, int64_t{3}, int64_t{50}, int64_t{51}, int64_t{99}, int64_t{500}, int64_t{777}})
+      if (at < n) docs.push_back(at);  // one-token documents (0, 50) included
+    const std::string path = dir.file("d.tok");
+    ASSERT_TRUE(write_token_file(path, stream, 500, 2, docs).ok());
+    StatusOr<std::unique_ptr<DataSource>> src = make_data_source("tokens", path, {});
+    ASSERT_TRUE(src.ok()) << src.status().message();
+    for (int64_t index : {0, 1, 3, 17}) {
+      expect_stream_model(*src.value(), stream, index, kS, docs);
+      expect_shards_match(*src.value(), index, kS);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
 
 TEST(DataSource, TokenFileShardsAndWrapping) {
   TempDir dir;
@@ -134,14 +171,17 @@ TEST(DataSource, TextShards) {
   TempDir dir;
   const std::string text = "The first document.\nIt has two lines.\n\nSecond: caf\xC3\xA9 \xE2\x9C\x93\n\n\nthird\n";
   write_bytes(dir.file("t.txt"), text);
-  for (DocumentSplit split : {DocumentSplit::kBlankLines, DocumentSplit::kWholeFile}) {
+  for (DocumentSplit split : {DocumentSplit::kBlankLines, DocumentSplit::kLines, DocumentSplit::kWholeFile}) {
     StatusOr<std::unique_ptr<DataSource>> src = make_data_source("text", dir.file("t.txt"), {.text_split = split});
     ASSERT_TRUE(src.ok()) << src.status().message();
     EXPECT_EQ(src.value()->kind(), "text");
     EXPECT_EQ(src.value()->vocab_size(), kByteVocabSize);
     const std::vector<int32_t> stream = text_to_tokens(text, split);
+    // Documents: 3 blocks, 4 lines, 1 file; each starts at a BOS.
+    EXPECT_EQ(static_cast<int64_t>(bos_positions(stream).size()),
+              split == DocumentSplit::kBlankLines ? 3 : split == DocumentSplit::kLines ? 4 : 1);
     for (int64_t index : {0, 1, 2, 99}) {
-      expect_stream_model(*src.value(), stream, index, kS);
+      expect_stream_model(*src.value(), stream, index, kS, bos_positions(stream));
       expect_shards_match(*src.value(), index, kS);
       if (::testing::Test::HasFatalFailure()) return;
     }

@@ -93,6 +93,49 @@ TEST(TokenFile, ByteLayoutAndRoundTrip) {
   }
 }
 
+// Version 2: the document index after the tokens, byte for byte, and read back at open.
+TEST(TokenFile, DocumentIndexLayoutAndRoundTrip) {
+  TempDir dir;
+  const std::vector<int32_t> tokens = sample_tokens(1000, 300, 7);
+  const std::vector<int64_t> starts = {0, 1, 2, 517, 999};  // one-token documents included
+  const std::string path = dir.file("docs.tok");
+  ASSERT_TRUE(write_token_file(path, tokens, 300, 2, starts).ok());
+  const std::string b = read_bytes(path);
+  ASSERT_EQ(b.size(), 32u + 2000u + 8u + 8u * starts.size());
+  EXPECT_EQ(le(b, 8, 4), 2u);
+  EXPECT_EQ(le(b, 32 + 2000, 8), starts.size());
+  for (size_t d = 0; d < starts.size(); ++d) EXPECT_EQ(le(b, 32 + 2000 + 8 + 8 * d, 8), static_cast<uint64_t>(starts[d]));
+  auto f = TokenFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f.value().version(), 2);
+  EXPECT_EQ(f.value().document_starts(), starts);
+  std::vector<int32_t> got(1000);
+  ASSERT_TRUE(f.value().read(0, 1000, got.data()).ok());
+  EXPECT_EQ(got, tokens);
+  // Without starts: version 1, no index.
+  ASSERT_TRUE(write_token_file(path, tokens, 300, 2).ok());
+  EXPECT_EQ(read_bytes(path).size(), 32u + 2000u);
+  EXPECT_EQ(TokenFile::open(path).value().version(), 1);
+  EXPECT_TRUE(TokenFile::open(path).value().document_starts().empty());
+}
+
+TEST(TokenFile, BadDocumentIndexIsRefused) {
+  TempDir dir;
+  const std::string path = dir.file("bad.tok");
+  const std::vector<int32_t> tokens = sample_tokens(10, 50, 1);
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{1, 5}, {0, 5, 5}, {0, 10}, {0, 7, 3}})
+    EXPECT_TRUE(fails_with(write_token_file(path, tokens, 50, 2, bad), Code::kInvalidArgument, {"document start"}));
+  // A file whose index is patched out of order, or cut short, is corrupt.
+  ASSERT_TRUE(write_token_file(path, tokens, 50, 2, std::vector<int64_t>{0, 4, 8}).ok());
+  std::string b = read_bytes(path);
+  put_le(&b, 32 + 20 + 8 + 16, 3, 8);  // start 2: 8 -> 3
+  write_bytes(path, b);
+  EXPECT_TRUE(fails_with(TokenFile::open(path).status(), Code::kCorrupt, {path, "document start 2"}));
+  b = read_bytes(path);
+  write_bytes(path, b.substr(0, b.size() - 8));
+  EXPECT_TRUE(fails_with(TokenFile::open(path).status(), Code::kCorrupt, {path, "document index"}));
+}
+
 TEST(TokenFile, EmptyFileRoundTrips) {
   TempDir dir;
   ASSERT_TRUE(write_token_file(dir.file("e.tok"), {}, 10, 2).ok());
@@ -229,8 +272,12 @@ TEST_F(CorruptTokenFile, BadMagic) {
 
 TEST_F(CorruptTokenFile, WrongVersion) {
   std::string b = bytes_;
+  put_le(&b, 8, 3, 4);
+  EXPECT_TRUE(fails_with(open_patched(b), Code::kUnsupported, {path(), "version 3", "reads versions 1 and 2"}));
+  // A version 1 file relabelled 2 has no document index.
+  b = bytes_;
   put_le(&b, 8, 2, 4);
-  EXPECT_TRUE(fails_with(open_patched(b), Code::kUnsupported, {path(), "version 2", "reads version 1"}));
+  EXPECT_TRUE(fails_with(open_patched(b), Code::kCorrupt, {path(), "document index"}));
 }
 
 TEST_F(CorruptTokenFile, BadWidth) {

@@ -1,7 +1,8 @@
 // The decoder's training step on one rank: forward and backward of the whole model written out
 // per block over named buffers, with full recompute per block.
 //
-// Each rank holds L = S / C consecutive tokens (the attention block exchanges them). The step:
+// Each rank holds L = S / C tokens (the attention block exchanges them; token_layout.h says which; S
+// is padded when the ranks do not divide it, sequence_mask.h). The step:
 //   h_0 = embed[tokens]
 //   for each block l:  save h_l (the only activation kept);  h_{l+1} = block_l(h_l)
 //   loss = cross_entropy(final_norm(h_N) lm_head^T, labels)  (fused, chunked: lm_head_loss.h)
@@ -62,8 +63,16 @@ class Decoder {
   // tokens, labels, is_answer (nullable): this rank's L positions, in host memory (the ids and
   // labels are copied to the device). global_count: labelled tokens over all ranks (the loss is
   // their mean).
+  // mask: the sequence's documents and window (sequence_mask.h) over padded_seq() tokens; without
+  // it, one causal sequence (padded). The rows past o.seq are padding: their labels must be
+  // kIgnoreIndex.
+  StepSums forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
+                            const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask);
   StepSums forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                             const uint8_t* is_answer, int64_t global_count);
+  // The length the decoder runs: o.seq padded to what the ranks divide (padded_config); rows
+  // per rank L = padded_seq() / ranks.
+  int64_t padded_seq() const { return rows_ * comm_.size(); }
 
  private:
   struct BlockActs;
@@ -90,6 +99,7 @@ class Decoder {
   int64_t tile_;
   std::unique_ptr<AttentionBlock> attn_;
   Allocator* host_;
+  const SequenceMask* mask_ = nullptr;  // the mask of the step in progress
 };
 
 }  // namespace untied

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "untied/core/status.h"
 
@@ -44,6 +45,17 @@ class DataSource {
   // seq_len too short for a synthetic task), naming what to change.
   virtual Status fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens,
                       int32_t* labels, uint8_t* is_answer) const = 0;
+
+  // The documents packed into sample `sample_index` (seq_len tokens): the positions where each
+  // one starts, increasing, the first 0 (the attention mask, sequence_mask.h). A source without
+  // boundaries (a version 1 token file) returns {0}. Like fill(), a pure function of the data:
+  // every rank computes the same, with no communication. fill() gives kIgnoreIndex to a position
+  // whose next token starts a document (no label crosses one).
+  virtual StatusOr<std::vector<int64_t>> document_starts(int64_t sample_index, int64_t seq_len) const {
+    (void)sample_index;
+    (void)seq_len;
+    return std::vector<int64_t>{0};
+  }
 };
 
 }  // namespace untied

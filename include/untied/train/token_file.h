@@ -3,12 +3,16 @@
 // Byte layout (every integer little-endian, whatever the host):
 //     offset  size  field
 //          0     8  magic, the ASCII bytes "UNTIEDTK"
-//          8     4  u32 format version (kTokenFileVersion = 1)
+//          8     4  u32 format version: 1 (one token stream) or 2 (with a document index)
 //         12     4  u32 token width in bytes: 2 (uint16 tokens) or 4 (uint32 tokens)
 //         16     8  u64 token count N
 //         24     8  u64 vocab size V (1 <= V <= 2^31 - 1; V <= 65536 when the width is 2)
 //         32  N*w   the N tokens, each w bytes, each < V
-// The file is exactly 32 + N*w bytes long; anything else is reported as corrupt.
+//   version 2 only, the document index (packed documents):
+//   32 + N*w     8  u64 document count M (>= 1 when N >= 1)
+//   40 + N*w   8*M  u64 document starts: token indices, strictly increasing, the first 0, each < N
+// The file is exactly 32 + N*w bytes (version 1) or 40 + N*w + 8*M bytes (version 2) long;
+// anything else is reported as corrupt. A version 1 file is one stream with no boundaries.
 //
 // Writing is atomic: the bytes go to a temporary file next to the target, which is flushed
 // (fsync) and renamed over the target only when complete. A failed write returns a Status,
@@ -24,25 +28,28 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "untied/core/status.h"
 
 namespace untied {
 
 inline constexpr char kTokenFileMagic[8] = {'U', 'N', 'T', 'I', 'E', 'D', 'T', 'K'};
-inline constexpr uint32_t kTokenFileVersion = 1;
+inline constexpr uint32_t kTokenFileVersion = 2;  // the newest version; 1 is still read
 inline constexpr int64_t kTokenFileHeaderBytes = 32;
 
 // The narrowest supported width for a vocab size: 2 when vocab <= 65536, else 4.
 int token_width_for_vocab(int64_t vocab_size);
 
-// Writes tokens to path in the format above, atomically.
+// Writes tokens to path in the format above, atomically: version 2 with `doc_starts` as the
+// document index when it is given, version 1 without.
 // Returns invalid_argument (and writes nothing) when width_bytes is not 2 or 4, vocab_size is
-// outside [1, 2^31 - 1] or does not fit the width, or a token is negative or >= vocab_size
-// (the message names its index). Returns io_error, with the target untouched, when the
-// temporary cannot be created, written, flushed or renamed.
+// outside [1, 2^31 - 1] or does not fit the width, a token is negative or >= vocab_size (the
+// message names its index), or doc_starts does not start at 0 and increase strictly below N.
+// Returns io_error, with the target untouched, when the temporary cannot be created, written,
+// flushed or renamed.
 Status write_token_file(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size,
-                        int width_bytes);
+                        int width_bytes, std::span<const int64_t> doc_starts = {});
 
 class TokenFile {
  public:
@@ -51,7 +58,9 @@ class TokenFile {
   //   corrupt     shorter than the header or bad magic ("not an untied token file"), width not
   //               2 or 4, vocab size 0 or too large for the width, size not 32 + N*w
   //               (truncated or corrupt);
-  //   unsupported a format version other than kTokenFileVersion.
+  //               a version 2 document index that is cut short, does not start at 0 or does not
+//               increase strictly below N;
+//   unsupported a format version other than 1 or 2.
   static StatusOr<TokenFile> open(const std::string& path);
 
   TokenFile(TokenFile&& other) noexcept;
@@ -64,6 +73,9 @@ class TokenFile {
   int64_t size() const { return count_; }  // N, tokens in the file
   int64_t vocab_size() const { return vocab_; }
   int width_bytes() const { return width_; }
+  int version() const { return version_; }
+  // Version 2: the document starts (token indices; read and validated at open). Version 1: empty.
+  const std::vector<int64_t>& document_starts() const { return doc_starts_; }
 
   // out[i] = token start + i, for i < count (overwrites out[0, count)). Reads count * width
   // bytes at offset 32 + start * width and nothing else.
@@ -81,6 +93,8 @@ class TokenFile {
   int width_ = 0;
   int64_t count_ = 0;
   int64_t vocab_ = 0;
+  int version_ = 1;
+  std::vector<int64_t> doc_starts_;
 };
 
 }  // namespace untied

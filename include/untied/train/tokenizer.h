@@ -8,7 +8,8 @@
 // A text becomes a token stream document by document: each document is BOS, its bytes, EOS, and
 // documents follow each other in order. Documents are either the blocks of a text separated by
 // blank lines (lines that are empty or hold only spaces, tabs or CR), each block keeping its
-// inner newlines but not its final one, or whole files (one document per file). Blocks or files
+// inner newlines but not its final one, or lines (each non-blank line one document, without its
+// terminator), or whole files (one document per file). Blocks or files
 // with no non-whitespace byte are dropped.
 //
 // Everything here is a pure function of its arguments and safe to call from any thread.
@@ -29,7 +30,9 @@ inline constexpr int32_t kEos = 257;
 inline constexpr int32_t kPad = 258;
 inline constexpr int64_t kByteVocabSize = 259;
 
-enum class DocumentSplit { kBlankLines, kWholeFile };
+enum class DocumentSplit { kBlankLines, kLines, kWholeFile };
+// "blank-lines", "lines" (one document per non-blank line) or "file"; invalid_argument otherwise.
+StatusOr<DocumentSplit> parse_document_split(std::string_view s);
 enum class SpecialTokens { kSkip, kShow };
 
 // One id per byte of text, in order (ids 0..255; no BOS/EOS).
@@ -51,7 +54,10 @@ std::vector<int32_t> text_to_tokens(std::string_view text, DocumentSplit split);
 // document at all.
 StatusOr<std::vector<int32_t>> read_text_tokens(const std::vector<std::string>& text_paths, DocumentSplit split);
 
-// read_text_tokens, then write_token_file(token_path, ..., kByteVocabSize, 2), atomically.
+// The positions of the documents' BOS tokens in ids: the document index of a token file.
+std::vector<int64_t> bos_positions(std::span<const int32_t> ids);
+// read_text_tokens, then write_token_file(token_path, ..., kByteVocabSize, 2, bos_positions),
+// atomically: a version 2 file with its documents.
 Status text_files_to_token_file(const std::vector<std::string>& text_paths, const std::string& token_path,
                                 DocumentSplit split);
 

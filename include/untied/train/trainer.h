@@ -41,6 +41,9 @@ struct TrainOptions {
   int64_t stop_after = 0;      // > 0: stop (and save) after this step, as if interrupted
   bool rehearsal = false;      // count every allocation of the real schedule, back none, skip compute
   bool offload_inputs = false; // keep each block's saved input in host memory (outside the budget)
+  // Sliding-window attention: a query sees at most `window` keys, itself included (0 = all). The
+  // documents come from the data (DataSource::document_starts); any S runs, padded.
+  int64_t window = 0;
 };
 
 struct TrainSummary {
