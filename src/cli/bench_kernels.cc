@@ -25,6 +25,7 @@
 #include "untied/comm/communicator.h"
 #include "untied/core/tensor.h"
 #include "untied/device/device.h"
+#include "untied/attention/sequence_mask.h"
 #include "untied/kernels/attention.h"
 #include "untied/kernels/gemm.h"
 
@@ -63,7 +64,8 @@ struct HostAttention {
 // and dv of sampled key rows, each recomputed from the definition. Returns the largest error
 // relative to the magnitude of its quantity.
 // Every product and sum is in double (float32 values widen exactly).
-double verify_attention(const AttentionShape& s, const HostAttention& t) {
+// mask: packed documents and window (causal only; null = plain).
+double verify_attention(const AttentionShape& s, const HostAttention& t, const SequenceMask* mask = nullptr) {
   const int64_t H = s.heads, G = s.kv_heads, D = s.head_dim, S = s.seq_q, g = H / G;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const std::vector<float> &Q = t.q, &K = t.k, &V = t.v, &O = t.out, &dO = t.dout, &lse = t.lse;
@@ -77,6 +79,7 @@ double verify_attention(const AttentionShape& s, const HostAttention& t) {
     return r;
   };
   auto nkeys = [&](int64_t i) { return s.causal ? i + 1 : S; };
+  auto first_key = [&](int64_t i) { return mask != nullptr ? mask->key_lo(i) : int64_t{0}; };
   // Per quantity (out, dq, dk, dv): largest error and largest reference magnitude over all
   // sampled rows, so that rows whose exact value is ~0 (dq of row 0) are judged on the scale
   // of the quantity.
@@ -100,10 +103,11 @@ double verify_attention(const AttentionShape& s, const HostAttention& t) {
       // Forward row: out and lse.
       std::vector<double> sc(static_cast<size_t>(nkeys(r)));
       double m = -1e300;
-      for (int64_t j = 0; j < nkeys(r); ++j) m = std::max(m, sc[j] = scale * dot(qv(r, h), kv(j, gk)));
+      const int64_t j0 = first_key(r);
+      for (int64_t j = j0; j < nkeys(r); ++j) m = std::max(m, sc[j] = scale * dot(qv(r, h), kv(j, gk)));
       double l = 0;
       std::vector<double> o(D, 0.0);
-      for (int64_t j = 0; j < nkeys(r); ++j) {
+      for (int64_t j = j0; j < nkeys(r); ++j) {
         const double p = std::exp(sc[j] - m);
         l += p;
         for (int64_t c = 0; c < D; ++c) o[c] += p * static_cast<double>(vv(j, gk)[c]);
@@ -114,7 +118,7 @@ double verify_attention(const AttentionShape& s, const HostAttention& t) {
       // dq row r: scale * sum_j P_rj (dO_r . v_j - D_r) k_j.
       const double d_r = dot(&dO[(r * H + h) * D], &O[(r * H + h) * D]);
       std::vector<double> dqr(D, 0.0);
-      for (int64_t j = 0; j < nkeys(r); ++j) {
+      for (int64_t j = j0; j < nkeys(r); ++j) {
         const double p = std::exp(sc[j] - lse[h * S + r]);
         const double ds = p * (dot(&dO[(r * H + h) * D], vv(j, gk)) - d_r);
         for (int64_t c = 0; c < D; ++c) dqr[c] += scale * ds * static_cast<double>(kv(j, gk)[c]);
@@ -125,7 +129,7 @@ double verify_attention(const AttentionShape& s, const HostAttention& t) {
     for (int64_t gk : {int64_t{0}, G - 1}) {
       std::vector<double> dkr(D, 0.0), dvr(D, 0.0);
       for (int64_t h = gk * g; h < (gk + 1) * g; ++h) {
-        for (int64_t i = s.causal ? r : 0; i < S; ++i) {
+        for (int64_t i = s.causal ? r : 0; i < S && first_key(i) <= r; ++i) {
           const double p = std::exp(scale * dot(qv(i, h), kv(r, gk)) - lse[h * S + i]);
           const double d_i = dot(&dO[(i * H + h) * D], &O[(i * H + h) * D]);
           const double ds = p * (dot(&dO[(i * H + h) * D], vv(r, gk)) - d_i);
@@ -180,6 +184,7 @@ struct KernelBenchOptions {
   int64_t a2a_bytes = 0;
   int warmup = 0, repeat = 0;
   int64_t ratio_seq = 0;
+  int64_t doc_len = 0;        // > 0: also time each length packed with documents of this many tokens
   int threads = 1;
   bool verify = true;
   bool json = false;
@@ -214,6 +219,9 @@ void add_bench_kernels_flags(FlagSet& flags) {
             "(default: cpu 1; cuda 3)");
   flags.add("repeat", FlagKind::kInt, "", "timed runs per row, the median is reported (default: cpu 3; cuda 10)");
   flags.add("ratio-seq", FlagKind::kInt, "", "sequence length of the attention/GEMM ratio line (default: cpu 4096; cuda 32768)");
+  flags.add("doc-len", FlagKind::kInt, "",
+            "also time each attention length packed with documents of this many tokens (causal inside each; "
+            "the mask skips the rest), next to one causal sequence, with the time and FLOP ratios");
   flags.add("verify", FlagKind::kBool, "true", "verify sampled rows against a double-precision recomputation");
   flags.add("json", FlagKind::kBool, "false", "print a JSON array (one object per row) instead of the table");
 }
@@ -259,11 +267,15 @@ std::string read_bench_kernels_flags(const FlagSet& flags, KernelBenchOptions* o
     return "--proj-gemm takes three sizes M,N,K, each >= 1";
   for (int64_t s : seqs)
     if (s < 2) return "--seqs: every length must be >= 2";
+  const int64_t doc_len = flags.get_string("doc-len").empty() ? 0 : flags.get_int("doc-len");
+  if (!flags.get_string("doc-len").empty() && doc_len < 1) return "--doc-len must be >= 1";
+  if (doc_len > 0 && !flags.get_bool("causal")) return "--doc-len needs causal attention: drop --no-causal";
   *o = KernelBenchOptions{.device = device.value(), .dtype = dtype.value(), .heads = H, .kv_heads = G, .head_dim = D,
                           .long_seq = long_seq, .long_heads = LH, .long_kv_heads = LG, .seqs = seqs,
                           .causal = flags.get_bool("causal"), .gemm_n = gemm_n, .proj = proj,
                           .a2a_bytes = flags.get_bytes("a2a-bytes"), .warmup = warmup, .repeat = repeat,
-                          .ratio_seq = int_or(flags, "ratio-seq", gpu, 4096, 32768), .threads = threads,
+                          .ratio_seq = int_or(flags, "ratio-seq", gpu, 4096, 32768), .doc_len = doc_len,
+                          .threads = threads,
                           .verify = flags.get_bool("verify"), .json = flags.get_bool("json")};
   return "";
 }
@@ -301,14 +313,26 @@ void add_gemm_rows(Communicator& world, Device& dev, const KernelBenchOptions& o
 
 // Flash attention at one length: forward, backward and both, verified (--verify) on the first
 // call of each before the timed runs.
+// doc_len > 0: the sequence is packed with documents of doc_len tokens (the last one shorter).
 void add_attention_rows(Communicator& world, Device& dev, const KernelBenchOptions& o, int64_t S,
-                        std::vector<Row>* rows) {
+                        std::vector<Row>* rows, int64_t doc_len = 0) {
   Allocator& alloc = dev.allocator();
   const bool long_row = o.long_seq > 0 && S >= o.long_seq;
   const int64_t h = long_row ? o.long_heads : o.heads, kvh = long_row ? o.long_kv_heads : o.kv_heads,
                 D = o.head_dim;
   AttentionShape s{.seq_q = S, .seq_k = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = o.causal,
                    .dtype = o.dtype};
+  SequenceMask mask(S);
+  TensorBuffer starts;
+  if (doc_len > 0) {
+    std::vector<int64_t> st;
+    for (int64_t at = 0; at < S; at += doc_len) st.push_back(at);
+    mask = SequenceMask::from_starts(S, st).value();
+    starts = TensorBuffer(alloc, DType::kI64, {mask.num_docs()}, Tag::kOther, "bench document starts");
+    dev.copy(starts.data(), st.data(), mask.num_docs() * 8);
+    s.doc_starts = starts.as<int64_t>();
+    s.num_docs = mask.num_docs();
+  }
   TensorBuffer q(alloc, s.dtype, {S, h, D}, Tag::kActivations, "bench q");
   TensorBuffer k(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench k");
   TensorBuffer v(alloc, s.dtype, {S, kvh, D}, Tag::kActivations, "bench v");
@@ -342,7 +366,7 @@ void add_attention_rows(Communicator& world, Device& dev, const KernelBenchOptio
     const HostAttention ht{host_f32(dev, q),    host_f32(dev, k),  host_f32(dev, v),
                            host_f32(dev, out),  host_f32(dev, lse), host_f32(dev, dout),
                            host_f32(dev, dq),   host_f32(dev, dk), host_f32(dev, dv)};
-    err = verify_attention(s, ht);
+    err = verify_attention(s, ht, doc_len > 0 ? &mask : nullptr);
     world.all_reduce(&err, &err, 1, DType::kF64, ReduceOp::kMax);
     // Sampled rows against double: fp32 sums of S terms stay near 1e-5 relative; bf16
     // storage rounds every stored value (2^-8 relative), so outputs differ by ~1e-2. A GPU
@@ -356,12 +380,17 @@ void add_attention_rows(Communicator& world, Device& dev, const KernelBenchOptio
   for (int i = 1; i < o.warmup; ++i) fwd(), bwd();
   const double tf = time_ms(world, dev, o.repeat, fwd);
   const double tb = time_ms(world, dev, o.repeat, bwd);
-  const double ff = attention_forward_flops(s), fb = attention_backward_flops(s);
+  double ff = attention_forward_flops(s), fb = attention_backward_flops(s);
+  if (doc_len > 0) {  // the FLOPs of the pairs the mask lets through (4 D per pair and head, forward)
+    ff = 4.0 * mask.visible_pairs() * static_cast<double>(D * h);
+    fb = 2.5 * ff;
+  }
   Row base{.op = "", .seq = S, .heads = h, .kv_heads = kvh, .head_dim = D, .causal = o.causal, .max_rel_err = err};
   Row rf = base, rb = base, rfb = base;
-  rf.op = "attn_fwd", rf.ms = tf, rf.gflops = ff / (tf * 1e6), rf.workspace_bytes = ws_fwd;
-  rb.op = "attn_bwd", rb.ms = tb, rb.gflops = fb / (tb * 1e6), rb.workspace_bytes = ws_bwd;
-  rfb.op = "attn_fwd_bwd", rfb.ms = tf + tb, rfb.gflops = (ff + fb) / ((tf + tb) * 1e6),
+  const std::string suffix = doc_len > 0 ? "_docs" + std::to_string(doc_len) : "";
+  rf.op = "attn_fwd" + suffix, rf.ms = tf, rf.gflops = ff / (tf * 1e6), rf.workspace_bytes = ws_fwd;
+  rb.op = "attn_bwd" + suffix, rb.ms = tb, rb.gflops = fb / (tb * 1e6), rb.workspace_bytes = ws_bwd;
+  rfb.op = "attn_fwd_bwd" + suffix, rfb.ms = tf + tb, rfb.gflops = (ff + fb) / ((tf + tb) * 1e6),
   rfb.workspace_bytes = std::max(ws_fwd, ws_bwd);
   rows->push_back(rf);
   rows->push_back(rb);
@@ -437,14 +466,16 @@ void print_rows_table(const std::vector<Row>& rows, const std::string& header, d
     if (r.op == "gemm") gemm_rate = r.gflops;
     if (r.op == "attn_fwd_bwd" && r.seq == ratio_seq) attn_rate = r.gflops;
   }
+  int w = 13;  // the op column: as wide as its longest name
+  for (const Row& r : rows) w = std::max(w, static_cast<int>(r.op.size()));
   std::printf("%s\n", header.c_str());
-  std::printf("%-13s %7s %6s %9s %9s %7s %11s %10s %14s %10s%s\n", "op", "seq", "heads", "kv_heads",
+  std::printf("%-*s %7s %6s %9s %9s %7s %11s %10s %14s %10s%s\n", w, "op", "seq", "heads", "kv_heads",
               "head_dim", "causal", "ms", units.tflops ? "TFLOP/s" : "GFLOP/s", "workspace", "max_err",
               units.tflops ? "    of_gemm" : "");
   for (const Row& r : rows) {
     if (r.op == "all_to_all") {
-      std::printf("%-13s %7s %6s %9s %9s %7s %11.3f %10s %14s %10s%s   %.3f GB/s per rank, %s per peer\n",
-                  r.op.c_str(), "-", "-", "-", "-", "-", r.ms, "-", "-", "-", units.tflops ? "          -" : "",
+      std::printf("%-*s %7s %6s %9s %9s %7s %11.3f %10s %14s %10s%s   %.3f GB/s per rank, %s per peer\n",
+                  w, r.op.c_str(), "-", "-", "-", "-", "-", r.ms, "-", "-", "-", units.tflops ? "          -" : "",
                   r.gbps, format_bytes(r.workspace_bytes).c_str());
       continue;
     }
@@ -456,7 +487,7 @@ void print_rows_table(const std::vector<Row>& rows, const std::string& header, d
       if (gemm_rate > 0) std::snprintf(share, sizeof share, " %9.0f%%", 100.0 * r.gflops / gemm_rate);
       else std::snprintf(share, sizeof share, " %10s", "-");
     }
-    std::printf("%-13s %7lld %6s %9s %9s %7s %11.3f %10.2f %14s %10s%s%s%s\n", r.op.c_str(), (long long)r.seq,
+    std::printf("%-*s %7lld %6s %9s %9s %7s %11.3f %10.2f %14s %10s%s%s%s\n", w, r.op.c_str(), (long long)r.seq,
                 g ? "-" : std::to_string(r.heads).c_str(), g ? "-" : std::to_string(r.kv_heads).c_str(),
                 g ? "-" : std::to_string(r.head_dim).c_str(), g ? "-" : (r.causal ? "yes" : "no"), r.ms,
                 r.gflops * scale, r.workspace_bytes ? format_bytes(r.workspace_bytes).c_str() : "-", err, share,
@@ -466,6 +497,18 @@ void print_rows_table(const std::vector<Row>& rows, const std::string& header, d
     std::printf("attention fwd+bwd at S=%lld: %.2f %s = %.0f%% of %s (%.2f %s)\n", (long long)ratio_seq,
                 attn_rate * scale, units.tflops ? "TFLOP/s" : "GFLOP/s", 100.0 * attn_rate / gemm_rate,
                 units.gemm_label.c_str(), gemm_rate * scale, units.tflops ? "TFLOP/s" : "GFLOP/s");
+  // Packed documents against one causal sequence of the same length: time against FLOPs.
+  for (const Row& d : rows) {
+    if (d.op.rfind("attn_fwd_bwd_docs", 0) != 0) continue;
+    for (const Row& c : rows)
+      if (c.op == "attn_fwd_bwd" && c.seq == d.seq && c.heads == d.heads) {
+        const double flop_ratio = (c.gflops * c.ms) / (d.gflops * d.ms);
+        std::printf("packed documents (%s) at S=%lld: fwd+bwd %.1f ms against %.1f ms for one causal sequence: "
+                    "%.1fx faster, the FLOPs %.1fx fewer\n",
+                    d.op.substr(std::string("attn_fwd_bwd_").size()).c_str(), (long long)d.seq, d.ms, c.ms,
+                    c.ms / d.ms, flop_ratio);
+      }
+  }
 }
 
 }  // namespace
@@ -493,7 +536,10 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
     RankDevice rd = make_rank_device(world, RankDeviceOptions{.device = o.device, .threads = o.threads});
     std::vector<Row> rows;
     add_gemm_rows(world, rd.dev(), o, &rows);
-    for (int64_t S : o.seqs) add_attention_rows(world, rd.dev(), o, S, &rows);
+    for (int64_t S : o.seqs) {
+      add_attention_rows(world, rd.dev(), o, S, &rows);
+      if (o.doc_len > 0) add_attention_rows(world, rd.dev(), o, S, &rows, o.doc_len);
+    }
     if (rd.comm().size() > 1) rows.push_back(all_to_all_row(world, rd.dev(), rd.comm(), o));
     if (world.rank() != 0) return;
     if (o.json) return print_rows_json(rows);
