@@ -102,14 +102,14 @@ void keep_mask(Device& dev, const SequenceMask& mask, const std::vector<TokenSeg
                const std::vector<TokenSegment>& group, SavedMask& out) {
   out.mask = mask;
   if (mask.num_docs() <= 1) return;
-  out.doc_starts = upload(dev, mask.starts(), "document starts");
+  if (mask.masks_documents()) out.doc_starts = upload(dev, mask.starts(), "document starts");
   out.rope_rows = upload(dev, mask.rope_positions(rows), "RoPE positions (rank rows)");
   out.rope_group = upload(dev, mask.rope_positions(group), "RoPE positions (group sequence)");
 }
 
 AttentionShape masked(AttentionShape s, const SavedMask& m) {
   s.window = m.mask.window();
-  if (m.mask.num_docs() > 1) {
+  if (m.mask.masks_documents()) {
     s.doc_starts = m.doc_starts.as<int64_t>();
     s.num_docs = m.mask.num_docs();
     // Rehearsal: unbacked buffers; the kernels do not run, the shape must still validate.

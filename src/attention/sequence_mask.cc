@@ -62,8 +62,14 @@ int64_t SequenceMask::doc_start(int64_t p) const {
   return *(std::upper_bound(starts_.begin(), starts_.end(), p) - 1);
 }
 
+SequenceMask SequenceMask::attending_across_documents() const {
+  SequenceMask m = *this;
+  m.across_ = true;
+  return m;
+}
+
 int64_t SequenceMask::key_lo(int64_t p) const {
-  const int64_t lo = doc_start(p);
+  const int64_t lo = across_ ? 0 : doc_start(p);
   return window_ > 0 ? std::max(lo, p - window_ + 1) : lo;
 }
 
@@ -84,6 +90,10 @@ std::vector<int64_t> SequenceMask::rope_positions(const std::vector<TokenSegment
 
 double SequenceMask::visible_pairs() const {
   double pairs = 0;
+  if (across_) {  // one causal sequence, windowed
+    const int64_t w = window_ > 0 ? std::min(window_, seq_) : seq_;
+    return static_cast<double>(w) * (w + 1) / 2 + static_cast<double>(seq_ - w) * w;
+  }
   for (const int64_t n : lengths()) {
     const int64_t w = window_ > 0 ? std::min(window_, n) : n;
     // Rows 0..w-1 of a document see 1..w keys; the rest see w each.

@@ -37,6 +37,12 @@ void add_train_flags(FlagSet& f) {
   f.add("seq", FlagKind::kInt, "256",
         "sequence length S (any: padded to a multiple of the ranks, or of 2*ranks with a ring; no loss on the padding)");
   f.add("window", FlagKind::kInt, "0", "sliding-window attention: a query at p sees keys in (p-W, p] (default: none)");
+  f.add("doc-mask", FlagKind::kBool, "true",
+        "attend only inside each document of packed data (--no-doc-mask: across them, with RoPE still restarting "
+        "per document: what a lost mask does, for measuring what it is worth)");
+  f.add("kv-docs", FlagKind::kInt, "1",
+        "kv task: documents packed per sequence, each its own pairs and queries over the same keys (only the "
+        "query's own document answers it)");
   f.add("text-split", FlagKind::kString, "blank-lines",
         "--data text: documents are blocks between blank lines (blank-lines), single lines (lines) or the file (file); "
         "each attends only to itself");
@@ -200,6 +206,8 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     return Status::invalid_argument("--window " + std::to_string(f.get_int("window")) +
                                     ": a window holds at least 1 key (the query itself); drop --window for none");
   o->window = f.get_int("window");
+  o->doc_mask = f.get_bool("doc-mask");
+  d->kv.num_docs = f.get_int("kv-docs");
   auto split = parse_document_split(f.get_string("text-split"));
   if (!split.ok()) return Status::invalid_argument("--text-split: " + split.status().message());
   d->text_split = split.value();

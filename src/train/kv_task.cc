@@ -48,6 +48,8 @@ StatusOr<KvTask> KvTask::create(const KvTaskOptions& o) {
     return Status::invalid_argument("kv task: num_values " + std::to_string(o.num_values) + " is outside [1, 2^20]");
   if (o.fused_pairs && o.num_keys * o.num_values > kMaxSymbols)
     return Status::invalid_argument("kv task: fused pairs need num_keys * num_values <= 2^20");
+  if (o.num_docs < 1)
+    return Status::invalid_argument("kv task: num_docs " + std::to_string(o.num_docs) + " must be >= 1");
   if (o.num_pairs < 0 || o.num_pairs > o.num_keys)
     return Status::invalid_argument("kv task: num_pairs " + std::to_string(o.num_pairs) +
                                     " must be 0 (as many as fit) or 1..num_keys (" + std::to_string(o.num_keys) +
@@ -77,8 +79,35 @@ StatusOr<KvLayout> KvTask::layout(int64_t seq_len) const {
   return l;
 }
 
+StatusOr<std::vector<int64_t>> KvTask::document_starts(int64_t, int64_t seq_len) const {
+  const int64_t docs = options_.num_docs, len = seq_len / docs;
+  if (len < 1) return Status::invalid_argument("kv task: " + std::to_string(docs) + " documents do not fit " +
+                                               std::to_string(seq_len) + " tokens");
+  std::vector<int64_t> starts;
+  for (int64_t d = 0; d < docs; ++d) starts.push_back(d * len);
+  return starts;
+}
+
 Status KvTask::fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens,
                     int32_t* labels, uint8_t* is_answer) const {
+  const int64_t docs = options_.num_docs;
+  if (docs == 1) return fill_one(sample_index, seq_len, start, count, tokens, labels, is_answer);
+  const int64_t len = seq_len / docs;
+  if (len < 1) return Status::invalid_argument("kv task: " + std::to_string(docs) + " documents do not fit " +
+                                               std::to_string(seq_len) + " tokens: lower --kv-docs or raise --seq");
+  for (int64_t p = start; p < start + count;) {
+    const int64_t d = std::min(p / len, docs - 1), first = d * len, n_d = d + 1 < docs ? len : seq_len - first;
+    const int64_t take = std::min(start + count, first + n_d) - p, at = p - start;
+    Status s = fill_one(sample_index * docs + d, n_d, p - first, take, tokens + at, labels + at,
+                        is_answer != nullptr ? is_answer + at : nullptr);
+    if (!s.ok()) return s;
+    p += take;
+  }
+  return Status::ok_status();
+}
+
+Status KvTask::fill_one(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens,
+                        int32_t* labels, uint8_t* is_answer) const {
   UNTIED_CHECK(sample_index >= 0 && seq_len >= 1 && start >= 0 && count >= 0 && start <= seq_len - count,
                "fill of positions [", start, ", ", start + count, ") of sample ", sample_index, " with seq_len ",
                seq_len);

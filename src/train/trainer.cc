@@ -27,7 +27,7 @@ std::string identity(const TrainOptions& o, int ranks, const DataSource& data) {
   const ModelConfig& m = o.model;
   return str_cat("batch=", o.batch, " model ", m.name, " V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads,
                  " D=", m.head_dim, " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm,
-                 " seq=", o.decoder.seq, o.window > 0 ? str_cat(" window=", o.window) : std::string(), " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
+                 " seq=", o.decoder.seq, o.window > 0 ? str_cat(" window=", o.window) : std::string(), o.doc_mask ? "" : " no_doc_mask", " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
                  " data=", data.kind(), " data_vocab=", data.vocab_size());
 }
 
@@ -182,7 +182,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
         else {
           auto mask = SequenceMask::from_starts(S, std::move(starts).value(), o.window);
           if (!mask.ok()) ds = mask.status();
-          else masks[b] = mask.value().padded_to(Sp);
+          else masks[b] = o.doc_mask ? mask.value().padded_to(Sp) : mask.value().padded_to(Sp).attending_across_documents();
         }
       }
     }

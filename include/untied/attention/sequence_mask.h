@@ -43,6 +43,13 @@ class SequenceMask {
 
   // This mask on `padded` >= seq() tokens: positions seq() .. padded-1 are one more document.
   SequenceMask padded_to(int64_t padded) const;
+  // The same documents (RoPE restarting at each) with attention across them: what a packed
+  // sequence gets when the mask is lost (the common context-parallel packing bug). For measuring
+  // what the mask is worth; key_lo then follows the window alone.
+  SequenceMask attending_across_documents() const;
+  bool attends_across_documents() const { return across_; }
+  // Whether the kernels need the document starts: more than one document, not attended across.
+  bool masks_documents() const { return starts_.size() > 1 && !across_; }
 
   int64_t seq() const { return seq_; }
   int64_t window() const { return window_; }
@@ -67,6 +74,7 @@ class SequenceMask {
   int64_t seq_ = 0;
   int64_t window_ = 0;
   std::vector<int64_t> starts_;  // empty only when seq_ == 0
+  bool across_ = false;
 };
 
 // The shortest length >= seq that `ranks` ranks in ring groups of `ring` run: a multiple of the

@@ -55,6 +55,12 @@ struct KvTaskOptions {
   // value) instead of the two-hop induction circuit key/value pairs need, so small models learn
   // it quickly; it still needs attention across the whole sequence. Vocabulary 3 + K + V + K*V.
   bool fused_pairs = false;
+  // Packed documents: each sample of S tokens holds num_docs independent samples of the layout
+  // above back to back (document d of sample i is sample i*num_docs + d of length S/num_docs, the
+  // last one taking the remainder), each starting with BOS. The keys repeat across documents with
+  // other values, so a query is answered only by its own document's pair: a model whose
+  // attention crosses documents sees several candidates.
+  int64_t num_docs = 1;
 };
 
 // Where things are in a sample of seq_len tokens.
@@ -96,8 +102,13 @@ class KvTask final : public DataSource {
   // The layout and labels above. O(K + count) per call.
   Status fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens, int32_t* labels,
               uint8_t* is_answer) const override;
+  // num_docs > 1: the documents' starts d * (S / num_docs).
+  StatusOr<std::vector<int64_t>> document_starts(int64_t sample_index, int64_t seq_len) const override;
 
  private:
+  // One document (a whole sample when num_docs = 1).
+  Status fill_one(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens,
+                  int32_t* labels, uint8_t* is_answer) const;
   explicit KvTask(const KvTaskOptions& options) : options_(options) {}
   KvTaskOptions options_;
 };

@@ -44,6 +44,9 @@ struct TrainOptions {
   // Sliding-window attention: a query sees at most `window` keys, itself included (0 = all). The
   // documents come from the data (DataSource::document_starts); any S runs, padded.
   int64_t window = 0;
+  // false: the documents keep their RoPE positions and labels but attention crosses them (what a
+  // packed-sequence bug does; for measuring what the mask is worth).
+  bool doc_mask = true;
 };
 
 struct TrainSummary {
