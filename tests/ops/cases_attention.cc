@@ -39,6 +39,7 @@
 // written (the driver's untouched bytes).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -61,6 +62,8 @@ struct AttnCase {
   int64_t q_pad = 0, kv_pad = 0;  // row stride = H*D + q_pad, G*D + kv_pad
   float scale = 0.0f;             // 0: 1/sqrt(D)
   int cc_major = 0;               // the emulated device's compute capability (0: its own, 9)
+  std::vector<int64_t> doc_starts = {};  // packed documents, global positions (empty: one)
+  int64_t window = 0;                    // sliding window (0: none)
 };
 
 AttentionShape shape_of(const AttnCase& c) {
@@ -78,6 +81,16 @@ AttentionShape shape_of(const AttnCase& c) {
                         .dtype = c.dtype};
 }
 
+// The shape with the documents (their starts in a device buffer) and the window.
+AttentionShape with_docs(AttentionShape s, const AttnCase& c, const int64_t* starts) {
+  s.window = c.window;
+  if (!c.doc_starts.empty()) {
+    s.doc_starts = starts;
+    s.num_docs = static_cast<int64_t>(c.doc_starts.size());
+  }
+  return s;
+}
+
 // The path attention_tiles.cuh chooses (every tensor of these cases is 16-byte aligned).
 Path path_of(const AttnCase& c) {
   const AttentionShape s = shape_of(c);
@@ -86,7 +99,7 @@ Path path_of(const AttnCase& c) {
   return tc ? Path::kTensorCores : Path::kPortable;
 }
 
-enum AttnBuf { kQ, kK, kV, kDout, kOutSaved, kLseSaved, kDelta, kOut, kLse, kDq, kDk, kDv, kDq2, kDk2, kDv2 };
+enum AttnBuf { kQ, kK, kV, kDout, kOutSaved, kLseSaved, kDelta, kOut, kLse, kDq, kDk, kDv, kDq2, kDk2, kDv2, kDocs };
 
 // ---- the fp64 reference ------------------------------------------------------------------------
 
@@ -116,7 +129,10 @@ Reference reference(const AttnCase& c, const std::vector<HostBuffer>& b) {
     for (int64_t i = 0; i < sq; ++i) {
       double mx = -INFINITY;
       for (int64_t j = 0; j < sk; ++j) {
-        visible[j] = !c.causal || c.k_offset + j <= c.q_offset + i;
+        const int64_t qp = c.q_offset + i, kp = c.k_offset + j;
+        visible[j] = !c.causal || kp <= qp;
+        for (const int64_t st : c.doc_starts) visible[j] = visible[j] && !(kp < st && st <= qp);  // same document
+        if (c.window > 0) visible[j] = visible[j] && qp - kp < c.window;
         if (!visible[j]) continue;
         double acc = 0;
         for (int64_t d = 0; d < D; ++d) acc += Q(i, h, d) * K(j, g, d);
@@ -242,7 +258,15 @@ OpCase attention_case(const AttnCase& c, Origin origin) {
                out_buf("dq_delta_given", qn, qr, rule),
                out_buf("dk_delta_given", kn, kr, rule),
                out_buf("dv_delta_given", kn, kr, rule)};
-  k.prepare = [s, c](Device& cpu, std::vector<HostBuffer>& b) {
+  // The document starts (one unused element without documents).
+  BufferSpec docs = input("doc_starts", DType::kI64, std::max<int64_t>(1, static_cast<int64_t>(c.doc_starts.size())));
+  docs.fill = [c](HostBuffer& b, test::Rng&) {
+    for (size_t d = 0; d < c.doc_starts.size(); ++d) b.as<int64_t>()[d] = c.doc_starts[d];
+    if (c.doc_starts.empty()) b.as<int64_t>()[0] = 0;
+  };
+  k.buffers.push_back(docs);
+  k.prepare = [s0 = s, c](Device& cpu, std::vector<HostBuffer>& b) {
+    const AttentionShape s = with_docs(s0, c, b[kDocs].as<int64_t>());
     attention_forward(cpu, s, b[kOutSaved].data(), b[kLseSaved].as<float>(), b[kQ].data(), b[kK].data(), b[kV].data());
     // delta = rowsum(dout * out) in fp32 from the CPU's out, as a context-parallel caller has it.
     for (int64_t h = 0; h < c.heads; ++h)
@@ -255,7 +279,8 @@ OpCase attention_case(const AttnCase& c, Origin origin) {
         b[kDelta].as<float>()[h * c.seq_q + i] = acc;
       }
   };
-  k.run = [s](Ctx& x) {
+  k.run = [s0 = s, c](Ctx& x) {
+    const AttentionShape s = with_docs(s0, c, x.as<const int64_t>(kDocs));
     attention_forward(x.dev, s, x[kOut], x.as<float>(kLse), x[kQ], x[kK], x[kV]);
     x.step("forward");
     attention_backward(x.dev, s, x[kDq], x[kDk], x[kDv], x[kQ], x[kK], x[kV], x[kOutSaved],
@@ -403,6 +428,44 @@ std::vector<AttnCase> emu_cases() {
        .head_dim = 64,
        .q_pad = 2,
        .kv_pad = 2},
+      // Packed documents and windows (tiles skipped, rows and keys cut at document starts): both
+      // paths, forward and backward; a one-token document, a ring-style block with offsets.
+      {.name = "mma_d64_docs",
+       .dtype = kB,
+       .seq_q = 300,
+       .seq_k = 300,
+       .heads = 2,
+       .kv_heads = 1,
+       .head_dim = 64,
+       .doc_starts = {0, 37, 38, 150, 290}},
+      {.name = "mma_d128_docs_window_offsets",
+       .dtype = kB,
+       .seq_q = 130,
+       .seq_k = 200,
+       .heads = 4,
+       .kv_heads = 2,
+       .head_dim = 128,
+       .q_offset = 120,
+       .k_offset = 50,
+       .doc_starts = {0, 100, 180, 181},
+       .window = 60},
+      {.name = "simt_f32_d64_docs_window",
+       .dtype = kF,
+       .seq_q = 150,
+       .seq_k = 150,
+       .heads = 2,
+       .kv_heads = 1,
+       .head_dim = 64,
+       .doc_starts = {0, 1, 20, 90},
+       .window = 25},
+      {.name = "simt_f32_d40_tiny_docs",
+       .dtype = kF,
+       .seq_q = 70,
+       .seq_k = 70,
+       .heads = 2,
+       .kv_heads = 2,
+       .head_dim = 40,
+       .doc_starts = {0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42, 45, 48, 51, 54, 57, 60, 63, 66, 69}},
       {.name = "simt_bf16_d64_on_sm_70",
        .dtype = kB,
        .seq_q = 40,

@@ -81,9 +81,9 @@ struct BwdMmaConfig {
   static constexpr int kLd = kD + 8;       // shared row stride of K, V, Q, dO (elements)
   static constexpr int kLdS = kBr + 8;     // shared row stride of dS^T
   // K, V (kBc x kLd); 2 stages of Q, dO (kBr x kLd); dS^T (kBc x kLdS): bf16.
-  // 2 stages of lse, delta (kBr): fp32.
+  // 2 stages of lse, delta (kBr): fp32; 2 stages of the rows' first visible keys (kBr): int32.
   static constexpr int64_t kSmemBytes =
-      2 * (2LL * kBc * kLd + 4LL * kBr * kLd + static_cast<int64_t>(kBc) * kLdS) + 4 * 4LL * kBr;
+      2 * (2LL * kBc * kLd + 4LL * kBr * kLd + static_cast<int64_t>(kBc) * kLdS) + 4 * 4LL * kBr + 2 * 4LL * kBr;
 };
 
 template <int kD, int kBr, int kMinBlocks>
@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
   bf16* dss = dos + 2 * kBr * kLd;
   float* lse_s = reinterpret_cast<float*>(dss + kBc * kLdS);  // 2 stages
   float* delta_s = lse_s + 2 * kBr;                           // 2 stages
+  int* lo_s = reinterpret_cast<int*>(delta_s + 2 * kBr);      // 2 stages
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -120,9 +121,10 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
   const int kvh = static_cast<int>(item % a.g);
   const int64_t k0 = (item / a.g) * kBc;
   const int64_t i_first = first_row_seeing(a, k0);  // no earlier query row sees any key of the tile
-  const int64_t nqb = (a.sq + kBr - 1) / kBr;
+  // Documents and window: no later row than i_end sees any key of the tile either.
+  const int64_t i_end = rows_seeing_end(a, (k0 + kBc < a.sk ? k0 + kBc : a.sk) - 1);
   const int64_t qb0 = i_first / kBr;
-  const int64_t nq = i_first >= a.sq ? 0 : nqb - qb0;  // query tiles per head
+  const int64_t nq = i_first >= i_end ? 0 : (i_end + kBr - 1) / kBr - qb0;  // query tiles per head
   const int64_t steps = nq * a.group;
   const int krow = warp * 16;  // this warp's first key row in the tile
   const int64_t kv_col = static_cast<int64_t>(kvh) * kD;
@@ -149,8 +151,10 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
     const int64_t i = q0 + r;
     const bool valid = i < a.sq;
     const int64_t off = static_cast<int64_t>(hq) * a.sq + (valid ? i : 0);
-    if (tid < kBr)
+    if (tid < kBr) {
       cp_async_4(lse_s + st * kBr + r, p.lse + off, valid);
+      lo_s[st * kBr + r] = static_cast<int>(first_visible_key(a, i));
+    }
     else if (tid < 2 * kBr)
       cp_async_4(delta_s + st * kBr + r, p.delta + off, valid);
   };
@@ -197,6 +201,10 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
 
     // P^T = exp2(S^T scale log2(e) - lse log2(e)), zero where the query row does not see the key
     // (rows with lse = -inf see no key at all: +inf makes their p exactly 0).
+    // Documents and window: a query column whose first visible key is after key row j does not
+    // see it (lo_masked when some row of the tile starts after k0).
+    const bool lo_masked = a.has_lo && lo_s[st * kBr + kBr - 1] > k0;
+    const int* lost = lo_s + st * kBr;
     const bool masked = k0 + kBc > a.sk || (a.causal && k0 + kBc - 1 - q0 > a.diff);
     int fq[2] = {0, 0};  // query columns [0, fq[hf]) of the tile do not see key row g + 8 hf
     if (masked) {
@@ -214,7 +222,8 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
         const float lv = lst[qc];
         const float l2 = lv == -INFINITY ? INFINITY : lv * kLog2e;
         const float pv = exp2_ftz(sacc[nt][e] * a.scale_log2 - l2);
-        sacc[nt][e] = qc < fq[e >> 1] ? 0.0f : pv;
+        const bool before_doc = lo_masked && k0 + krow + g + (e >> 1) * 8 < lost[qc];
+        sacc[nt][e] = qc < fq[e >> 1] || before_doc ? 0.0f : pv;
       }
     }
 
@@ -349,9 +358,10 @@ struct BwdSimtConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKeys = kBc / kWarps;         // dK/dV rows per warp
   static constexpr int kLdK = kDMax + 1;             // odd: a lane per key hits distinct banks
-  // K, V (kBc x kLdK), Q, dO (kBr x kDMax), P, dS (kBr x kBc), lse, delta (kBr); fp32.
+  // K, V (kBc x kLdK), Q, dO (kBr x kDMax), P, dS (kBr x kBc), lse, delta (kBr); fp32; the
+  // rows' first visible keys (kBr): int32.
   static constexpr int64_t kSmemBytes =
-      4 * (2LL * kBc * kLdK + 2LL * kBr * kDMax + 2LL * kBr * kBc + 2LL * kBr);
+      4 * (2LL * kBc * kLdK + 2LL * kBr * kDMax + 2LL * kBr * kBc + 3LL * kBr);
 };
 
 template <typename T, int kDMax>
@@ -374,6 +384,7 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
   float* dss = ps + kBr * kBc;
   float* lse2_s = dss + kBr * kBc;
   float* delta_s = lse2_s + kBr;
+  int* lo_s = reinterpret_cast<int*>(delta_s + kBr);
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -383,9 +394,9 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
   const int kvh = static_cast<int>(item % a.g);
   const int64_t k0 = (item / a.g) * kBc;
   const int64_t i_first = first_row_seeing(a, k0);
-  const int64_t nqb = (a.sq + kBr - 1) / kBr;
+  const int64_t i_end = rows_seeing_end(a, (k0 + kBc < a.sk ? k0 + kBc : a.sk) - 1);  // documents, window
   const int64_t qb0 = i_first / kBr;
-  const int64_t nq = i_first >= a.sq ? 0 : nqb - qb0;
+  const int64_t nq = i_first >= i_end ? 0 : (i_end + kBr - 1) / kBr - qb0;
   const int64_t steps = nq * a.group;
   const int64_t kv_col = static_cast<int64_t>(kvh) * d;
   const T* q = static_cast<const T*>(p.q);
@@ -428,6 +439,7 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
       const float lv = i < a.sq ? p.lse[static_cast<int64_t>(hq) * a.sq + i] : -INFINITY;
       lse2_s[tid] = lv == -INFINITY ? INFINITY : lv * kLog2e;
       delta_s[tid] = i < a.sq ? p.delta[static_cast<int64_t>(hq) * a.sq + i] : 0.0f;
+      lo_s[tid] = static_cast<int>(first_visible_key(a, i));
     }
     __syncthreads();
 
@@ -445,7 +457,7 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
         sc += qrow[c] * krow[c];
         dp += dorow[c] * vrow[c];
       }
-      const bool visible = j < a.sk && i < a.sq && (!a.causal || j - i <= a.diff);
+      const bool visible = j < a.sk && i < a.sq && (!a.causal || j - i <= a.diff) && j >= lo_s[r];
       const float pv = visible ? exp2f(sc * a.scale_log2 - lse2_s[r]) : 0.0f;
       ps[r * kBc + lane] = pv;
       dss[r * kBc + lane] = pv * (dp - delta_s[r]);

@@ -34,7 +34,7 @@ namespace {
 // Rows from q0 (kBr of them, fewer in the last tile); nkb = the key tiles any of its rows sees.
 struct FwdTile {
   int h, kvh;
-  int64_t q0, nkb;
+  int64_t q0, kb0, nkb;  // key tiles [kb0, nkb): from the first row's first key to the last row's last
 };
 
 template <int kBr, int kBc>
@@ -47,6 +47,8 @@ __device__ __forceinline__ FwdTile fwd_tile(const AttnGeom& a) {
   t.kvh = t.h / a.group;
   const int64_t q_last = (t.q0 + kBr < a.sq ? t.q0 + kBr : a.sq) - 1;
   t.nkb = (visible_keys(a, q_last) + kBc - 1) / kBc;
+  t.kb0 = first_visible_key(a, t.q0) / kBc;
+  if (t.kb0 > t.nkb) t.kb0 = t.nkb;
   return t;
 }
 
@@ -80,8 +82,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
   const int lane = tid % 32;
   const FwdTile tile = fwd_tile<kBr, kBc>(a);
   const int h = tile.h, kvh = tile.kvh;
-  const int64_t q0 = tile.q0, nkb = tile.nkb;
+  const int64_t q0 = tile.q0, kb0 = tile.kb0, nkb = tile.nkb;
   const int64_t vis_first = visible_keys(a, q0);                  // tiles below this need no mask
+  // Documents and window: tiles from this key on need the rows' first keys (lo_last: the most).
+  const int64_t q_last_row = (q0 + kBr < a.sq ? q0 + kBr : a.sq) - 1;
+  const int64_t lo_last = first_visible_key(a, q_last_row);
 
   const bf16* q = static_cast<const bf16*>(p.q);
   const bf16* k = static_cast<const bf16*>(p.k);
@@ -105,14 +110,22 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
     l[mt][0] = l[mt][1] = 0.0f;
   }
 
-  if (nkb > 0) {
+  // Each row's first visible key (documents and window; 0 without).
+  int64_t row_lo[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) row_lo[mt][hf] = first_visible_key(a, q0 + wrow + mt * 16 + g + hf * 8);
+
+  if (nkb > kb0) {
+    const int st0 = static_cast<int>(kb0 & 1);
     load_tile_async<kBr, kD, kThreads>(qs, q, q0, a.sq, a.q_rs, q_col, tid);
-    load_tile_async<kBc, kD, kThreads>(ks, k, 0, a.sk, a.kv_rs, kv_col, tid);
-    load_tile_async<kBc, kD, kThreads>(vs, v, 0, a.sk, a.kv_rs, kv_col, tid);
+    load_tile_async<kBc, kD, kThreads>(ks + st0 * kBc * kLd, k, kb0 * kBc, a.sk, a.kv_rs, kv_col, tid);
+    load_tile_async<kBc, kD, kThreads>(vs + st0 * kBc * kLd, v, kb0 * kBc, a.sk, a.kv_rs, kv_col, tid);
     cp_async_commit();
   }
 
-  for (int64_t kb = 0; kb < nkb; ++kb) {
+  for (int64_t kb = kb0; kb < nkb; ++kb) {
     // Tile kb has landed (this thread's copies) and is visible to all (the barrier); every warp
     // is done with tile kb-1, so its stage may be refilled with tile kb+1.
     cp_async_wait_all();
@@ -154,20 +167,24 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
     }
 
     // Online softmax, one row half (g or g+8) at a time; the 4 lanes of a quad share a row.
-    const bool masked = k0 + kBc > vis_first;
+    const bool masked = k0 + kBc > vis_first || lo_last > k0;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        int lim = kBc;  // keys [k0, k0 + lim) of this tile are visible to the row
-        if (masked) lim = clamp_to(visible_keys(a, q0 + wrow + mt * 16 + g + hf * 8) - k0, kBc);
+        int lo = 0, lim = kBc;  // keys [k0 + lo, k0 + lim) of this tile are visible to the row
+        if (masked) {
+          lo = clamp_to(row_lo[mt][hf] - k0, kBc);
+          lim = clamp_to(visible_keys(a, q0 + wrow + mt * 16 + g + hf * 8) - k0, kBc);
+        }
         // Row max of the raw scores (scale > 0 keeps the order), then in base-2 units.
         float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            if (nt * 8 + t2 + e >= lim) s[mt][nt][hf * 2 + e] = -INFINITY;
+            const int col = nt * 8 + t2 + e;
+            if (col >= lim || col < lo) s[mt][nt][hf * 2 + e] = -INFINITY;
             mx = fmaxf(mx, s[mt][nt][hf * 2 + e]);
           }
         }
@@ -287,7 +304,7 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
   const int d = a.d;
   const FwdTile tile = fwd_tile<kBr, kBc>(a);
   const int h = tile.h, kvh = tile.kvh;
-  const int64_t q0 = tile.q0, nkb = tile.nkb;
+  const int64_t q0 = tile.q0, kb0 = tile.kb0, nkb = tile.nkb;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -305,15 +322,17 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
   float acc[kRows][kCols];
   float m[kRows];
   float l[kRows];
+  int64_t row_lo[kRows];  // each row's first visible key (documents and window)
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) {
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[rr][c] = 0.0f;
     m[rr] = -INFINITY;
     l[rr] = 0.0f;
+    row_lo[rr] = first_visible_key(a, q0 + warp * kRows + rr);
   }
 
-  for (int64_t kb = 0; kb < nkb; ++kb) {
+  for (int64_t kb = kb0; kb < nkb; ++kb) {
     const int64_t k0 = kb * kBc;
     __syncthreads();  // every warp is done with the previous K/V tile (and Q is written)
     for (int idx = tid; idx < kBc * kDMax; idx += kThreads) {
@@ -335,7 +354,7 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
       const float* krow = ks + lane * kKs;
       float sc = 0.0f;
       for (int c = 0; c < d; ++c) sc += qrow[c] * krow[c];
-      const bool visible = j < a.sk && (!a.causal || j - i <= a.diff);
+      const bool visible = j < a.sk && (!a.causal || j - i <= a.diff) && j >= row_lo[rr];
       const float x = visible ? sc : -INFINITY;
       const float mx = fmaxf(m[rr], warp_max(x));
       const float m_use = mx == -INFINITY ? 0.0f : mx;

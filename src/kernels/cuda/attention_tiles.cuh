@@ -38,6 +38,11 @@ struct AttnGeom {
   int64_t diff;          // q_offset - k_offset: when causal, row i sees key j iff j - i <= diff
   int h, g, group, d;    // H, G, H/G, D
   int causal;
+  // Documents and window (attention.h): row i also needs keys from first_visible_key(i) on.
+  const int64_t* doc_starts;  // device memory, num_docs entries; null: one document
+  int64_t num_docs, window;
+  int64_t q_off, k_off;
+  int has_lo;                 // doc_starts or window set
   float scale;           // softmax scale
   float scale_log2;      // scale * log2(e): scores in base-2 units
 };
@@ -81,6 +86,12 @@ inline AttnGeom make_attn_geom(const AttentionShape& s) {
   a.kv_rs = s.kv_row_stride > 0 ? s.kv_row_stride : s.kv_heads * s.head_dim;
   a.diff = s.q_offset - s.k_offset;
   a.causal = s.causal ? 1 : 0;
+  a.doc_starts = s.doc_starts;
+  a.num_docs = s.num_docs;
+  a.window = s.window;
+  a.q_off = s.q_offset;
+  a.k_off = s.k_offset;
+  a.has_lo = s.doc_starts != nullptr || s.window > 0 ? 1 : 0;
   // The same float expressions as the CPU kernels (kernels/cpu/attention_tiles.h).
   a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   a.scale_log2 = a.scale * kLog2e;
@@ -92,6 +103,40 @@ __host__ __device__ __forceinline__ int64_t visible_keys(const AttnGeom& a, int6
   if (!a.causal) return a.sk;
   const int64_t n = a.diff + i + 1;
   return n < 0 ? 0 : (n > a.sk ? a.sk : n);
+}
+
+// The first key (from key row 0) that query row i may see: not before its document's start
+// (the last of doc_starts at or before its position) nor before its window; 0 without either.
+// Non-decreasing in i (the tile skipping relies on it). Reads doc_starts: device code only.
+__device__ __forceinline__ int64_t first_visible_key(const AttnGeom& a, int64_t i) {
+  if (!a.has_lo) return 0;
+  const int64_t p = a.q_off + i;
+  int64_t lo = 0;
+  if (a.doc_starts != nullptr) {  // doc_starts[l] <= p < doc_starts[r] (r = num_docs: the end)
+    int64_t l = 0, r = a.num_docs;
+    while (r - l > 1) {
+      const int64_t mid = (l + r) / 2;
+      if (a.doc_starts[mid] <= p) l = mid;
+      else r = mid;
+    }
+    lo = a.doc_starts[l];
+  }
+  if (a.window > 0 && p - a.window + 1 > lo) lo = p - a.window + 1;
+  lo -= a.k_off;
+  return lo < 0 ? 0 : (lo > a.sk ? a.sk : lo);
+}
+
+// The end of the query rows that see key j under documents and window: rows in
+// [first_row_seeing(j), rows_seeing_end(j)) (the rows whose first visible key is <= j).
+__device__ __forceinline__ int64_t rows_seeing_end(const AttnGeom& a, int64_t j) {
+  if (!a.has_lo) return a.sq;
+  int64_t l = 0, r = a.sq;  // the first row with first_visible_key > j, by bisection
+  while (l < r) {
+    const int64_t mid = (l + r) / 2;
+    if (first_visible_key(a, mid) > j) r = mid;
+    else l = mid + 1;
+  }
+  return l;
 }
 
 // The first query row that sees key j (sq when none does).
