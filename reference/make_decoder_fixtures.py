@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the PyTorch (float64) reference of two small decoders (Llama 3 style, and Qwen3 style with QK-norm) for tests/model/torch_fixture_test.cc:
+"""Writes the PyTorch (float64) reference of three small decoders (Llama 3 style, Qwen3 style with QK-norm, and packed documents) for tests/model/torch_fixture_test.cc:
 the weights, tokens and labels it used, its loss and the gradient of every parameter.
 
 The model is written here independently of untied, from the Hugging Face Llama definitions:
-embedding; per block RMSNorm -> attention (rotate_half RoPE at positions 0..S-1, causal, GQA
-with query head h reading KV head h // (H/G)) -> residual -> RMSNorm -> SwiGLU MLP -> residual;
+embedding; per block RMSNorm -> attention (rotate_half RoPE at positions 0..S-1, restarting at
+each document with doc_lens, causal within each document, GQA with query head h reading KV head
+h // (H/G)) -> residual -> RMSNorm -> SwiGLU MLP -> residual;
 final RMSNorm; LM head; mean cross-entropy over labels != -100.
 
 usage: python3 reference/make_decoder_fixtures.py OUTDIR   (writes OUTDIR/<config name>/)
@@ -24,7 +25,21 @@ CFGS = {
     # Qwen3 style: RMSNorm over each head of q and k (weights q_norm, k_norm) before RoPE.
     "decoder_qknorm": dict(vocab=41, hidden=32, layers=2, heads=8, kv_heads=2, head_dim=8, ffn=40,
                            rope_theta=1000000.0, norm_eps=1e-6, seq=48, seed=6, qk_norm=True),
+    # Packed documents, as Hugging Face packing with position_ids: positions restart at each
+    # document, attention stays inside it (block-diagonal causal), no label crosses a document.
+    # A one-token document, one longer than a quarter of the sequence.
+    "decoder_packed": dict(vocab=37, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, ffn=48,
+                           rope_theta=10000.0, norm_eps=1e-5, seq=48, seed=7, qk_norm=False,
+                           doc_lens=[5, 7, 12, 1, 23]),
 }
+
+
+def documents(c):
+    """Each position's document and its position inside it (one document without doc_lens)."""
+    lens = c.get("doc_lens") or [c["seq"]]
+    doc = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    starts = torch.cumsum(torch.tensor([0] + lens[:-1]), 0)
+    return doc, torch.arange(c["seq"]) - starts[doc]
 
 
 def rms_norm(x, w, eps):
@@ -42,11 +57,12 @@ def rope(x, cos, sin):  # x (S, heads, D); cos, sin (S, D)
 
 def forward(p, tokens, labels, c):
     S, H, G, D = c["seq"], c["heads"], c["kv_heads"], c["head_dim"]
+    doc, pos = documents(c)
     inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
-    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv[None, :]
+    ang = pos.to(torch.float64)[:, None] * inv[None, :]
     emb = torch.cat([ang, ang], dim=-1)
     cos, sin = emb.cos(), emb.sin()
-    mask = torch.tril(torch.ones(S, S, dtype=torch.bool))
+    mask = torch.tril(torch.ones(S, S, dtype=torch.bool)) & (doc[:, None] == doc[None, :])
     h = p["embed"][tokens]
     for l in range(c["layers"]):
         w = lambda n: p[f"layers.{l}.{n}"]
@@ -98,6 +114,8 @@ def write(out, c):
     tokens = torch.randint(0, V, (c["seq"],), generator=g)
     labels = torch.cat([tokens[1:], torch.tensor([-100])])
     labels[c["seq"] // 3] = -100
+    for end in torch.cumsum(torch.tensor(c.get("doc_lens") or [c["seq"]]), 0)[:-1]:
+        labels[end - 1] = -100  # the next token starts another document
     loss = forward(p, tokens, labels, c)
     loss.backward()
     for name, t in p.items():

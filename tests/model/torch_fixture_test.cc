@@ -9,6 +9,7 @@
 
 #include "common/compare.h"
 #include "common/decoder_step.h"
+#include "untied/core/json.h"
 #include "untied/core/npy.h"
 #include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
@@ -45,6 +46,7 @@ struct Fixture {
   int64_t seq = 0;
   double loss = 0;
   std::vector<int32_t> tokens, labels;
+  std::vector<int64_t> doc_lens;  // packed documents (empty: one)
 };
 
 Fixture read_fixture(const std::string& dir) {
@@ -62,6 +64,8 @@ Fixture read_fixture(const std::string& dir) {
   fx.m.qk_norm = json_bool(t, "qk_norm");
   fx.seq = json_number(t, "seq");
   fx.loss = json_number(t, "loss");
+  const Json cfg = Json::parse(t);
+  if (cfg.contains("doc_lens")) fx.doc_lens = cfg["doc_lens"].get<std::vector<int64_t>>();
   for (float v : load(dir, "tokens")) fx.tokens.push_back(static_cast<int32_t>(v));
   for (float v : load(dir, "labels")) fx.labels.push_back(static_cast<int32_t>(v));
   return fx;
@@ -70,7 +74,9 @@ Fixture read_fixture(const std::string& dir) {
 class DecoderVsPyTorch : public ::testing::TestWithParam<const char*> {};
 
 // decoder_small: Llama 3 style; decoder_qknorm: Qwen3 style (RMSNorm on each q and k head).
-INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderVsPyTorch, ::testing::Values("decoder_small", "decoder_qknorm"));
+// decoder_packed: documents packed into the sequence (Hugging Face packing with position_ids).
+INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderVsPyTorch, ::testing::Values("decoder_small", "decoder_qknorm",
+                                                                       "decoder_packed"));
 
 TEST_P(DecoderVsPyTorch, LossAndEveryGradient) {
   const std::string dir = std::string(UNTIED_FIXTURES) + "/" + GetParam();
@@ -84,12 +90,17 @@ TEST_P(DecoderVsPyTorch, LossAndEveryGradient) {
     want.push_back(load(dir, "grad." + d.name));
     ASSERT_EQ(static_cast<int64_t>(weights.back().size()), d.shape.numel()) << d.name;
   }
-  for (auto [strategy, ranks] : {std::pair{Strategy::kLocal, 1}, {Strategy::kUlysses, 2}, {Strategy::kUPipe, 2},
-                                  {Strategy::kUPipe, 4}}) {
-    SCOPED_TRACE(std::string(strategy_name(strategy)) + " on " + std::to_string(ranks) + " ranks");
-    const test::DecoderStep step =
-        test::run_decoder_step(fx.m, DecoderOptions{.seq = fx.seq, .strategy = strategy, .mlp_tile = 16}, ranks,
-                               fx.tokens, fx.labels, test::params_from(weights));
+  struct Run {
+    Strategy strategy;
+    int ranks, ring;
+  };
+  for (auto [strategy, ranks, ring] : {Run{Strategy::kLocal, 1, 1}, {Strategy::kUlysses, 2, 1}, {Strategy::kUPipe, 2, 1},
+                                       {Strategy::kUPipe, 4, 1}, {Strategy::kRing, 3, 1}, {Strategy::kUPipe, 4, 2}}) {
+    SCOPED_TRACE(std::string(strategy_name(strategy)) + " on " + std::to_string(ranks) + " ranks, ring " +
+                 std::to_string(ring));
+    const test::DecoderStep step = test::run_decoder_step(
+        fx.m, DecoderOptions{.seq = fx.seq, .strategy = strategy, .ring = ring, .mlp_tile = 16}, ranks, fx.tokens,
+        fx.labels, test::params_from(weights), fx.doc_lens);
     const double loss = step.loss;
     const std::vector<std::vector<float>>& got = step.grads;
     // fp32 against float64: the loss to ~1e-7 relative; each gradient to 1e-4 of its largest
