@@ -13,6 +13,12 @@ void validate(const RopeShape& s) {
                s.row_stride, ") is shorter than heads*head_dim (", s.heads * s.head_dim, ")");
   UNTIED_CHECK(s.first_position >= 0, "rope: first_position must be >= 0, got ", s.first_position);
   UNTIED_CHECK(s.theta > 0.0, "rope: theta must be > 0, got ", s.theta);
+  UNTIED_CHECK(s.scaling.type == RopeScalingType::kNone || s.scaling.factor > 0.0,
+               "rope: the scaling factor must be > 0, got ", s.scaling.factor);
+  UNTIED_CHECK(s.scaling.type != RopeScalingType::kLlama3 ||
+                   (s.scaling.low_freq_factor > 0.0 && s.scaling.high_freq_factor > s.scaling.low_freq_factor &&
+                    s.scaling.original_max_position > 0.0),
+               "rope: llama3 scaling needs 0 < low_freq_factor < high_freq_factor and original_max_position > 0");
   UNTIED_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16, "rope: storage must be f32 or bf16, got ",
                dtype_name(s.dtype));
 }

@@ -221,12 +221,13 @@ namespace {
 // Rotates each head vector's pairs (i, i + D/2) by +angle (forward) or -angle (backward).
 template <typename T>
 void rope_rotate(std::vector<T>& x, int64_t tokens, int64_t heads, int64_t head_dim,
-                 const std::vector<int64_t>& positions, double theta, double sign) {
+                 const std::vector<int64_t>& positions, double theta, double sign,
+                 const std::vector<double>& inv_freq) {
   const int64_t half = head_dim / 2;
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(positions[t]) *
-                           std::pow(theta, -2.0 * static_cast<double>(i) / head_dim);
+      const double f = inv_freq.empty() ? std::pow(theta, -2.0 * static_cast<double>(i) / head_dim) : inv_freq[i];
+      const double angle = static_cast<double>(positions[t]) * f;
       const T c = static_cast<T>(std::cos(angle));
       const T s = static_cast<T>(sign * std::sin(angle));
       for (int64_t h = 0; h < heads; ++h) {
@@ -241,14 +242,14 @@ void rope_rotate(std::vector<T>& x, int64_t tokens, int64_t heads, int64_t head_
 
 template <typename T>
 void rope_forward(std::vector<T>& x, int64_t tokens, int64_t heads, int64_t head_dim,
-                  const std::vector<int64_t>& positions, double theta) {
-  rope_rotate(x, tokens, heads, head_dim, positions, theta, +1.0);
+                  const std::vector<int64_t>& positions, double theta, const std::vector<double>& inv_freq) {
+  rope_rotate(x, tokens, heads, head_dim, positions, theta, +1.0, inv_freq);
 }
 
 template <typename T>
 void rope_backward(std::vector<T>& dx, int64_t tokens, int64_t heads, int64_t head_dim,
-                   const std::vector<int64_t>& positions, double theta) {
-  rope_rotate(dx, tokens, heads, head_dim, positions, theta, -1.0);  // R(a)^T = R(-a)
+                   const std::vector<int64_t>& positions, double theta, const std::vector<double>& inv_freq) {
+  rope_rotate(dx, tokens, heads, head_dim, positions, theta, -1.0, inv_freq);  // R(a)^T = R(-a)
 }
 
 template <typename T>
@@ -279,9 +280,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
       const std::vector<T>&, const std::vector<T>&, const std::vector<T>&, std::vector<T>&,     \
       std::vector<T>&, std::vector<T>&);                                                        \
   template void rope_forward<T>(std::vector<T>&, int64_t, int64_t, int64_t,                      \
-                                const std::vector<int64_t>&, double);                            \
+                                const std::vector<int64_t>&, double, const std::vector<double>&);                            \
   template void rope_backward<T>(std::vector<T>&, int64_t, int64_t, int64_t,                     \
-                                 const std::vector<int64_t>&, double);                           \
+                                 const std::vector<int64_t>&, double, const std::vector<double>&);                           \
   template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const std::vector<T>&,         \
                         int64_t, const std::vector<T>&, int64_t, T, std::vector<T>&, int64_t);
 

@@ -70,12 +70,13 @@ void attention_backward_magnitudes(const AttnDims& d, const std::vector<double>&
 
 // RoPE, rotate_half convention (rope.h). Angles in double in both instantiations (the contract
 // of the kernel); T is the arithmetic of the rotation itself. x (tokens, heads, D) in place.
+// inv_freq (D/2 values) replaces theta^(-2i/D) when given (scaled frequencies).
 template <typename T>
 void rope_forward(std::vector<T>& x, int64_t tokens, int64_t heads, int64_t head_dim,
-                  const std::vector<int64_t>& positions, double theta);
+                  const std::vector<int64_t>& positions, double theta, const std::vector<double>& inv_freq = {});
 template <typename T>
 void rope_backward(std::vector<T>& dx, int64_t tokens, int64_t heads, int64_t head_dim,
-                   const std::vector<int64_t>& positions, double theta);
+                   const std::vector<int64_t>& positions, double theta, const std::vector<double>& inv_freq = {});
 
 // C (m, n, row stride ldc) = alpha * op(A) * op(B) + beta * C, row-major; A is stored (m, k)
 // or, when trans_a, (k, m), with row stride lda; likewise B. beta == 0 ignores C's old

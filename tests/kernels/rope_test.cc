@@ -33,7 +33,34 @@ struct RopeCase {
   DType dtype = DType::kF32;
   std::vector<int64_t> positions = {};  // empty: 0, 1, ..., tokens-1 shifted by `start`
   int64_t start = 0;
+  RopeScaling scaling = {};
 };
+
+// The scaled frequencies as Hugging Face computes them (transformers' rope init functions:
+// linear divides by the factor; llama3 masks by wavelength, then smooths the middle band),
+// written out element by element in double: the reference the kernels' one formula is held to.
+std::vector<double> scaled_inv_freq(const RopeCase& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) f[i] = 1.0 / std::pow(c.theta, static_cast<double>(2 * i) / c.head_dim);
+  const RopeScaling& s = c.scaling;
+  if (s.type == RopeScalingType::kLinear)
+    for (double& x : f) x /= s.factor;
+  if (s.type == RopeScalingType::kLlama3) {
+    const double low_wavelen = s.original_max_position / s.low_freq_factor;
+    const double high_wavelen = s.original_max_position / s.high_freq_factor;
+    for (double& x : f) {
+      const double wavelen = 2 * M_PI / x;
+      double llama = wavelen > low_wavelen ? x / s.factor : x;
+      const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) /
+                            (s.high_freq_factor - s.low_freq_factor);
+      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      if (medium) llama = (1 - smooth) * llama / s.factor + smooth * llama;
+      x = llama;
+    }
+  }
+  return s.type == RopeScalingType::kNone ? std::vector<double>{} : f;
+}
 
 std::ostream& operator<<(std::ostream& os, const RopeCase& c) { return os << c.name; }
 
@@ -47,7 +74,7 @@ std::vector<int64_t> positions_of(const RopeCase& c) {
 RopeShape shape_of(const RopeCase& c) {
   return RopeShape{.tokens = c.tokens, .heads = c.heads, .head_dim = c.head_dim,
                    .row_stride = c.pad ? c.heads * c.head_dim + c.pad : 0, .theta = c.theta,
-                   .dtype = c.dtype};
+                   .dtype = c.dtype, .scaling = c.scaling};
 }
 
 std::vector<float> to_float(const std::vector<double>& x) { return {x.begin(), x.end()}; }
@@ -74,6 +101,18 @@ std::vector<RopeCase> rope_cases() {
       {.name = "bf16_d128", .tokens = 40, .heads = 4, .head_dim = 128, .dtype = DType::kBF16},
       {.name = "bf16_strided_large_positions", .tokens = 10, .heads = 2, .head_dim = 64,
        .pad = 64, .dtype = DType::kBF16, .positions = large},
+      // Frequency scaling: Llama 3.1's (factor 8, low 1, high 4, original 8192; D 128 puts
+      // pairs in all three wavelength bands) at long positions, and linear.
+      {.name = "f32_llama3_scaling", .tokens = 10, .heads = 2, .head_dim = 128, .theta = 500000.0,
+       .positions = large,
+       .scaling = {.type = RopeScalingType::kLlama3, .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                   .original_max_position = 8192.0}},
+      {.name = "bf16_llama3_scaling_d64", .tokens = 40, .heads = 4, .head_dim = 64, .theta = 500000.0,
+       .dtype = DType::kBF16, .start = 100000,
+       .scaling = {.type = RopeScalingType::kLlama3, .factor = 32.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                   .original_max_position = 8192.0}},
+      {.name = "f32_linear_scaling", .tokens = 30, .heads = 2, .head_dim = 64, .start = 5000,
+       .scaling = {.type = RopeScalingType::kLinear, .factor = 4.0}},
   };
 }
 
@@ -86,6 +125,7 @@ class RopeTest : public ::testing::TestWithParam<RopeCase> {
     test::Rng rng(11);
     x_ = test::random_values(rng, c.tokens * c.heads * c.head_dim, c.dtype);
     dims_ = {c.tokens, c.heads, c.head_dim};
+    freq_ = scaled_inv_freq(c);
   }
   int64_t cols() const { return shape_.heads * shape_.head_dim; }
   int64_t stride() const { return shape_.row_stride ? shape_.row_stride : cols(); }
@@ -94,6 +134,7 @@ class RopeTest : public ::testing::TestWithParam<RopeCase> {
   std::vector<int64_t> pos_;
   std::vector<double> x_;
   std::vector<int64_t> dims_;
+  std::vector<double> freq_;  // scaled frequencies (empty: theta's)
 };
 
 TEST_P(RopeTest, ForwardMatchesReference) {
@@ -103,9 +144,9 @@ TEST_P(RopeTest, ForwardMatchesReference) {
   rope_forward(*dev, shape_, x.data(), pos_.data());
 
   std::vector<double> y64 = x_;
-  ref::rope_forward<double>(y64, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta);
+  ref::rope_forward<double>(y64, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta, freq_);
   std::vector<float> y32 = to_float(x_);
-  ref::rope_forward<float>(y32, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta);
+  ref::rope_forward<float>(y32, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta, freq_);
   EXPECT_TRUE(expect_close("rope forward", x.get(), y64,
                            make_budget(y64, to_double(y32), shape_.dtype), dims_));
   if (shape_.dtype == DType::kBF16) {
@@ -122,9 +163,9 @@ TEST_P(RopeTest, BackwardMatchesReference) {
   rope_backward(*dev, shape_, dx.data(), pos_.data());
 
   std::vector<double> g64 = x_;
-  ref::rope_backward<double>(g64, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta);
+  ref::rope_backward<double>(g64, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta, freq_);
   std::vector<float> g32 = to_float(x_);
-  ref::rope_backward<float>(g32, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta);
+  ref::rope_backward<float>(g32, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta, freq_);
   EXPECT_TRUE(expect_close("rope backward", dx.get(), g64,
                            make_budget(g64, to_double(g32), shape_.dtype), dims_));
   if (shape_.dtype == DType::kBF16) {
@@ -146,8 +187,8 @@ TEST_P(RopeTest, BackwardInvertsForward) {
   rope_backward(*dev, shape_, x.data(), pos_.data());
 
   std::vector<float> rt = to_float(x_);
-  ref::rope_forward<float>(rt, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta);
-  ref::rope_backward<float>(rt, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta);
+  ref::rope_forward<float>(rt, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta, freq_);
+  ref::rope_backward<float>(rt, shape_.tokens, shape_.heads, shape_.head_dim, pos_, shape_.theta, freq_);
   EXPECT_TRUE(expect_close("rope round trip", x.get(), x_,
                            make_budget(x_, to_double(rt), DType::kF32), dims_));
 }

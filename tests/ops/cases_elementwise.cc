@@ -74,6 +74,7 @@ struct RopeCase {
   int64_t first_position;
   double theta;
   int64_t skew = 0;
+  RopeScaling scaling = {};
 };
 
 OpCase rope_case(const std::string& origin, DType t, const RopeCase& c, bool inverse,
@@ -85,11 +86,15 @@ OpCase rope_case(const std::string& origin, DType t, const RopeCase& c, bool inv
                     .row_stride = c.pad ? rs : 0,
                     .theta = c.theta,
                     .dtype = t,
-                    .first_position = c.first_position};
+                    .first_position = c.first_position,
+                    .scaling = c.scaling};
   OpCase k;
+  const char* scaled = c.scaling.type == RopeScalingType::kLlama3   ? "llama3"
+                       : c.scaling.type == RopeScalingType::kLinear ? "linear"
+                                                                   : "";
   k.name = case_name({"rope", origin, dt(t), "t" + n(c.tokens), "h" + n(c.heads), "d" + n(c.head_dim), "rs" + n(rs),
                       "skew" + n(c.skew), c.explicit_positions ? "positions" : "first" + n(c.first_position),
-                      inverse ? "backward" : "forward"});
+                      inverse ? "backward" : "forward", scaled});
   BufferSpec x = output("x", t, std::max<int64_t>(1, c.tokens * rs), c.skew,
                         rows_of(c.tokens, c.heads * c.head_dim, rs), exact_on_emu(t));
   x.lo = lo, x.hi = hi;
@@ -153,6 +158,17 @@ void add_rope(std::vector<OpCase>& out) {
       {kB, {3, 2, 64, 3, true, 3000, 500000.0}, false},     // scalar: stride not a multiple of 8
       {kF, {2, 9, 128, 5, true, 3000, 500000.0}, false},    // scalar, 576 pairs per token > 256 threads
   };
+  // Frequency scaling (llama3: Llama 3.1's factors; linear), both directions and dtypes.
+  const RopeScaling llama3{.type = RopeScalingType::kLlama3, .factor = 8.0, .low_freq_factor = 1.0,
+                           .high_freq_factor = 4.0, .original_max_position = 8192.0};
+  const RopeScaling linear{.type = RopeScalingType::kLinear, .factor = 4.0};
+  for (DType t : {kF, kB})
+    for (bool inverse : {false, true}) {
+      out.push_back(rope_case("emu", t, {6, 2, 128, 0, true, 0, 500000.0, 0, llama3}, inverse,
+                              [](int64_t i) { return (i * 7919 + 13) % 100000; }, -2.0, 2.0));
+      out.push_back(rope_case("emu", t, {5, 3, 64, 0, false, 20000, 10000.0, 0, linear}, inverse,
+                              [](int64_t i) { return i; }, -2.0, 2.0));
+    }
   const auto emu_position = [](int64_t i) { return (i * 7919 + 13) % 100000; };
   for (const E& e : emu) out.push_back(rope_case("emu", e.t, e.c, e.inverse, emu_position, -2.0, 2.0));
 }

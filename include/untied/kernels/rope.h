@@ -3,7 +3,7 @@
 //   y[i]       = x[i] * cos(a) - x[i + D/2] * sin(a)
 //   y[i + D/2] = x[i + D/2] * cos(a) + x[i] * sin(a)
 // Angles are computed in double from each token's explicit global position, so positions in
-// the millions keep full fp32 accuracy.
+// the millions keep full fp32 accuracy. `scaling` rescales the frequencies (RopeScaling).
 // Backward is the inverse rotation (RoPE is orthogonal): dx = R(-a) dy.
 //
 // Both work in place on x (tokens, heads, D) with row stride `row_stride` (elements between
@@ -20,6 +20,20 @@
 
 namespace untied {
 
+// Frequency scaling for contexts longer than the model was trained on (Hugging Face
+// rope_scaling / rope_parameters), applied to inv_freq_i = theta^(-2i/D):
+//   kLinear  inv_freq_i / factor (positions divided by factor);
+//   kLlama3  with wavelength w = 2 pi / inv_freq_i, L = original_max_position,
+//            w > L / low_freq_factor: inv_freq_i / factor; w < L / high_freq_factor: inv_freq_i;
+//            between: (1 - s) inv_freq_i / factor + s inv_freq_i, s = (L / w - low) / (high - low).
+enum class RopeScalingType { kNone, kLinear, kLlama3 };
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // kLlama3
+  double original_max_position = 8192.0;                 // kLlama3
+};
+
 struct RopeShape {
   int64_t tokens = 0;
   int64_t heads = 0;
@@ -28,6 +42,7 @@ struct RopeShape {
   double theta = 10000.0;
   DType dtype = DType::kF32;
   int64_t first_position = 0;  // used when positions is null
+  RopeScaling scaling = {};
 };
 
 void validate(const RopeShape& s);

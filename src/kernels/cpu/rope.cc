@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/rope_freq.h"
 
 namespace untied::cpu {
 
@@ -24,7 +25,7 @@ void rope(Device& dev, const RopeCall& c, const Scratch& scratch) {
   const int64_t rs = s.row_stride > 0 ? s.row_stride : s.heads * s.head_dim;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(s.theta, -2.0 * static_cast<double>(i) / static_cast<double>(s.head_dim));
+    inv_freq[i] = rope_inv_freq(s.theta, i, s.head_dim, s.scaling);
   float* cs = scratch.as<float>(kCosSin);
   const float sign = inverse ? -1.0f : 1.0f;
   const int64_t es = dtype_size(s.dtype);

@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/rope_freq.h"
 
 namespace untied::cuda {
 namespace {
@@ -37,6 +38,7 @@ struct RopeParams {
   int64_t row_stride;  // elements between tokens
   int64_t first_position;
   double theta;
+  RopeScaling scaling;
   int heads;
   int head_dim;
   float sign;  // +1 forward, -1 inverse (backward)
@@ -50,7 +52,7 @@ __global__ void __launch_bounds__(kMaxThreads) rope_kernel(RopeParams p) {
   __shared__ float sin_t[kMaxHalf];
   const int half = p.head_dim / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x)
-    inv_freq[i] = pow(p.theta, -2.0 * static_cast<double>(i) / static_cast<double>(p.head_dim));
+    inv_freq[i] = rope_inv_freq(p.theta, i, p.head_dim, p.scaling);
   __syncthreads();
 
   const int per_head = half / VEC;       // vectors of pairs per head
@@ -121,6 +123,7 @@ void rope(Device& dev, const RopeCall& c, const Scratch&) {
                      .row_stride = s.row_stride > 0 ? s.row_stride : s.heads * s.head_dim,
                      .first_position = s.first_position,
                      .theta = s.theta,
+                     .scaling = s.scaling,
                      .heads = static_cast<int>(s.heads),
                      .head_dim = static_cast<int>(s.head_dim),
                      .sign = dir == Direction::kInverse ? -1.0f : 1.0f};
