@@ -69,11 +69,11 @@ void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, 
 }
 
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, const RowPositions& pos, Rope dir) {
+                 double theta, const RopeScaling& scaling, const RowPositions& pos, Rope dir) {
   const int64_t es = dtype_size(t);
   if (pos.table != nullptr) {
     for (int64_t b = 0; b < blocks; ++b) {
-      const RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t};
+      const RopeShape s{.tokens = rows, .heads = heads, .head_dim = d, .theta = theta, .dtype = t, .scaling = scaling};
       void* p = static_cast<char*>(buf) + b * rows * heads * d * es;
       if (dir == Rope::kInverse) rope_backward(dev, s, p, pos.table);
       else rope_forward(dev, s, p, pos.table);
@@ -83,7 +83,7 @@ void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, 
   for (int64_t b = 0; b < blocks; ++b)
     for (const TokenSegment& seg : *pos.segments) {
       const RopeShape s{.tokens = seg.length, .heads = heads, .head_dim = d, .theta = theta, .dtype = t,
-                        .first_position = seg.first_position};
+                        .first_position = seg.first_position, .scaling = scaling};
       void* p = static_cast<char*>(buf) + (b * rows + seg.first_row) * heads * d * es;
       if (dir == Rope::kInverse) rope_backward(dev, s, p, nullptr);
       else rope_forward(dev, s, p, nullptr);

@@ -62,7 +62,7 @@ struct RowPositions {
 // RoPE on a packed buffer (blocks, rows, heads, D): every block holds the same `rows` tokens, at
 // `pos`; one kernel call per block (and segment).
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,
-                 double theta, const RowPositions& pos, Rope dir);
+                 double theta, const RopeScaling& scaling, const RowPositions& pos, Rope dir);
 
 // What a forward keeps of its mask (attention_block.h, SavedMask): the host copy, and with more
 // than one document the starts and the RoPE positions of `rows` (this rank's) and `group` (its

@@ -87,7 +87,7 @@ void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t
     for (int64_t j = 0; j < u; ++j)
       project_head(dev_, q.slot(p, j), q.ld(), t, x.data(), x.dtype(), L, w.wq, sched_.q_head(s, p, j), D);
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
-  rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, rank_rows(), Rope::kForward);
+  rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
   st.q = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
   exchange(dev_, *ulysses_, send.data(), st.q.data(), L * u * D * dtype_size(t));
 }
@@ -116,7 +116,7 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_
         project_head(dev_, kv.slot(p, i), kv.ld(), t, x.data(), x.dtype(), L, part.w, sched_.kv_head(round, p, i), D);
     if (part.norm_w != nullptr) {
       normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
-      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, rank_rows(), Rope::kForward);
+      rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
     }
     part.recv = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication, part.recv_what);
     exchange(dev_, *ulysses_, send.data(), part.recv.data(), L * nkv * D * dtype_size(t));
@@ -220,7 +220,7 @@ void HeadPipeline::return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const 
   TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "dq all-to-all receive");
   exchange(dev_, *ulysses_, dq.data(), recv.data(), L * u * D * dtype_size(t));
   dq.reset();
-  rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, rank_rows(), Rope::kInverse);
+  rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kInverse);
   if (qk.on()) {  // through the per-head q norm
     recv = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, recv);
     st.q_norm = SavedQkNorm{};
@@ -255,7 +255,7 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
     // The sums, RoPE undone (their rows are the whole sequence in order), go back in the block's
     // dtype, as dq does: half the bytes of fp32 for bf16, and every GEMM operand of the
     // projection backward in one dtype.
-    if (part.is_k) rope_blocks(dev_, part.sum.data(), DType::kF32, 1, seq_group_, nkv, D, cfg_.rope_theta, group_rows(),
+    if (part.is_k) rope_blocks(dev_, part.sum.data(), DType::kF32, 1, seq_group_, nkv, D, cfg_.rope_theta, cfg_.rope_scaling, group_rows(),
                               Rope::kInverse);
     TensorBuffer send;
     if (t != DType::kF32) {

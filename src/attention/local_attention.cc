@@ -45,8 +45,8 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
     q = qk.forward(st.q_norm.pre, w.q_norm, &st.q_norm.rstd, "q (normed, local)");
     k = qk.forward(rd.k_norm.pre, w.k_norm, &rd.k_norm.rstd, "k (normed, local)");
   }
-  rope_blocks(dev_, q.data(), t, 1, S, H, D, cfg_.rope_theta, pos, Rope::kForward);
-  rope_blocks(dev_, k.data(), t, 1, S, G, D, cfg_.rope_theta, pos, Rope::kForward);
+  rope_blocks(dev_, q.data(), t, 1, S, H, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kForward);
+  rope_blocks(dev_, k.data(), t, 1, S, G, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kForward);
   saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
   st.lse = TensorBuffer(alloc, DType::kF32, {H, S}, Tag::kActivations, "attention LSE (saved)");
   attention_forward(dev_, kernel_shape(saved.mask), saved.attn_out.data(), st.lse.as<float>(), q.data(), k.data(), v.data());
@@ -80,8 +80,8 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
   attention_backward(dev_, kernel_shape(saved.mask), dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
                      saved.attn_out.data(), st.lse.as<float>(), dout.data());
   const RowPositions pos = rope_positions(saved.mask);
-  rope_blocks(dev_, dq.data(), t, 1, S, H, D, cfg_.rope_theta, pos, Rope::kInverse);
-  rope_blocks(dev_, dk.data(), t, 1, S, G, D, cfg_.rope_theta, pos, Rope::kInverse);
+  rope_blocks(dev_, dq.data(), t, 1, S, H, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kInverse);
+  rope_blocks(dev_, dk.data(), t, 1, S, G, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kInverse);
   QkNorm qk(dev_, cfg_, QkGrads::kAccumulate);
   if (qk.on()) {
     dq = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, dq);

@@ -33,7 +33,8 @@ Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 
 
 AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
   return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
-                         .head_dim = m.head_dim, .rope_theta = m.rope_theta, .dtype = o.dtype,
+                         .head_dim = m.head_dim, .rope_theta = m.rope_theta, .rope_scaling = m.rope_scaling,
+                         .dtype = o.dtype,
                          .strategy = o.strategy, .upipe_heads = o.upipe_heads, .ring = o.ring,
                          .qk_norm = m.qk_norm, .norm_eps = m.norm_eps};
 }

@@ -49,6 +49,7 @@
 #include "untied/core/status.h"
 #include "untied/core/tensor.h"
 #include "untied/device/device.h"
+#include "untied/kernels/rope.h"
 
 namespace untied {
 
@@ -63,6 +64,7 @@ struct AttentionConfig {
   int64_t kv_heads = 0;   // G
   int64_t head_dim = 0;   // D
   double rope_theta = 500000.0;
+  RopeScaling rope_scaling = {};  // frequency scaling for long contexts (rope.h)
   DType dtype = DType::kF32;
   Strategy strategy = Strategy::kUPipe;
   int64_t upipe_heads = 0;  // U; 0 = C (most memory saved). Ignored unless kUPipe.

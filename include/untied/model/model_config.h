@@ -15,6 +15,7 @@
 
 #include "untied/core/status.h"
 #include "untied/core/tensor.h"
+#include "untied/kernels/rope.h"
 
 namespace untied {
 
@@ -28,6 +29,7 @@ struct ModelConfig {
   int64_t head_dim = 0;  // D
   int64_t ffn = 0;       // F, the SwiGLU intermediate size
   double rope_theta = 500000.0;
+  RopeScaling rope_scaling = {};  // Llama 3.1+: frequency scaling for long contexts (rope.h)
   float norm_eps = 1e-5f;
   bool qk_norm = false;  // Qwen3
 };
