@@ -1,0 +1,53 @@
+// A Hugging Face model directory's weights: model.safetensors, or the shards that
+// model.safetensors.index.json's weight_map names, read into untied's parameters.
+//
+// Names (the Llama/Qwen3 layout, whose matrices are already untied's: wq (H*D, E), ...):
+//   model.embed_tokens.weight                 embed
+//   model.layers.L.input_layernorm.weight     layers.L.attn_norm
+//   model.layers.L.self_attn.{q,k,v,o}_proj.weight   layers.L.{wq, wk, wv, wo}
+//   model.layers.L.self_attn.{q,k}_norm.weight       layers.L.{q_norm, k_norm} (Qwen3)
+//   model.layers.L.post_attention_layernorm.weight   layers.L.mlp_norm
+//   model.layers.L.mlp.{gate,up,down}_proj.weight    layers.L.{w_gate, w_up, w_down}
+//   model.norm.weight                         final_norm
+//   lm_head.weight                            lm_head
+// Each rank reads only its own ZeRO shard of each tensor (a pread of those elements).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "untied/core/safetensors.h"
+#include "untied/core/status.h"
+#include "untied/dist/sharded_params.h"
+#include "untied/model/model_config.h"
+
+namespace untied {
+
+// The Hugging Face tensor name of an untied parameter ("layers.3.wq" ->
+// "model.layers.3.self_attn.q_proj.weight").
+std::string hf_tensor_name(const std::string& untied_name);
+
+class HfWeights {
+ public:
+  // Opens DIR/model.safetensors.index.json (and every file it names) or DIR/model.safetensors,
+  // validating each header (safetensors.h). not_found when neither exists; the file's errors
+  // otherwise.
+  static StatusOr<HfWeights> open(const std::string& dir);
+  // Checks the tensors against the model: each parameter's tensor present with its shape, and
+  // no tensor left over (the message names the tensor). A tied model (tied) has no lm_head.weight.
+  Status check(const ModelConfig& m, bool tied) const;
+  // out = elements [first, first + count) of the tensor, as float32.
+  Status read(const std::string& hf_name, int64_t first, int64_t count, float* out) const;
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsFile*> where_;  // tensor -> its file
+};
+
+// Fills every parameter's shard (master copies) on this rank from the weights. REQUIRES:
+// w.check(m, false).ok(). Returns the first read error.
+Status load_hf_weights(const HfWeights& w, ShardedParams& params);
+
+}  // namespace untied

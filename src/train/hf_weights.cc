@@ -1,0 +1,135 @@
+// Hugging Face weights into untied's parameters (hf_weights.h).
+#include "untied/train/hf_weights.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "untied/core/json.h"
+
+namespace untied {
+
+std::string hf_tensor_name(const std::string& n) {
+  if (n == "embed") return "model.embed_tokens.weight";
+  if (n == "final_norm") return "model.norm.weight";
+  if (n == "lm_head") return "lm_head.weight";
+  const auto dot = n.find('.', 7);  // "layers.L.x"
+  if (n.rfind("layers.", 0) != 0 || dot == std::string::npos) return n;
+  const std::string pre = "model." + n.substr(0, dot) + ".", x = n.substr(dot + 1);
+  static const std::map<std::string, std::string> names = {
+      {"attn_norm", "input_layernorm"},    {"wq", "self_attn.q_proj"},    {"wk", "self_attn.k_proj"},
+      {"wv", "self_attn.v_proj"},          {"wo", "self_attn.o_proj"},    {"q_norm", "self_attn.q_norm"},
+      {"k_norm", "self_attn.k_norm"},      {"mlp_norm", "post_attention_layernorm"}, {"w_gate", "mlp.gate_proj"},
+      {"w_up", "mlp.up_proj"},             {"w_down", "mlp.down_proj"}};
+  auto it = names.find(x);
+  return it == names.end() ? n : pre + it->second + ".weight";
+}
+
+StatusOr<HfWeights> HfWeights::open(const std::string& dir) {
+  HfWeights w;
+  std::vector<std::string> files;
+  const std::string index = dir + "/model.safetensors.index.json";
+  struct stat st;
+  if (::stat(index.c_str(), &st) == 0) {
+    std::ifstream f(index);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    Json j;
+    try {
+      j = Json::parse(ss.str());
+    } catch (const std::exception& e) {
+      return Status::corrupt(index + " is not JSON: " + e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      return Status::corrupt(index + " has no weight_map object");
+    std::set<std::string> names;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) return Status::corrupt(index + ": weight_map[" + it.key() + "] is not a file name");
+      names.insert(it.value().get<std::string>());
+    }
+    files.assign(names.begin(), names.end());
+    for (const std::string& fname : files) {
+      auto sf = SafetensorsFile::open(dir + "/" + fname);
+      if (!sf.ok()) return sf.status();
+      w.files_.push_back(std::make_unique<SafetensorsFile>(std::move(sf).value()));
+    }
+    // Every mapped tensor must be in the file the map names.
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      const std::string file = it.value().get<std::string>();
+      for (const auto& sf : w.files_)
+        if (sf->path() == dir + "/" + file) {
+          if (sf->find(it.key()) == nullptr)
+            return Status::corrupt(index + " maps " + it.key() + " to " + file + ", which does not hold it");
+          w.where_[it.key()] = sf.get();
+        }
+    }
+    for (const auto& sf : w.files_)
+      for (const auto& [name, t] : sf->tensors())
+        if (!w.where_.count(name)) return Status::corrupt(sf->path() + " holds " + name + ", which " + index + " does not map");
+    return w;
+  }
+  auto sf = SafetensorsFile::open(dir + "/model.safetensors");
+  if (!sf.ok()) {
+    if (sf.status().code() == Status::Code::kNotFound)
+      return Status::not_found(dir + " holds neither model.safetensors nor model.safetensors.index.json: "
+                                     "--hf-model takes a Hugging Face model directory");
+    return sf.status();
+  }
+  w.files_.push_back(std::make_unique<SafetensorsFile>(std::move(sf).value()));
+  for (const auto& [name, t] : w.files_[0]->tensors()) w.where_[name] = w.files_[0].get();
+  return w;
+}
+
+Status HfWeights::check(const ModelConfig& m, bool tied) const {
+  std::set<std::string> expected;
+  for (const ParamDesc& d : parameter_descriptors(m)) {
+    const std::string hf = hf_tensor_name(d.name);
+    if (tied && d.name == "lm_head") continue;
+    expected.insert(hf);
+    auto it = where_.find(hf);
+    if (it == where_.end())
+      return Status::invalid_argument("the model has no tensor " + hf + " (untied's " + d.name +
+                                      "): the checkpoint does not match its config.json");
+    const SafetensorsEntry& e = *it->second->find(hf);
+    std::vector<int64_t> want;
+    for (int k = 0; k < d.shape.ndim(); ++k) want.push_back(d.shape[k]);
+    if (e.shape != want) {
+      std::string got, need;
+      for (int64_t x : e.shape) got += (got.empty() ? "" : ", ") + std::to_string(x);
+      for (int64_t x : want) need += (need.empty() ? "" : ", ") + std::to_string(x);
+      return Status::invalid_argument(hf + " in " + it->second->path() + " has shape (" + got + "), config.json says (" +
+                                      need + ")");
+    }
+    if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
+      return Status::unsupported(hf + " in " + it->second->path() + " is " + e.dtype + "; weights must be F32, BF16 or F16");
+  }
+  for (const auto& [name, file] : where_)
+    if (!expected.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos)
+      return Status::invalid_argument(file->path() + " holds " + name +
+                                      ", which the model does not have (another architecture, or a config.json that does not match)");
+  return Status::ok_status();
+}
+
+Status HfWeights::read(const std::string& hf_name, int64_t first, int64_t count, float* out) const {
+  auto it = where_.find(hf_name);
+  if (it == where_.end()) return Status::not_found("the model has no tensor " + hf_name);
+  return it->second->read(hf_name, first, count, out);
+}
+
+Status load_hf_weights(const HfWeights& w, ShardedParams& params) {
+  Status st;
+  params.init([&](int i, int64_t first, std::span<float> out) {
+    if (!st.ok()) return;
+    const std::string& name = params.desc(i).name;
+    // The shard's elements that exist (the last rank's shard may run past the tensor: zeros).
+    const int64_t numel = params.desc(i).shape.numel();
+    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(static_cast<int64_t>(out.size()), numel - first));
+    if (n > 0) st = w.read(hf_tensor_name(name), first, n, out.data());
+  });
+  return st;
+}
+
+}  // namespace untied
