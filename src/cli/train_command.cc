@@ -11,6 +11,7 @@
 #include "untied/comm/inproc.h"
 
 #include "cli/args.h"
+#include "untied/model/hf_config.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/launch.h"
@@ -25,6 +26,9 @@ void add_train_flags(FlagSet& f) {
         "config file: `name = value` lines, or a JSON object {\"name\": value} of strings, numbers and "
         "booleans (flags override it)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
+  f.add("hf-model", FlagKind::kString, "",
+        "start from a Hugging Face model directory (config.json and model.safetensors or its sharded index): "
+        "LlamaForCausalLM or Qwen3ForCausalLM; each rank reads only its own shard of each tensor");
   f.add("vocab", FlagKind::kInt, "0",
         "vocabulary size (0 = the preset's for llama3-8b, llama3-70b and qwen3-32b, else the data's)");
   f.add("layers", FlagKind::kInt, "0", "decoder blocks (0 = the preset's)");
@@ -157,11 +161,25 @@ std::string pad_note(const TrainOptions& o, int ranks) {
 }
 
 Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOptions* d, DeviceChoice* device) {
-  auto m = model_preset(f.get_string("preset"));
-  if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
-  o->model = m.value();
-  if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
-  if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
+  if (!f.get_string("hf-model").empty()) {
+    for (const char* flag : {"preset", "vocab", "layers"})
+      if (f.was_set(flag))
+        return Status::invalid_argument(std::string("--hf-model sets the model from its config.json: drop --") + flag);
+    auto hf = read_hf_config(f.get_string("hf-model"));
+    if (!hf.ok()) return hf.status();
+    if (hf.value().tied_embeddings)
+      return Status::unsupported(f.get_string("hf-model") +
+                                 ": tied embeddings (tie_word_embeddings) are not supported yet; models with "
+                                 "their own lm_head.weight load");
+    o->model = hf.value().model;
+    o->hf_model = f.get_string("hf-model");
+  } else {
+    auto m = model_preset(f.get_string("preset"));
+    if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
+    o->model = m.value();
+    if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
+    if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
+  }
   o->rehearsal = f.get_bool("rehearsal");
   o->offload_inputs = f.get_bool("offload-inputs");
   if (o->rehearsal) {
@@ -322,7 +340,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   // The data source is built once per process and shared by its in-process ranks (fill is const).
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
   if (!data.ok()) return refuse(data.status());
-  if (flags.get_int("vocab") == 0 && !preset_keeps_vocabulary(opts.model.name))
+  if (flags.get_int("vocab") == 0 && opts.hf_model.empty() && !preset_keeps_vocabulary(opts.model.name))
     opts.model.vocab = data.value()->vocab_size();
 
   if (opts.rehearsal) {

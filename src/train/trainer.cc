@@ -13,6 +13,7 @@
 #include "untied/core/json.h"
 #include "untied/kernels/adamw.h"
 #include "untied/train/checkpoint.h"
+#include "untied/train/hf_weights.h"
 #include "untied/dist/sharded_params.h"
 
 namespace untied {
@@ -112,6 +113,13 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   Allocator& alloc = dev.allocator();
   ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype);
   params.init(parameter_init(o.model, o.seed));
+  if (!o.hf_model.empty() && !o.resume) {  // every rank opens and checks the files, then reads its shards
+    auto w = HfWeights::open(o.hf_model);
+    Status ws = w.ok() ? w.value().check(o.model, false) : w.status();
+    if (ws.ok() && dev.backed()) ws = load_hf_weights(w.value(), params);
+    ws = first_failure(comm, ws);
+    if (!ws.ok()) return ws;
+  }
   // Offloaded block inputs live in host memory (page-locked on a GPU): counted apart from the
   // device budget.
   Allocator host(o.rehearsal || !dev.backed() ? make_counting_memory() : dev.host_memory(),

@@ -47,6 +47,9 @@ struct TrainOptions {
   // false: the documents keep their RoPE positions and labels but attention crosses them (what a
   // packed-sequence bug does; for measuring what the mask is worth).
   bool doc_mask = true;
+  // Non-empty: the initial weights come from this Hugging Face model directory (hf_weights.h),
+  // whose config.json gave `model`; unless resuming, when the checkpoint's come instead.
+  std::string hf_model;
 };
 
 struct TrainSummary {
