@@ -26,6 +26,9 @@ void add_train_flags(FlagSet& f) {
         "config file: `name = value` lines, or a JSON object {\"name\": value} of strings, numbers and "
         "booleans (flags override it)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
+  f.add("save-hf", FlagKind::kString, "",
+        "at the end, write the model here as a Hugging Face directory (config.json, model.safetensors in float32) "
+        "that transformers loads");
   f.add("hf-model", FlagKind::kString, "",
         "start from a Hugging Face model directory (config.json and model.safetensors or its sharded index): "
         "LlamaForCausalLM or Qwen3ForCausalLM; each rank reads only its own shard of each tensor");
@@ -180,6 +183,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
     if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
   }
+  o->save_hf = f.get_string("save-hf");
   o->rehearsal = f.get_bool("rehearsal");
   o->offload_inputs = f.get_bool("offload-inputs");
   if (o->rehearsal) {

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
+#include "untied/core/check.h"
 #include "untied/core/dtype.h"
 #include "untied/core/json.h"
 
@@ -226,8 +228,16 @@ Status SafetensorsFile::read(const std::string& name, int64_t first, int64_t cou
   return Status::ok_status();
 }
 
-Status write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+struct SafetensorsWriter::Impl {
+  std::string path, tmp;
+  std::ofstream f;
+  std::vector<SafetensorsTensor> specs;
+  size_t next = 0;
+};
+
+StatusOr<SafetensorsWriter> SafetensorsWriter::create(const std::string& path,
+                                                      const std::vector<SafetensorsTensor>& specs,
+                                                      const std::map<std::string, std::string>& metadata) {
   Json h = Json::object();
   if (!metadata.empty()) {
     Json m = Json::object();
@@ -235,7 +245,7 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsT
     h["__metadata__"] = m;
   }
   int64_t at = 0;
-  for (const SafetensorsTensor& t : tensors) {
+  for (const SafetensorsTensor& t : specs) {
     if (t.name.empty() || t.name == "__metadata__" || h.contains(t.name))
       return Status::invalid_argument("safetensors: tensor name '" + t.name + "' is empty, reserved or repeated");
     if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
@@ -248,35 +258,72 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorsT
   }
   std::string text = h.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data stays 8-byte aligned
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::io_error("cannot write " + tmp + ": check that the directory exists and is writable");
-    unsigned char nb[8];
-    for (int i = 0; i < 8; ++i) nb[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    f.write(reinterpret_cast<const char*>(nb), 8);
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    std::vector<unsigned char> buf;
-    for (const SafetensorsTensor& t : tensors) {
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      const int64_t es = element_bytes(t.dtype);
-      buf.resize(static_cast<size_t>(n * es));
-      for (int64_t i = 0; i < n; ++i) {
-        if (es == 4) {
-          std::memcpy(buf.data() + 4 * i, &t.data[i], 4);
-        } else {
-          const uint16_t v = t.dtype == "BF16" ? float_to_bf16(t.data[i]).bits : float_to_f16(t.data[i]);
-          buf[2 * i] = static_cast<unsigned char>(v & 0xff);
-          buf[2 * i + 1] = static_cast<unsigned char>(v >> 8);
-        }
-      }
-      f.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
-    }
-    if (!f) return Status::io_error("short write to " + tmp + " (disk full?)");
+  SafetensorsWriter w;
+  w.impl_ = std::make_unique<Impl>();
+  Impl& x = *w.impl_;
+  x.path = path;
+  x.tmp = path + ".tmp";
+  x.specs = specs;
+  x.f.open(x.tmp, std::ios::binary | std::ios::trunc);
+  if (!x.f) return Status::io_error("cannot write " + x.tmp + ": check that the directory exists and is writable");
+  unsigned char nb[8];
+  for (int i = 0; i < 8; ++i) nb[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  x.f.write(reinterpret_cast<const char*>(nb), 8);
+  x.f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  return w;
+}
+
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&&) noexcept = default;
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (impl_ && impl_->f.is_open()) {  // not finished: leave nothing behind
+    impl_->f.close();
+    std::remove(impl_->tmp.c_str());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::io_error("cannot rename " + tmp + " to " + path);
+}
+
+Status SafetensorsWriter::add(const std::string& name, const float* data) {
+  Impl& x = *impl_;
+  UNTIED_CHECK(x.next < x.specs.size() && x.specs[x.next].name == name, "safetensors: tensor ", name,
+               " added out of order");
+  const SafetensorsTensor& t = x.specs[x.next++];
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  const int64_t es = element_bytes(t.dtype);
+  std::vector<unsigned char> buf(static_cast<size_t>(n * es));
+  for (int64_t i = 0; i < n; ++i) {
+    if (es == 4) {
+      std::memcpy(buf.data() + 4 * i, &data[i], 4);
+    } else {
+      const uint16_t v = t.dtype == "BF16" ? float_to_bf16(data[i]).bits : float_to_f16(data[i]);
+      buf[2 * i] = static_cast<unsigned char>(v & 0xff);
+      buf[2 * i + 1] = static_cast<unsigned char>(v >> 8);
+    }
+  }
+  x.f.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+  if (!x.f) return Status::io_error("short write to " + x.tmp + " (disk full?)");
   return Status::ok_status();
+}
+
+Status SafetensorsWriter::finish() {
+  Impl& x = *impl_;
+  UNTIED_CHECK(x.next == x.specs.size(), "safetensors: finish() after ", x.next, " of ", x.specs.size(), " tensors");
+  x.f.close();
+  if (!x.f) return Status::io_error("closing " + x.tmp + " failed (disk full?)");
+  if (std::rename(x.tmp.c_str(), x.path.c_str()) != 0) return Status::io_error("cannot rename " + x.tmp + " to " + x.path);
+  return Status::ok_status();
+}
+
+Status write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  auto created = SafetensorsWriter::create(path, tensors, metadata);
+  if (!created.ok()) return created.status();
+  SafetensorsWriter w = std::move(created).value();
+  for (const SafetensorsTensor& t : tensors) {
+    Status s = w.add(t.name, t.data);
+    if (!s.ok()) return s;
+  }
+  return w.finish();
 }
 
 }  // namespace untied

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -130,6 +131,87 @@ Status load_hf_weights(const HfWeights& w, ShardedParams& params) {
     if (n > 0) st = w.read(hf_tensor_name(name), first, n, out.data());
   });
   return st;
+}
+
+std::string hf_config_json(const ModelConfig& m, int64_t max_position) {
+  Json c;
+  c["architectures"] = {m.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
+  c["model_type"] = m.qk_norm ? "qwen3" : "llama";
+  c["vocab_size"] = m.vocab;
+  c["hidden_size"] = m.hidden;
+  c["intermediate_size"] = m.ffn;
+  c["num_hidden_layers"] = m.layers;
+  c["num_attention_heads"] = m.heads;
+  c["num_key_value_heads"] = m.kv_heads;
+  c["head_dim"] = m.head_dim;
+  c["hidden_act"] = "silu";
+  c["rms_norm_eps"] = m.norm_eps;
+  c["rope_theta"] = m.rope_theta;
+  c["max_position_embeddings"] = max_position;
+  c["attention_bias"] = false;
+  c["mlp_bias"] = false;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "float32";
+  const RopeScaling& r = m.rope_scaling;
+  if (r.type == RopeScalingType::kLinear) c["rope_scaling"] = Json{{"rope_type", "linear"}, {"factor", r.factor}};
+  if (r.type == RopeScalingType::kLlama3)
+    c["rope_scaling"] = Json{{"rope_type", "llama3"},
+                             {"factor", r.factor},
+                             {"low_freq_factor", r.low_freq_factor},
+                             {"high_freq_factor", r.high_freq_factor},
+                             {"original_max_position_embeddings", static_cast<int64_t>(r.original_max_position)}};
+  return c.dump(2) + "\n";
+}
+
+Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator& comm, const ModelConfig& m,
+                     int64_t max_position, const std::string& source_config) {
+  const bool root = comm.rank() == 0;
+  Status st;
+  if (root) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::string config = hf_config_json(m, max_position);
+    if (!source_config.empty()) {
+      std::ifstream f(source_config);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      if (f) config = ss.str();
+    }
+    std::ofstream out(dir + "/config.json", std::ios::trunc);
+    out << config;
+    if (!out) st = Status::io_error("cannot write " + dir + "/config.json: choose a writable --save-hf directory");
+  }
+  st = first_failure(comm, st);
+  if (!st.ok()) return st;
+  std::vector<SafetensorsTensor> specs;
+  for (int i = 0; i < params.num_params(); ++i) {
+    const ParamDesc& d = params.desc(i);
+    std::vector<int64_t> shape;
+    for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
+    specs.push_back({.name = hf_tensor_name(d.name), .dtype = "F32", .shape = shape});
+  }
+  std::unique_ptr<SafetensorsWriter> writer;
+  if (root) {
+    auto w = SafetensorsWriter::create(dir + "/model.safetensors", specs, {{"format", "pt"}});
+    if (w.ok()) writer = std::make_unique<SafetensorsWriter>(std::move(w).value());
+    else st = w.status();
+  }
+  st = first_failure(comm, st);
+  if (!st.ok()) return st;
+  // One tensor at a time: every rank's master shard, gathered (on the host) in rank order.
+  std::vector<float> shard, full;
+  for (int i = 0; i < params.num_params(); ++i) {
+    const int64_t n = params.shard_elems(i);
+    shard.assign(static_cast<size_t>(n), 0.0f);
+    std::vector<float> state(static_cast<size_t>(3 * n));
+    params.read_state(i, state.data());  // master, m, v
+    std::copy(state.begin(), state.begin() + n, shard.begin());
+    full.resize(static_cast<size_t>(n * comm.size()));
+    comm.all_gather(shard.data(), full.data(), n * 4);
+    if (root && st.ok()) st = writer->add(specs[i].name, full.data());
+  }
+  if (root && st.ok()) st = writer->finish();
+  return first_failure(comm, st);
 }
 
 }  // namespace untied

@@ -283,6 +283,12 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     }
   }
   if (metrics) std::fclose(metrics);
+  if (!o.save_hf.empty() && dev.backed()) {  // the trained model as a Hugging Face directory
+    dev.synchronize();
+    const Status hs = save_hf_model(o.save_hf, params, comm, o.model, std::max<int64_t>(o.decoder.seq, 4096),
+                                    o.hf_model.empty() ? "" : o.hf_model + "/config.json");
+    if (!hs.ok()) return hs;
+  }
   return sum;
 }
 

@@ -14,7 +14,9 @@
 #include <sstream>
 
 #include "common/decoder_step.h"
+#include "untied/comm/inproc.h"
 #include "untied/core/json.h"
+#include "untied/device/device.h"
 #include "untied/model/hf_config.h"
 
 #ifndef UNTIED_FIXTURES
@@ -79,6 +81,44 @@ TEST(HfWeights, LossEqualsTransformersInEveryStrategy) {
     EXPECT_LE(rel, 1e-5) << "untied " << step.loss << ", transformers " << want;
   }
   std::printf("  worst relative loss error against transformers: %.3e\n", worst);
+}
+
+// --save-hf's writer: what it writes loads back (config and every tensor) as the same parameters.
+TEST(HfWeights, SavedModelLoadsBackUnchanged) {
+  auto cfg = read_hf_config(kDir);
+  ASSERT_TRUE(cfg.ok());
+  const ModelConfig& m = cfg.value().model;
+  auto w = HfWeights::open(kDir);
+  ASSERT_TRUE(w.ok());
+  const std::string out = ::testing::TempDir() + "hf_saved_" + std::to_string(::getpid());
+  std::filesystem::remove_all(out);
+  for (int ranks : {1, 3}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    Status saved = Status::ok_status();
+    run_in_process(ranks, [&](Communicator& comm) {
+      auto dev = make_cpu_device({.threads = 1});
+      ShardedParams params(*dev, comm, parameter_descriptors(m), DType::kF32);
+      Status s = load_hf_weights(w.value(), params);
+      if (s.ok()) s = save_hf_model(out, params, comm, m, 256);
+      if (comm.rank() == 0) saved = s;
+    });
+    ASSERT_TRUE(saved.ok()) << saved.message();
+    auto back_cfg = read_hf_config(out);
+    ASSERT_TRUE(back_cfg.ok()) << back_cfg.status().message();
+    EXPECT_EQ(back_cfg.value().model.rope_scaling.type, RopeScalingType::kLlama3);
+    EXPECT_EQ(back_cfg.value().model.head_dim, m.head_dim);
+    auto back = HfWeights::open(out);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    ASSERT_TRUE(back.value().check(m, false).ok());
+    for (const ParamDesc& d : parameter_descriptors(m)) {
+      const int64_t n = d.shape.numel();
+      std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      ASSERT_TRUE(w.value().read(hf_tensor_name(d.name), 0, n, a.data()).ok());
+      ASSERT_TRUE(back.value().read(hf_tensor_name(d.name), 0, n, b.data()).ok());
+      EXPECT_EQ(a, b) << d.name;
+    }
+    std::filesystem::remove_all(out);
+  }
 }
 
 class BadModelDir : public ::testing::Test {

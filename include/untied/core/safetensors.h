@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +72,27 @@ struct SafetensorsTensor {
   std::string dtype;
   std::vector<int64_t> shape;
   const float* data = nullptr;  // shape's element count of values
+};
+
+// Writes a file tensor by tensor, so that a large model never needs to be in memory at once: the
+// header (from every tensor's name, dtype and shape, in order) goes out first, then each tensor's
+// values as add() is called in the same order; finish() renames the temporary over `path`.
+class SafetensorsWriter {
+ public:
+  // invalid_argument for an unknown dtype or a repeated or empty name; io_error when the
+  // temporary cannot be created.
+  static StatusOr<SafetensorsWriter> create(const std::string& path, const std::vector<SafetensorsTensor>& specs,
+                                            const std::map<std::string, std::string>& metadata = {});
+  SafetensorsWriter(SafetensorsWriter&&) noexcept;
+  ~SafetensorsWriter();
+  // The next tensor's values (its shape's element count of them). REQUIRES: in the specs' order.
+  Status add(const std::string& name, const float* data);
+  Status finish();
+
+ private:
+  SafetensorsWriter() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Writes the tensors (in the order given) and the metadata to path, atomically (a temporary file

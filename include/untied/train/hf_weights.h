@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "untied/comm/communicator.h"
 #include "untied/core/safetensors.h"
 #include "untied/core/status.h"
 #include "untied/dist/sharded_params.h"
@@ -49,5 +50,16 @@ class HfWeights {
 // Fills every parameter's shard (master copies) on this rank from the weights. REQUIRES:
 // w.check(m, false).ok(). Returns the first read error.
 Status load_hf_weights(const HfWeights& w, ShardedParams& params);
+
+// The Hugging Face config.json of a model untied trained (LlamaForCausalLM, or Qwen3ForCausalLM
+// with qk_norm), float32 weights, untied embeddings.
+std::string hf_config_json(const ModelConfig& m, int64_t max_position);
+
+// Collective: writes DIR/model.safetensors (float32, the parameters' master copies gathered one
+// tensor at a time) and DIR/config.json (a copy of `source_config` when given, else
+// hf_config_json) from rank 0, a directory transformers loads as it is. The same Status on every
+// rank.
+Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator& comm, const ModelConfig& m,
+                     int64_t max_position, const std::string& source_config = "");
 
 }  // namespace untied

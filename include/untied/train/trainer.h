@@ -50,6 +50,9 @@ struct TrainOptions {
   // Non-empty: the initial weights come from this Hugging Face model directory (hf_weights.h),
   // whose config.json gave `model`; unless resuming, when the checkpoint's come instead.
   std::string hf_model;
+  // Non-empty: at the end, the model is written here as a Hugging Face directory (config.json and
+  // model.safetensors, float32) that transformers loads.
+  std::string save_hf;
 };
 
 struct TrainSummary {
