@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "untied/core/check.h"
+#include "untied/core/file_io.h"
 #include "untied/core/dtype.h"
 #include "untied/core/json.h"
 
@@ -39,7 +40,7 @@ float f16_to_float(uint16_t h) {
   return sign ? -v : v;
 }
 
-uint16_t float_to_f16(float f) {  // round to nearest even, through double arithmetic on the bits
+uint16_t float_to_f16(float f) {  // round to nearest even
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
@@ -61,21 +62,6 @@ uint16_t float_to_f16(float f) {  // round to nearest even, through double arith
   return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | static_cast<uint32_t>(mant));
 }
 
-int pread_all(int fd, void* buf, size_t n, off_t off) {
-  auto* p = static_cast<unsigned char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, off);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (r == 0) return -1;
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += r;
-  }
-  return 0;
-}
 
 }  // namespace
 

@@ -42,6 +42,8 @@ void ShardedParams::read_state(int i, float* out) const {
   for (int k = 0; k < 3; ++k) dev_.copy(out + k * n, (k == 0 ? master_ : k == 1 ? m_ : v_)[i].data(), n * 4);
 }
 
+void ShardedParams::read_master(int i, float* out) const { dev_.copy(out, master_[i].data(), shard_[i] * 4); }
+
 void ShardedParams::write_state(int i, const float* in) {
   const int64_t n = shard_[i];
   for (int k = 0; k < 3; ++k) dev_.copy((k == 0 ? master_ : k == 1 ? m_ : v_)[i].data(), in + k * n, n * 4);

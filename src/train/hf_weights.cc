@@ -202,10 +202,8 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
   std::vector<float> shard, full;
   for (int i = 0; i < params.num_params(); ++i) {
     const int64_t n = params.shard_elems(i);
-    shard.assign(static_cast<size_t>(n), 0.0f);
-    std::vector<float> state(static_cast<size_t>(3 * n));
-    params.read_state(i, state.data());  // master, m, v
-    std::copy(state.begin(), state.begin() + n, shard.begin());
+    shard.resize(static_cast<size_t>(n));
+    params.read_master(i, shard.data());
     full.resize(static_cast<size_t>(n * comm.size()));
     comm.all_gather(shard.data(), full.data(), n * 4);
     if (root && st.ok()) st = writer->add(specs[i].name, full.data());

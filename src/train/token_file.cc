@@ -1,5 +1,7 @@
 #include "untied/train/token_file.h"
 
+#include "untied/core/file_io.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -56,21 +58,6 @@ int write_all(int fd, const unsigned char* p, size_t n) {
   return 0;
 }
 
-// Reads exactly n bytes at offset. Returns 0, an errno value, or -1 at end of file.
-int pread_all(int fd, unsigned char* p, size_t n, off_t offset) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, offset);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (r == 0) return -1;
-    p += r;
-    n -= static_cast<size_t>(r);
-    offset += r;
-  }
-  return 0;
-}
 
 // The temporary file of one write: removed on destruction unless released by a rename.
 class TempFile {

@@ -60,6 +60,9 @@ class ShardedParams final : public ParameterStore {
   // This rank's shard of parameter i as 3 * shard_elems(i) host floats: master, then the two
   // AdamW moments (checkpoints). Copies through the device.
   void read_state(int i, float* out) const;
+  // The master copy of this rank's shard of parameter i: shard_elems(i) host floats (the elements
+  // past owned_elems(i) are 0). Copies through the device.
+  void read_master(int i, float* out) const;
   void write_state(int i, const float* in);
   // Device memory (host memory on the CPU): for the device's kernels.
   float* master(int i) const { return master_[i].as<float>(); }

@@ -1,0 +1,25 @@
+#include "untied/core/file_io.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace untied {
+
+int pread_all(int fd, void* buf, size_t n, int64_t offset) {
+  auto* p = static_cast<unsigned char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) return -1;
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += r;
+  }
+  return 0;
+}
+
+}  // namespace untied
