@@ -16,6 +16,8 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train           train a decoder with context parallelism (main job; built-in kv task)\n"
+    "  eval            a model's loss, perplexity and loss by position on a token file\n"
+    "  export          an untied checkpoint as a Hugging Face model directory\n"
     "  attn            one attention block forward+backward (local, ulysses, upipe): time, memory\n"
     "  bench kernels   benchmark the kernels (flash attention forward/backward, GEMM)\n"
     "  bench attn      Ulysses vs UPipe for real head shapes: time and attention-layer memory\n"
@@ -39,6 +41,14 @@ int main(int argc, char** argv) {
   if (cmd == "train") {
     std::vector<std::string> args(argv + 2, argv + argc);
     return untied::cli::train_main(&argc, &argv, args);
+  }
+  if (cmd == "eval") {
+    std::vector<std::string> args(argv + 2, argv + argc);
+    return untied::cli::eval_main(&argc, &argv, args);
+  }
+  if (cmd == "export") {
+    std::vector<std::string> args(argv + 2, argv + argc);
+    return untied::cli::export_main(&argc, &argv, args);
   }
   if (cmd == "attn") {
     std::vector<std::string> args(argv + 2, argv + argc);

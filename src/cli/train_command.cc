@@ -16,6 +16,7 @@
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
+#include "untied/train/hf_weights.h"
 #include "untied/train/trainer.h"
 
 namespace untied::cli {
@@ -27,8 +28,9 @@ void add_train_flags(FlagSet& f) {
         "booleans (flags override it)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
   f.add("save-hf", FlagKind::kString, "",
-        "at the end, write the model here as a Hugging Face directory (config.json, model.safetensors in float32) "
+        "at the end, write the model here as a Hugging Face directory (config.json, model.safetensors) "
         "that transformers loads");
+  f.add("save-hf-dtype", FlagKind::kString, "f32", "--save-hf tensors: f32, bf16 or f16");
   f.add("hf-model", FlagKind::kString, "",
         "start from a Hugging Face model directory (config.json and model.safetensors or its sharded index): "
         "LlamaForCausalLM or Qwen3ForCausalLM; each rank reads only its own shard of each tensor");
@@ -170,10 +172,6 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
         return Status::invalid_argument(std::string("--hf-model sets the model from its config.json: drop --") + flag);
     auto hf = read_hf_config(f.get_string("hf-model"));
     if (!hf.ok()) return hf.status();
-    if (hf.value().tied_embeddings)
-      return Status::unsupported(f.get_string("hf-model") +
-                                 ": tied embeddings (tie_word_embeddings) are not supported yet; models with "
-                                 "their own lm_head.weight load");
     o->model = hf.value().model;
     o->hf_model = f.get_string("hf-model");
   } else {
@@ -184,6 +182,9 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
   }
   o->save_hf = f.get_string("save-hf");
+  auto hf_dtype = parse_hf_dtype(f.get_string("save-hf-dtype"));
+  if (!hf_dtype.ok()) return Status::invalid_argument("--save-hf-dtype: " + hf_dtype.status().message());
+  o->save_hf_dtype = hf_dtype.value();
   o->rehearsal = f.get_bool("rehearsal");
   o->offload_inputs = f.get_bool("offload-inputs");
   if (o->rehearsal) {

@@ -106,6 +106,7 @@ struct LmHeadLossCall {
   const void* h;
   const int32_t* labels;
   const void* w;
+  double* row_losses = nullptr;  // host memory, nullable: (tokens) per-row losses (0 unlabelled)
 };
 struct AdamWCall { float *p, *m, *v; const float* g; int64_t n; AdamWParams a; };
 struct SumSquaresCall {

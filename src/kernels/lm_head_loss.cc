@@ -76,12 +76,12 @@ void lm_head_loss_forward_backward(Device& dev, const LmHeadLossShape& s, LossSu
 }
 
 void lm_head_loss_forward(Device& dev, const LmHeadLossShape& s, LossSums* sums, int32_t* argmax,
-                          const void* h, const int32_t* labels, const void* w) {
+                          const void* h, const int32_t* labels, const void* w, double* row_losses) {
   validate(s);
   UNTIED_CHECK(sums != nullptr, "lm_head_loss: sums must not be null");
   run_op(dev, &KernelTable::lm_head_loss, "lm_head_loss",
          LmHeadLossCall{.s = s, .pass = LossPass::kForward, .sums = sums, .argmax = argmax, .dh = nullptr,
-                        .dw = nullptr, .h = h, .labels = labels, .w = w});
+                        .dw = nullptr, .h = h, .labels = labels, .w = w, .row_losses = row_losses});
 }
 
 }  // namespace untied

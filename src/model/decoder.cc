@@ -278,7 +278,16 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
   {
     const ParamGroup wg = params.gather(N + 1);
     ParamGroup gg = params.grad_buffers(N + 1);
-    const HeadWeights w = bind_head(wg), g = bind_head(gg);
+    const HeadWeights w = bind_head(m_, wg), g = bind_head(m_, gg);
+    // Tied embeddings: the head is the embedding table, gathered once more, and the head's
+    // gradient goes to the embedding's (reduced here; the embedding backward adds its own later).
+    ParamGroup we, ge;
+    if (m_.tied_embeddings) {
+      we = params.gather(0);
+      ge = params.grad_buffers(0);
+    }
+    const Tensor head = m_.tied_embeddings ? bind_embedding(we).embed : w.lm_head;
+    float* const dhead = m_.tied_embeddings ? bind_embedding(ge).embed.as<float>() : g.lm_head.as<float>();
     TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
     TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
     const RmsNormShape norm = norm_shape(L);
@@ -291,11 +300,12 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = V, .chunk_tokens = o_.loss_chunk,
                              .grad_scale = global_count > 0 ? 1.0f / static_cast<float>(global_count) : 0.0f,
                              .dtype = t, .weight_dtype = t};
-    lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>(), dhn.data(), g.lm_head.as<float>(),
-                                  hn.data(), targets.as<int32_t>(), w.lm_head.data());
+    lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>(), dhn.data(), dhead, hn.data(),
+                                  targets.as<int32_t>(), head.data());
     rmsnorm_backward(dev_, norm, dh.data(), g.final_norm.as<float>(), h.data(), rstd.as<float>(),
                      w.final_norm.data(), dhn.data());
     params.reduce_grads(gg);
+    if (m_.tied_embeddings) params.reduce_grads(ge);
     sums.loss_sum = ls.loss_sum;
     sums.count = ls.count;
     if (dev_.backed() && is_answer != nullptr) {
@@ -331,6 +341,67 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     ParamGroup g = params.grad_buffers(0);
     embedding_backward(dev_, emb, bind_embedding(g).embed.as<float>(), ids.as<int32_t>(), dh.data());
     params.reduce_grads(g);
+  }
+  alloc.set_phase(Phase::kSetup);
+  return sums;
+}
+
+EvalSums Decoder::evaluate(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
+                           const SequenceMask& mask, double* row_losses, float* logits) {
+  UNTIED_CHECK(mask.seq() == padded_seq(), "decoder: the sequence mask covers ", mask.seq(), " tokens, not the ",
+               padded_seq(), " the decoder runs");
+  mask_ = &mask;
+  const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
+  const int N = static_cast<int>(m_.layers);
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  alloc.set_phase(Phase::kForward);
+  TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
+  {
+    TensorBuffer ids(alloc, DType::kI32, {L}, Tag::kOther, "token ids");
+    dev_.copy(ids.data(), tokens, ids.view().bytes());
+    const ParamGroup w = params.gather(0);
+    embedding_forward(dev_, EmbeddingShape{.tokens = L, .vocab = V, .dim = E, .dtype = t, .table_dtype = t},
+                      h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
+  }
+  for (int l = 0; l < N; ++l) {  // nothing is kept: each block's input is freed once it has run
+    const ParamGroup w = params.gather(l + 1);
+    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
+    block_forward(bind_block(m_, w), h, y, nullptr);
+    h = std::move(y);
+  }
+  EvalSums sums;
+  const ParamGroup wg = params.gather(N + 1);
+  const HeadWeights w = bind_head(m_, wg);
+  ParamGroup we;
+  if (m_.tied_embeddings) we = params.gather(0);
+  const Tensor head = m_.tied_embeddings ? bind_embedding(we).embed : w.lm_head;
+  TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
+  {
+    TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
+    rmsnorm_forward(dev_, norm_shape(L), hn.data(), rstd.as<float>(), h.data(), w.final_norm.data());
+  }
+  h.reset();
+  TensorBuffer argmax(alloc, DType::kI32, {L}, Tag::kOther, "predictions");
+  TensorBuffer targets(alloc, DType::kI32, {L}, Tag::kOther, "labels");
+  dev_.copy(targets.data(), labels, targets.view().bytes());
+  LossSums ls;
+  const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = V, .chunk_tokens = o_.loss_chunk, .dtype = t,
+                           .weight_dtype = t};
+  lm_head_loss_forward(dev_, ce, &ls, argmax.as<int32_t>(), hn.data(), targets.as<int32_t>(), head.data(),
+                       row_losses);
+  sums.loss_sum = ls.loss_sum;
+  sums.count = ls.count;
+  if (dev_.backed()) {
+    std::vector<int32_t> predicted(static_cast<size_t>(L));
+    dev_.copy(predicted.data(), argmax.data(), argmax.view().bytes());
+    for (int64_t i = 0; i < L; ++i) sums.correct += labels[i] != ce.ignore_index && predicted[i] == labels[i];
+  }
+  if (logits != nullptr) {  // (L, V) fp32 = hn head^T, for comparisons with other implementations
+    TensorBuffer out(alloc, DType::kF32, {L, V}, Tag::kOther, "logits");
+    gemm(dev_, GemmParams{.trans_b = true, .m = L, .n = V, .k = E, .a = hn.data(), .lda = E, .a_dtype = t,
+                          .b = head.data(), .ldb = E, .b_dtype = t, .c = out.data(), .ldc = V});
+    if (dev_.backed()) dev_.copy(logits, out.data(), out.view().bytes());
   }
   alloc.set_phase(Phase::kSetup);
   return sums;

@@ -120,13 +120,16 @@ StatusOr<HfModelConfig> parse_hf_config(const std::string& text, const std::stri
   m.norm_eps = static_cast<float>(k.number("rms_norm_eps", 1e-6, true));
   m.qk_norm = qwen3;
   m.rope_theta = k.number("rope_theta", 10000.0);
-  c.tied_embeddings = k.flag("tie_word_embeddings", false);
+  c.tied_embeddings = m.tied_embeddings = k.flag("tie_word_embeddings", false);
   c.max_position = k.integer("max_position_embeddings", 0);
   c.torch_dtype = k.text("torch_dtype");
   if (c.torch_dtype.empty()) c.torch_dtype = k.text("dtype");
   const std::string act = k.text("hidden_act");
   if (!act.empty() && act != "silu")
     return Status::unsupported(where + ": hidden_act '" + act + "' is not supported (silu is)");
+  if (k.flag("use_sliding_window", false))
+    return Status::unsupported(where + ": use_sliding_window (Qwen's per-layer sliding window) is not supported; "
+                               "set it false, or train with untied's --window on every layer");
   if (k.flag("attention_bias", false) || k.flag("mlp_bias", false))
     return Status::unsupported(where + ": attention_bias / mlp_bias are not supported (the models have none)");
   if (!k.status().ok()) return k.status();

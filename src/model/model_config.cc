@@ -69,7 +69,7 @@ std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m) {
   }
   const int last = static_cast<int>(m.layers) + 1;
   p.push_back({"final_norm", last, ParamKind::kNorm, {E}, false});
-  p.push_back({"lm_head", last, ParamKind::kLmHead, {V, E}, true});
+  if (!m.tied_embeddings) p.push_back({"lm_head", last, ParamKind::kLmHead, {V, E}, true});
   return p;
 }
 

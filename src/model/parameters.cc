@@ -39,7 +39,11 @@ BlockWeights bind_block(const ModelConfig& m, const ParamGroup& g) {
   return b;
 }
 
-HeadWeights bind_head(const ParamGroup& g) {
+HeadWeights bind_head(const ModelConfig& m, const ParamGroup& g) {
+  if (m.tied_embeddings) {
+    check_count(g, 1, "final norm (tied embeddings)");
+    return HeadWeights{.final_norm = g.tensors[0]};
+  }
   check_count(g, 2, "final norm and LM head");
   return HeadWeights{.final_norm = g.tensors[0], .lm_head = g.tensors[1]};
 }

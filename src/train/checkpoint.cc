@@ -11,6 +11,8 @@
 #include <sstream>
 #include <vector>
 
+#include "untied/core/file_io.h"
+
 namespace untied {
 namespace {
 
@@ -248,6 +250,150 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
   if (lo != hi) return Status::corrupt("checkpoint " + dir + "/" + sname + ": the ranks' files are of different steps");
   for (int i = 0; i < params.num_params(); ++i) params.write_state(i, staged[i].data());
   return step;
+}
+
+struct CheckpointWeights::Impl {
+  struct File {
+    int fd = -1;
+    std::vector<int64_t> offset;  // per parameter: the byte offset of its master shard
+  };
+  std::string dir, identity;
+  int64_t step = 0;
+  int world = 0;
+  std::vector<std::string> names;
+  std::vector<int64_t> shard;  // per parameter: elements per rank
+  std::vector<File> files;
+  ~Impl() {
+    for (File& f : files)
+      if (f.fd >= 0) ::close(f.fd);
+  }
+};
+
+CheckpointWeights::CheckpointWeights() : impl_(std::make_unique<Impl>()) {}
+CheckpointWeights::CheckpointWeights(CheckpointWeights&&) noexcept = default;
+CheckpointWeights& CheckpointWeights::operator=(CheckpointWeights&&) noexcept = default;
+CheckpointWeights::~CheckpointWeights() = default;
+int64_t CheckpointWeights::step() const { return impl_->step; }
+int CheckpointWeights::world() const { return impl_->world; }
+const std::string& CheckpointWeights::identity() const { return impl_->identity; }
+
+// Reads fields of a file at increasing offsets with pread.
+struct Cursor {
+  int fd;
+  int64_t at = 0;
+  bool get(void* p, size_t n) {
+    if (pread_all(fd, p, n, at) != 0) return false;
+    at += static_cast<int64_t>(n);
+    return true;
+  }
+  template <typename T>
+  bool get(T* v) { return get(v, sizeof *v); }
+  bool get_str(std::string* s, uint64_t max) {
+    uint64_t n;
+    if (!get(&n) || n > max) return false;
+    s->resize(n);
+    return get(s->data(), n);
+  }
+};
+
+StatusOr<CheckpointWeights> CheckpointWeights::open(const std::string& dir, bool verify) {
+  std::string sname;
+  {
+    std::ifstream f(dir + "/latest");
+    if (!f) return Status::not_found(dir + "/latest is missing: " + dir + " holds no untied checkpoint");
+    f >> sname;
+  }
+  CheckpointWeights w;
+  Impl& x = *w.impl_;
+  x.dir = dir;
+  for (int rank = 0; rank == 0 || rank < x.world; ++rank) {
+    const std::string path = rank_file(dir, sname, rank);
+    auto corrupt = [&](const std::string& what) {
+      return Status::corrupt(path + ": " + what + "; the file is damaged or not an untied checkpoint");
+    };
+    Impl::File& file = x.files.emplace_back();
+    file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (file.fd < 0) return Status::not_found(path + " is missing: the checkpoint is incomplete");
+    if (verify && !checksum_matches(path)) return corrupt("checksum mismatch (or truncated)");
+    Cursor c{file.fd};
+    char magic[8];
+    uint32_t version, world, rk;
+    int64_t step;
+    std::string id;
+    uint64_t count;
+    if (!c.get(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return corrupt("bad magic");
+    if (!c.get(&version) || version != kVersion) return corrupt("format version is not " + std::to_string(kVersion));
+    if (!c.get(&world) || !c.get(&rk) || !c.get(&step) || !c.get_str(&id, 1 << 20) || !c.get(&count) ||
+        count > (1u << 24))
+      return corrupt("truncated header");
+    if (rank == 0) {
+      if (world < 1 || world > (1u << 20)) return corrupt("world size " + std::to_string(world));
+      x.world = static_cast<int>(world), x.step = step, x.identity = id;
+    } else if (static_cast<int>(world) != x.world || step != x.step || id != x.identity) {
+      return corrupt("its header (world size, step or identity) differs from rank 0's");
+    }
+    if (static_cast<int>(rk) != rank) return corrupt("rank field " + std::to_string(rk));
+    for (uint64_t i = 0; i < count; ++i) {
+      std::string name;
+      int64_t n;
+      if (!c.get_str(&name, 4096) || !c.get(&n) || n < 0 || n > (int64_t{1} << 40))
+        return corrupt("truncated parameter table");
+      if (rank == 0) {
+        x.names.push_back(name);
+        x.shard.push_back(n);
+      } else if (i >= x.names.size() || name != x.names[i] || n != x.shard[i]) {
+        return corrupt("its parameter table differs from rank 0's at " + name);
+      }
+      file.offset.push_back(c.at);
+      c.at += 3 * n * 4;  // master, m, v
+    }
+    if (count != x.names.size()) return corrupt("its parameter count differs from rank 0's");
+    struct stat st;
+    if (::fstat(file.fd, &st) != 0 || st.st_size != c.at + 8) return corrupt("wrong size (truncated?)");
+  }
+  return w;
+}
+
+Status CheckpointWeights::check(const std::vector<ParamDesc>& descs) const {
+  const Impl& x = *impl_;
+  if (descs.size() != x.names.size())
+    return Status::invalid_argument(x.dir + " holds " + std::to_string(x.names.size()) + " parameters, this model has " +
+                                    std::to_string(descs.size()) + ": the checkpoint is of another model");
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const int64_t want = (descs[i].shape.numel() + x.world - 1) / x.world;
+    if (descs[i].name != x.names[i] || want != x.shard[i])
+      return Status::invalid_argument(x.dir + ": parameter " + std::to_string(i) + " is '" + x.names[i] + "' (" +
+                                      std::to_string(x.shard[i]) + " elements per rank), this model has '" +
+                                      descs[i].name + "' (" + std::to_string(want) + ")");
+  }
+  return Status::ok_status();
+}
+
+Status CheckpointWeights::read(int i, int64_t numel, int64_t first, int64_t count, float* out) const {
+  const Impl& x = *impl_;
+  const int64_t s = x.shard[static_cast<size_t>(i)];
+  UNTIED_ASSERT(first >= 0 && count >= 0 && first + count <= numel && numel <= s * x.world,
+                "CheckpointWeights::read: elements [", first, ", ", first + count, ") of ", numel);
+  while (count > 0) {
+    const int r = static_cast<int>(first / s);
+    const int64_t off = first - r * s, n = std::min(count, s - off);
+    const Impl::File& f = x.files[static_cast<size_t>(r)];
+    if (pread_all(f.fd, out, static_cast<size_t>(n) * 4, f.offset[static_cast<size_t>(i)] + off * 4) != 0)
+      return Status::io_error("cannot read " + rank_file(x.dir, "", r) + " (" + x.names[static_cast<size_t>(i)] + ")");
+    first += n, count -= n, out += n;
+  }
+  return Status::ok_status();
+}
+
+Status load_checkpoint_weights(const CheckpointWeights& w, ShardedParams& params) {
+  Status st;
+  params.init([&](int i, int64_t first, std::span<float> out) {
+    if (!st.ok()) return;
+    const int64_t numel = params.desc(i).shape.numel();
+    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(static_cast<int64_t>(out.size()), numel - first));
+    if (n > 0) st = w.read(i, numel, first, n, out.data());
+  });
+  return st;
 }
 
 }  // namespace untied

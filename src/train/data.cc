@@ -12,6 +12,7 @@ namespace {
 // Subclasses provide read(): stream tokens [first, first + n), first + n <= N.
 class StreamSource : public DataSource {
  public:
+  int64_t stream_tokens() const override { return stream_size(); }
   Status fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens, int32_t* labels,
               uint8_t* is_answer) const override {
     UNTIED_CHECK(sample_index >= 0 && seq_len >= 1 && start >= 0 && count >= 0 && start <= seq_len - count,

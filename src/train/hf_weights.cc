@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "untied/core/json.h"
+#include "untied/model/hf_config.h"
+#include "untied/train/checkpoint.h"
 
 namespace untied {
 
@@ -84,11 +86,11 @@ StatusOr<HfWeights> HfWeights::open(const std::string& dir) {
   return w;
 }
 
-Status HfWeights::check(const ModelConfig& m, bool tied) const {
+Status HfWeights::check(const ModelConfig& m) const {
   std::set<std::string> expected;
+  if (m.tied_embeddings) expected.insert(hf_tensor_name("lm_head"));  // tolerated, never read
   for (const ParamDesc& d : parameter_descriptors(m)) {
     const std::string hf = hf_tensor_name(d.name);
-    if (tied && d.name == "lm_head") continue;
     expected.insert(hf);
     auto it = where_.find(hf);
     if (it == where_.end())
@@ -133,7 +135,14 @@ Status load_hf_weights(const HfWeights& w, ShardedParams& params) {
   return st;
 }
 
-std::string hf_config_json(const ModelConfig& m, int64_t max_position) {
+StatusOr<std::string> parse_hf_dtype(const std::string& s) {
+  if (s == "f32" || s == "fp32" || s == "float32") return std::string("F32");
+  if (s == "bf16" || s == "bfloat16") return std::string("BF16");
+  if (s == "f16" || s == "fp16" || s == "float16") return std::string("F16");
+  return Status::invalid_argument("unknown weight dtype '" + s + "' (f32, bf16 or f16)");
+}
+
+std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std::string& torch_dtype) {
   Json c;
   c["architectures"] = {m.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
   c["model_type"] = m.qk_norm ? "qwen3" : "llama";
@@ -150,8 +159,8 @@ std::string hf_config_json(const ModelConfig& m, int64_t max_position) {
   c["max_position_embeddings"] = max_position;
   c["attention_bias"] = false;
   c["mlp_bias"] = false;
-  c["tie_word_embeddings"] = false;
-  c["torch_dtype"] = "float32";
+  c["tie_word_embeddings"] = m.tied_embeddings;
+  c["torch_dtype"] = torch_dtype;
   const RopeScaling& r = m.rope_scaling;
   if (r.type == RopeScalingType::kLinear) c["rope_scaling"] = Json{{"rope_type", "linear"}, {"factor", r.factor}};
   if (r.type == RopeScalingType::kLlama3)
@@ -163,24 +172,34 @@ std::string hf_config_json(const ModelConfig& m, int64_t max_position) {
   return c.dump(2) + "\n";
 }
 
+Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveHfOptions& o) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string torch_dtype = o.dtype == "BF16" ? "bfloat16" : o.dtype == "F16" ? "float16" : "float32";
+  std::string config = hf_config_json(m, o.max_position, torch_dtype);
+  if (!o.source_config.empty()) {
+    std::ifstream f(o.source_config);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (!f) return Status::io_error("cannot read " + o.source_config);
+    config = ss.str();
+  }
+  const std::string path = dir + "/config.json", tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << config;
+    out.close();
+    if (!out) return Status::io_error("cannot write " + tmp + ": choose a writable directory");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::io_error("cannot rename " + tmp + " to " + path);
+  return Status::ok_status();
+}
+
 Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator& comm, const ModelConfig& m,
-                     int64_t max_position, const std::string& source_config) {
+                     const SaveHfOptions& o) {
   const bool root = comm.rank() == 0;
   Status st;
-  if (root) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    std::string config = hf_config_json(m, max_position);
-    if (!source_config.empty()) {
-      std::ifstream f(source_config);
-      std::stringstream ss;
-      ss << f.rdbuf();
-      if (f) config = ss.str();
-    }
-    std::ofstream out(dir + "/config.json", std::ios::trunc);
-    out << config;
-    if (!out) st = Status::io_error("cannot write " + dir + "/config.json: choose a writable --save-hf directory");
-  }
+  if (root) st = write_hf_config(dir, m, o);
   st = first_failure(comm, st);
   if (!st.ok()) return st;
   std::vector<SafetensorsTensor> specs;
@@ -188,7 +207,7 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
     const ParamDesc& d = params.desc(i);
     std::vector<int64_t> shape;
     for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
-    specs.push_back({.name = hf_tensor_name(d.name), .dtype = "F32", .shape = shape});
+    specs.push_back({.name = hf_tensor_name(d.name), .dtype = o.dtype, .shape = shape});
   }
   std::unique_ptr<SafetensorsWriter> writer;
   if (root) {
@@ -210,6 +229,46 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
   }
   if (root && st.ok()) st = writer->finish();
   return first_failure(comm, st);
+}
+
+Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype) {
+  auto cfg = read_hf_config(ckpt_dir);
+  if (!cfg.ok()) {
+    if (cfg.status().code() == Status::Code::kNotFound)
+      return Status::not_found(ckpt_dir + "/config.json is missing: give the directory `untied train --checkpoint-dir` "
+                                          "wrote");
+    return cfg.status();
+  }
+  const ModelConfig& m = cfg.value().model;
+  auto w = CheckpointWeights::open(ckpt_dir, true);
+  if (!w.ok()) return w.status();
+  const std::vector<ParamDesc> descs = parameter_descriptors(m);
+  Status st = w.value().check(descs);
+  if (!st.ok()) return st;
+  std::error_code ec;  // out_dir may not exist yet: then it is not the checkpoint's
+  if (std::filesystem::equivalent(std::filesystem::path(ckpt_dir), std::filesystem::path(out_dir), ec))
+    return Status::invalid_argument("export into a new directory, not the checkpoint's own");
+  std::vector<SafetensorsTensor> specs;
+  for (const ParamDesc& d : descs) {
+    std::vector<int64_t> shape;
+    for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
+    specs.push_back({.name = hf_tensor_name(d.name), .dtype = dtype, .shape = shape});
+  }
+  st = write_hf_config(out_dir, m, SaveHfOptions{.source_config = ckpt_dir + "/config.json", .dtype = dtype});
+  if (!st.ok()) return st;
+  auto created = SafetensorsWriter::create(out_dir + "/model.safetensors", specs, {{"format", "pt"}});
+  if (!created.ok()) return created.status();
+  SafetensorsWriter writer = std::move(created).value();
+  std::vector<float> full;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const int64_t n = descs[i].shape.numel();
+    full.resize(static_cast<size_t>(n));
+    st = w.value().read(static_cast<int>(i), n, 0, n, full.data());
+    if (!st.ok()) return st;
+    st = writer.add(specs[i].name, full.data());
+    if (!st.ok()) return st;
+  }
+  return writer.finish();
 }
 
 }  // namespace untied

@@ -1,5 +1,6 @@
 // The training loop: see trainer.h.
 #include "untied/train/trainer.h"
+#include "untied/train/rank_sample.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,11 +24,20 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// " rope=llama3(8,1,4,8192)" for a scaled RoPE, "" without scaling.
+std::string rope_scaling_note(const RopeScaling& r) {
+  if (r.type == RopeScalingType::kNone) return "";
+  if (r.type == RopeScalingType::kLinear) return str_cat(" rope=linear(", r.factor, ")");
+  return str_cat(" rope=llama3(", r.factor, ",", r.low_freq_factor, ",", r.high_freq_factor, ",",
+                 r.original_max_position, ")");
+}
+
 // What must match for a checkpoint to be resumed.
 std::string identity(const TrainOptions& o, int ranks, const DataSource& data) {
   const ModelConfig& m = o.model;
   return str_cat("batch=", o.batch, " model ", m.name, " V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads,
                  " D=", m.head_dim, " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm,
+                 m.tied_embeddings ? " tied" : "", rope_scaling_note(m.rope_scaling),
                  " seq=", o.decoder.seq, o.window > 0 ? str_cat(" window=", o.window) : std::string(), o.doc_mask ? "" : " no_doc_mask", " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
                  " data=", data.kind(), " data_vocab=", data.vocab_size());
 }
@@ -115,7 +125,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   params.init(parameter_init(o.model, o.seed));
   if (!o.hf_model.empty() && !o.resume) {  // every rank opens and checks the files, then reads its shards
     auto w = HfWeights::open(o.hf_model);
-    Status ws = w.ok() ? w.value().check(o.model, false) : w.status();
+    Status ws = w.ok() ? w.value().check(o.model) : w.status();
     if (ws.ok() && dev.backed()) ws = load_hf_weights(w.value(), params);
     ws = first_failure(comm, ws);
     if (!ws.ok()) return ws;
@@ -162,6 +172,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   // to the device).
   std::vector<int32_t> tokens(static_cast<size_t>(B * L)), labels(tokens.size());
   std::vector<uint8_t> answer(tokens.size());
+  const SampleShape shape{.seq = S, .padded_seq = Sp, .window = o.window, .doc_mask = o.doc_mask};
 
   TrainSummary sum;
   sum.first_step = start;
@@ -171,29 +182,9 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const double t0 = now_s();
     Status ds;
     std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));
-    for (int64_t b = 0; b < B && ds.ok() && dev.backed(); ++b) {
-      for (const TokenSegment& seg : positions) {
-        const int64_t at = b * L + seg.first_row;
-        const int64_t real = std::clamp<int64_t>(S - seg.first_position, 0, seg.length);  // the rest is padding
-        if (real > 0)
-          ds = data.fill(s * B + b, S, seg.first_position, real, tokens.data() + at, labels.data() + at,
-                         answer.data() + at);
-        std::fill(tokens.begin() + at + real, tokens.begin() + at + seg.length, 0);
-        std::fill(labels.begin() + at + real, labels.begin() + at + seg.length, kIgnoreIndex);
-        std::fill(answer.begin() + at + real, answer.begin() + at + seg.length, 0);
-        if (!ds.ok()) break;
-      }
-      // The sample's documents, from the data alone (every rank gets the same).
-      if (ds.ok()) {
-        auto starts = data.document_starts(s * B + b, S);
-        if (!starts.ok()) ds = starts.status();
-        else {
-          auto mask = SequenceMask::from_starts(S, std::move(starts).value(), o.window);
-          if (!mask.ok()) ds = mask.status();
-          else masks[b] = o.doc_mask ? mask.value().padded_to(Sp) : mask.value().padded_to(Sp).attending_across_documents();
-        }
-      }
-    }
+    for (int64_t b = 0; b < B && ds.ok() && dev.backed(); ++b)
+      ds = fill_rank_sample(data, s * B + b, shape, positions, tokens.data() + b * L, labels.data() + b * L,
+                            answer.data() + b * L, &masks[b]);
     ds = first_failure(comm, ds);
     if (!ds.ok()) {
       if (metrics) std::fclose(metrics);
@@ -275,7 +266,13 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     }
     const bool last = s + 1 == end;
     if (!o.checkpoint_dir.empty() && (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
-      Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
+      // The model's config.json beside the steps, for `untied eval` and `untied export`.
+      Status cs = comm.rank() == 0 ? write_hf_config(o.checkpoint_dir, o.model,
+                                                     SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
+                                                                   .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json"})
+                                   : Status::ok_status();
+      cs = first_failure(comm, cs);
+      if (cs.ok()) cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
       if (!cs.ok()) {
         if (metrics) std::fclose(metrics);
         return cs;
@@ -285,8 +282,10 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   if (metrics) std::fclose(metrics);
   if (!o.save_hf.empty() && dev.backed()) {  // the trained model as a Hugging Face directory
     dev.synchronize();
-    const Status hs = save_hf_model(o.save_hf, params, comm, o.model, std::max<int64_t>(o.decoder.seq, 4096),
-                                    o.hf_model.empty() ? "" : o.hf_model + "/config.json");
+    const Status hs = save_hf_model(o.save_hf, params, comm, o.model,
+                                    SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
+                                                  .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json",
+                                                  .dtype = o.save_hf_dtype});
     if (!hs.ok()) return hs;
   }
   return sum;

@@ -53,7 +53,7 @@ TEST(HfWeights, LossEqualsTransformersInEveryStrategy) {
   EXPECT_EQ(m.rope_scaling.type, RopeScalingType::kLlama3);
   auto w = HfWeights::open(kDir);
   ASSERT_TRUE(w.ok()) << w.status().message();
-  ASSERT_TRUE(w.value().check(m, cfg.value().tied_embeddings).ok()) << w.value().check(m, false).message();
+  ASSERT_TRUE(w.value().check(m).ok()) << w.value().check(m).message();
   const Json expected = read_json(kDir + "/expected.json");
   const std::vector<int32_t> tokens = expected["tokens"].get<std::vector<int32_t>>();
   const double want = expected["loss"].get<double>();
@@ -99,7 +99,7 @@ TEST(HfWeights, SavedModelLoadsBackUnchanged) {
       auto dev = make_cpu_device({.threads = 1});
       ShardedParams params(*dev, comm, parameter_descriptors(m), DType::kF32);
       Status s = load_hf_weights(w.value(), params);
-      if (s.ok()) s = save_hf_model(out, params, comm, m, 256);
+      if (s.ok()) s = save_hf_model(out, params, comm, m, SaveHfOptions{.max_position = 256});
       if (comm.rank() == 0) saved = s;
     });
     ASSERT_TRUE(saved.ok()) << saved.message();
@@ -109,7 +109,7 @@ TEST(HfWeights, SavedModelLoadsBackUnchanged) {
     EXPECT_EQ(back_cfg.value().model.head_dim, m.head_dim);
     auto back = HfWeights::open(out);
     ASSERT_TRUE(back.ok()) << back.status().message();
-    ASSERT_TRUE(back.value().check(m, false).ok());
+    ASSERT_TRUE(back.value().check(m).ok());
     for (const ParamDesc& d : parameter_descriptors(m)) {
       const int64_t n = d.shape.numel();
       std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
@@ -134,7 +134,7 @@ class BadModelDir : public ::testing::Test {
     if (!cfg.ok()) return cfg.status();
     auto w = HfWeights::open(dir_);
     if (!w.ok()) return w.status();
-    return w.value().check(cfg.value().model, cfg.value().tied_embeddings);
+    return w.value().check(cfg.value().model);
   }
   void edit_index(const std::function<void(Json&)>& f) {
     Json j = read_json(dir_ + "/model.safetensors.index.json");

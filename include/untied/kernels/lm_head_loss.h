@@ -78,7 +78,8 @@ void lm_head_loss_forward_backward(Device& dev, const LmHeadLossShape& s, LossSu
                                    const int32_t* labels, const void* w);
 
 // Evaluation: *sums +=, argmax (tokens) int32 = (nullable); no gradients (grad_scale unused).
+// row_losses (host memory, nullable): (tokens) = each row's loss, 0 where the row is unlabelled.
 void lm_head_loss_forward(Device& dev, const LmHeadLossShape& s, LossSums* sums, int32_t* argmax,
-                          const void* h, const int32_t* labels, const void* w);
+                          const void* h, const int32_t* labels, const void* w, double* row_losses = nullptr);
 
 }  // namespace untied

@@ -52,6 +52,12 @@ struct StepSums {
   int64_t correct = 0;   // of those, predicted (argmax) right
 };
 
+struct EvalSums {
+  double loss_sum = 0;  // over this rank's labelled tokens
+  int64_t count = 0;    // labelled tokens on this rank
+  int64_t correct = 0;  // labelled tokens whose label is the argmax prediction
+};
+
 class Decoder {
  public:
   // REQUIRES: validate(m, o, comm.size()).ok().
@@ -70,6 +76,13 @@ class Decoder {
                             const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask);
   StepSums forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                             const uint8_t* is_answer, int64_t global_count);
+  // Evaluation: the forward alone, keeping nothing for a backward (each block's input is freed
+  // once the block has run), and the loss. tokens, labels: this rank's L positions (host).
+  // row_losses (host, nullable): L values, -log p(label) per position, 0 where unlabelled.
+  // logits (host, nullable): (L, V) fp32, row-major (this rank's positions; for comparisons with
+  // other implementations: it allocates an (L, V) buffer). No parameter gradient is touched.
+  EvalSums evaluate(ParameterStore& params, const int32_t* tokens, const int32_t* labels, const SequenceMask& mask,
+                    double* row_losses = nullptr, float* logits = nullptr);
   // The length the decoder runs: o.seq padded to what the ranks divide (padded_config); rows
   // per rank L = padded_seq() / ranks.
   int64_t padded_seq() const { return rows_ * comm_.size(); }

@@ -5,7 +5,7 @@
 // num_key_value_heads (default: the heads), head_dim (default: hidden / heads),
 // intermediate_size, rms_norm_eps, rope_theta (default 10000), tie_word_embeddings (default
 // false), max_position_embeddings, torch_dtype / dtype, hidden_act (must be silu),
-// attention_bias and mlp_bias (must be false or absent). RoPE scaling in either convention seen on
+// attention_bias, mlp_bias and use_sliding_window (must be false or absent). RoPE scaling in either convention seen on
 // published checkpoints: `rope_scaling` next to `rope_theta`, or the newer `rope_parameters`
 // block holding rope_theta too; rope_type (or the older `type`) "default", "linear" (factor) or
 // "llama3" (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings). Any

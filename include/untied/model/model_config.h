@@ -2,10 +2,11 @@
 //
 // A Llama-3-family decoder: token embedding (V, E); N blocks of
 //   RMSNorm -> attention block (attention_block.h) -> residual -> RMSNorm -> SwiGLU MLP -> residual;
-// a final RMSNorm and an LM head (V, E). Qwen3 adds RMSNorm on q and k per head (qk_norm).
+// a final RMSNorm and an LM head (V, E). Qwen3 adds RMSNorm on q and k per head (qk_norm). With
+// tied_embeddings the LM head is the embedding table itself.
 //
 // Parameters are grouped for sharding and gathering: group 0 is the embedding, groups 1..N the
-// blocks, group N+1 the final norm and LM head. Each parameter has a descriptor (name, shape,
+// blocks, group N+1 the final norm and LM head (the final norm alone when tied). Each parameter has a descriptor (name, shape,
 // whether weight decay applies); code iterates descriptors instead of indices.
 #pragma once
 
@@ -32,6 +33,9 @@ struct ModelConfig {
   RopeScaling rope_scaling = {};  // Llama 3.1+: frequency scaling for long contexts (rope.h)
   float norm_eps = 1e-5f;
   bool qk_norm = false;  // Qwen3
+  // The LM head is the embedding table (Llama 3.2 1B/3B, small Qwen3): no lm_head parameter; the
+  // head's gradient adds to the embedding's.
+  bool tied_embeddings = false;
 };
 
 // Presets with the real shapes: llama3-8b, llama3-70b, qwen3-32b (for planning and benchmarks);
@@ -57,7 +61,7 @@ struct ParamDesc {
 };
 
 // Every parameter, in a fixed order: embed; per block attn_norm, wq, wk, wv, wo, [q_norm, k_norm,]
-// mlp_norm, w_gate, w_up, w_down; final_norm, lm_head.
+// mlp_norm, w_gate, w_up, w_down; final_norm, lm_head (not when tied_embeddings).
 std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m);
 int64_t parameter_count(const ModelConfig& m);
 

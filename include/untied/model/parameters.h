@@ -1,7 +1,8 @@
 // The decoder's parameters as the model sees them: named, typed views of one group at a time
 // (llm.c's ParameterTensors), a store that hands groups out, and the model's initialisation.
 //
-// Groups (model_config.h): 0 the embedding, 1..N the blocks, N+1 the final norm and LM head. A
+// Groups (model_config.h): 0 the embedding, 1..N the blocks, N+1 the final norm and LM head (the
+// final norm alone with tied embeddings). A
 // group's tensors come in descriptor order (parameter_descriptors), which the bind_* functions
 // turn into named fields once per group, so no code looks a weight up by name or index.
 //
@@ -39,13 +40,13 @@ struct BlockWeights {
 };
 struct HeadWeights {
   Tensor final_norm;  // (E)
-  Tensor lm_head;     // (V, E)
+  Tensor lm_head;     // (V, E); empty with tied embeddings (the embedding group's table is the head)
 };
 
 // Named views of a group's tensors. REQUIRES: g is the group of that kind (checked: its size).
 EmbeddingWeights bind_embedding(const ParamGroup& g);
 BlockWeights bind_block(const ModelConfig& m, const ParamGroup& g);
-HeadWeights bind_head(const ParamGroup& g);
+HeadWeights bind_head(const ModelConfig& m, const ParamGroup& g);
 
 // Where the decoder's parameters live. All three calls are collective over the ranks that share
 // the store.

@@ -12,7 +12,9 @@
 // checksum) and reports what differs; nothing is modified unless every rank's file is good.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "untied/comm/communicator.h"
 #include "untied/core/status.h"
@@ -32,5 +34,38 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
 
 // True when `dir` holds a `latest` file.
 bool checkpoint_exists(const std::string& dir);
+
+// A checkpoint's master weights, read at any rank count (evaluation, export): the rank files of
+// the step `latest` names. open() validates every file's structure (magic, version, world size,
+// rank, step, identity and parameter table equal in all files, exact file size) and, with
+// verify, its checksum too (a full read of every file; export does it, evaluation does not).
+// read() fetches elements of a parameter's full tensor from the files that hold them, by pread
+// of just those bytes. Thread-safe after open (in-process ranks share one).
+class CheckpointWeights {
+ public:
+  static StatusOr<CheckpointWeights> open(const std::string& dir, bool verify);
+  CheckpointWeights(CheckpointWeights&&) noexcept;
+  CheckpointWeights& operator=(CheckpointWeights&&) noexcept;
+  ~CheckpointWeights();
+
+  int64_t step() const;
+  int world() const;  // the ranks that wrote it
+  const std::string& identity() const;
+  // The parameters match (names in order, and shard lengths: ceil(numel / world)); the message
+  // names the first that differs.
+  Status check(const std::vector<ParamDesc>& descs) const;
+  // out = elements [first, first + count) of parameter i's full (unsharded) tensor, whose numel
+  // is `numel`. REQUIRES: check(descs).ok(), 0 <= first, first + count <= numel.
+  Status read(int i, int64_t numel, int64_t first, int64_t count, float* out) const;
+
+ private:
+  CheckpointWeights();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Fills every parameter's shard (master copies; moments zero) on this rank from w. REQUIRES:
+// w.check(params.descs()).ok(). Returns the first read error.
+Status load_checkpoint_weights(const CheckpointWeights& w, ShardedParams& params);
 
 }  // namespace untied

@@ -29,6 +29,9 @@ class DataSource {
   virtual std::string_view kind() const = 0;  // "kv", "tokens", "text"
   // Tokens are in [0, vocab_size()).
   virtual int64_t vocab_size() const = 0;
+  // The tokens of the stream the samples tile (a token file's, a text's) before they wrap around
+  // it; 0 for a synthetic source without end.
+  virtual int64_t stream_tokens() const { return 0; }
 
   // Positions [start, start + count) of sample `sample_index`, a sequence of seq_len tokens:
   //   tokens[i]    = the token at position p = start + i;

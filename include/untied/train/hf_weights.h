@@ -37,8 +37,9 @@ class HfWeights {
   // otherwise.
   static StatusOr<HfWeights> open(const std::string& dir);
   // Checks the tensors against the model: each parameter's tensor present with its shape, and
-  // no tensor left over (the message names the tensor). A tied model (tied) has no lm_head.weight.
-  Status check(const ModelConfig& m, bool tied) const;
+  // no tensor left over (the message names the tensor). A tied model (m.tied_embeddings) needs no
+  // lm_head.weight; one that is there anyway (some exports keep the copy) is not read.
+  Status check(const ModelConfig& m) const;
   // out = elements [first, first + count) of the tensor, as float32.
   Status read(const std::string& hf_name, int64_t first, int64_t count, float* out) const;
 
@@ -48,18 +49,41 @@ class HfWeights {
 };
 
 // Fills every parameter's shard (master copies) on this rank from the weights. REQUIRES:
-// w.check(m, false).ok(). Returns the first read error.
+// w.check(m).ok(). Returns the first read error.
 Status load_hf_weights(const HfWeights& w, ShardedParams& params);
 
 // The Hugging Face config.json of a model untied trained (LlamaForCausalLM, or Qwen3ForCausalLM
-// with qk_norm), float32 weights, untied embeddings.
-std::string hf_config_json(const ModelConfig& m, int64_t max_position);
+// with qk_norm; tie_word_embeddings as the model has them), with torch_dtype `torch_dtype`
+// ("float32" or "bfloat16").
+std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std::string& torch_dtype = "float32");
 
-// Collective: writes DIR/model.safetensors (float32, the parameters' master copies gathered one
-// tensor at a time) and DIR/config.json (a copy of `source_config` when given, else
+struct SaveHfOptions {
+  int64_t max_position = 4096;  // max_position_embeddings of a written config.json
+  std::string source_config;    // a config.json to copy (the imported model's), or "" to write one
+  std::string dtype = "F32";    // the tensors' safetensors dtype: "F32", "BF16" (rounded to nearest even) or "F16"
+};
+
+// "f32" | "float32" | "bf16" | "bfloat16" | "f16" | "float16" -> "F32" | "BF16" | "F16";
+// invalid_argument naming the choices otherwise.
+StatusOr<std::string> parse_hf_dtype(const std::string& s);
+
+// Writes DIR/config.json (created with its parents if needed): a copy of o.source_config when
+// given, else hf_config_json(m, o.max_position, the torch dtype of o.dtype); atomically. Not
+// collective (one rank calls it).
+Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveHfOptions& o);
+
+// Collective: writes DIR/model.safetensors (the parameters' master copies gathered one tensor at
+// a time, stored in o.dtype) and DIR/config.json (a copy of o.source_config when given, else
 // hf_config_json) from rank 0, a directory transformers loads as it is. The same Status on every
 // rank.
 Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator& comm, const ModelConfig& m,
-                     int64_t max_position, const std::string& source_config = "");
+                     const SaveHfOptions& o);
+
+// `untied export`: the newest checkpoint of ckpt_dir (written at any rank count; its
+// config.json says the model) as a Hugging Face directory out_dir: config.json (the checkpoint's,
+// torch_dtype kept) and model.safetensors in `dtype` ("F32", "BF16", "F16"), one tensor at a
+// time (the largest tensor is the only one in memory). Every rank file's checksum is verified
+// first. One process; no communicator.
+Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype);
 
 }  // namespace untied

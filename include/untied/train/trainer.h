@@ -51,8 +51,9 @@ struct TrainOptions {
   // whose config.json gave `model`; unless resuming, when the checkpoint's come instead.
   std::string hf_model;
   // Non-empty: at the end, the model is written here as a Hugging Face directory (config.json and
-  // model.safetensors, float32) that transformers loads.
+  // model.safetensors) that transformers loads; its tensors in save_hf_dtype ("F32", "BF16", "F16").
   std::string save_hf;
+  std::string save_hf_dtype = "F32";
 };
 
 struct TrainSummary {

@@ -72,7 +72,7 @@ double row_softmax(float* row, int64_t v, int32_t label, bool labelled, bool gra
 }  // namespace
 
 void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
-  const auto& [s, pass, sums, argmax, dh, dw, h, labels, w] = c;
+  const auto& [s, pass, sums, argmax, dh, dw, h, labels, w, row_losses] = c;
   const bool backward = pass == LossPass::kForwardBackward;
   const int64_t chunk = lm_head_loss_chunk(s);
   if (chunk == 0) return;  // no tokens
@@ -102,6 +102,7 @@ void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
     char* dh_c = backward ? static_cast<char*>(dh) + t0 * E * es : nullptr;
     if (labelled == 0 && argmax == nullptr) {  // nothing to compute: G = 0
       if (backward) dev.fill_zero(dh_c, n * E * es);
+      if (row_losses != nullptr) std::fill(row_losses + t0, row_losses + t0 + n, 0.0);
       continue;
     }
 
@@ -125,6 +126,7 @@ void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
                               argmax ? argmax + t0 + i : nullptr);
     }
     for (int64_t i = 0; i < n; ++i) sums->loss_sum += losses[i];  // row order: deterministic
+    if (row_losses != nullptr) std::copy(losses, losses + n, row_losses + t0);
     sums->count += labelled;
     if (!backward) continue;
 

@@ -217,7 +217,7 @@ void softmax_rows(cudaStream_t st, const RowParams& p) {
 }  // namespace
 
 void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
-  const auto& [s, pass, sums, argmax, dh, dw, h, labels, w] = c;
+  const auto& [s, pass, sums, argmax, dh, dw, h, labels, w, row_losses] = c;
   const bool backward = pass == LossPass::kForwardBackward;
   const int64_t chunk = lm_head_loss_chunk(s);
   if (chunk == 0) return;  // no tokens
@@ -251,6 +251,7 @@ void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
                                            [&](int32_t l) { return l != s.ignore_index; });
     if (labelled == 0 && argmax == nullptr) {  // nothing to compute: G = 0
       if (backward) dev.fill_zero(static_cast<char*>(dh) + t0 * E * es, n * E * es);
+      if (row_losses != nullptr) std::fill(row_losses + t0, row_losses + t0 + n, 0.0);
       continue;
     }
     const void* h_c = hb + t0 * E * es;
@@ -309,6 +310,7 @@ void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
                                       cudaMemcpyDeviceToHost, st));
     UNTIED_CUDA_CHECK(cudaStreamSynchronize(st));
     for (int64_t i = 0; i < n; ++i) sums->loss_sum += host_losses[static_cast<size_t>(i)];  // 0 for ignored rows
+    if (row_losses != nullptr) std::copy(host_losses.begin(), host_losses.begin() + n, row_losses + t0);
     sums->count += labelled;
   }
 }

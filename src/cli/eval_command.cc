@@ -1,0 +1,232 @@
+// `untied eval`: a model's loss, perplexity, accuracy and speed on a token file, and its loss by
+// position (the long-context curve), with the launch options and strategies of `untied train`.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "cli/launch.h"
+#include "cli/rank_device.h"
+#include "untied/core/json.h"
+#include "untied/model/hf_config.h"
+#include "untied/train/data.h"
+#include "untied/train/evaluator.h"
+
+namespace untied::cli {
+namespace {
+
+void add_eval_flags(FlagSet& f) {
+  f.add("hf-model", FlagKind::kString, "", "evaluate this Hugging Face model directory (config.json + safetensors)");
+  f.add("checkpoint-dir", FlagKind::kString, "",
+        "or: evaluate the newest checkpoint of an untied run (written at any rank count; its config.json says the model)");
+  f.add("preset", FlagKind::kString, "tiny", "or: a preset with its initial weights (a baseline): " + model_preset_names());
+  f.add("vocab", FlagKind::kInt, "0", "--preset: vocabulary size (0 = the data's)");
+  f.add("seed", FlagKind::kInt, "0", "--preset: seed of the initial weights");
+  f.add("data", FlagKind::kString, "tokens", "data: tokens (a token file, `untied prepare`) or text (byte-level)");
+  f.add("data-path", FlagKind::kString, "", "the token file (--data tokens) or UTF-8 text (--data text)");
+  f.add("text-split", FlagKind::kString, "blank-lines", "--data text: documents are blank-line blocks, lines or the file");
+  f.add("seq", FlagKind::kInt, "256", "sequence length S: the file is read as consecutive sequences of S tokens");
+  f.add("samples", FlagKind::kInt, "0", "sequences to evaluate (0 = every whole sequence of the file)");
+  f.add("buckets", FlagKind::kInt, "16", "the loss by position: S in this many equal ranges");
+  f.add("window", FlagKind::kInt, "0", "sliding-window attention (0 = none)");
+  f.add("doc-mask", FlagKind::kBool, "true", "attend only inside each document (--no-doc-mask: across them)");
+  f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses, upipe or ring");
+  f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
+  f.add("ring", FlagKind::kInt, "1", "ring degree R of ulysses/upipe");
+  add_dtype_flag(f, "f32", "activation and compute-weight storage: f32 or bf16");
+  f.add("mlp-tile", FlagKind::kInt, "0", "tokens per MLP tile (0 = automatic)");
+  f.add("loss-chunk", FlagKind::kInt, "0", "tokens per LM-head loss chunk (0 = automatic)");
+  add_ranks_flag(f, 1);
+  add_device_flag(f);
+  add_threads_flag(f);
+  add_mem_budget_flag(f);
+  f.add("json", FlagKind::kBool, "false", "print one JSON object (loss, tokens, perplexity, buckets, ...) instead of text");
+  f.add("svg", FlagKind::kString, "", "write the loss by position as an SVG plot here");
+  f.add("compare", FlagKind::kString, "", "with --svg: also plot the curve of this earlier `eval --json` output");
+  f.add("label", FlagKind::kString, "", "this run's name in the plot and the JSON (default: the model's directory)");
+  f.add("dump-logits", FlagKind::kString, "", "write the first sequence's logits (S, V) float32 here (.npy)");
+}
+
+Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device, int* threads, int ranks) {
+  const std::string hf = f.get_string("hf-model"), ck = f.get_string("checkpoint-dir");
+  if (!hf.empty() && !ck.empty()) return Status::invalid_argument("give --hf-model or --checkpoint-dir, not both");
+  if (!hf.empty() || !ck.empty()) {
+    for (const char* flag : {"preset", "vocab", "seed"})
+      if (f.was_set(flag))
+        return Status::invalid_argument(std::string("the model comes from ") + (hf.empty() ? "--checkpoint-dir" : "--hf-model") +
+                                        "'s config.json: drop --" + flag);
+    auto c = read_hf_config(hf.empty() ? ck : hf);
+    if (!c.ok()) {
+      if (!ck.empty() && c.status().code() == Status::Code::kNotFound)
+        return Status::not_found(ck + "/config.json is missing: is --checkpoint-dir the directory `untied train "
+                                      "--checkpoint-dir` wrote?");
+      return c.status();
+    }
+    o->model = c.value().model;
+    o->hf_model = hf;
+    o->checkpoint_dir = ck;
+  } else {
+    auto m = model_preset(f.get_string("preset"));
+    if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
+    o->model = m.value();
+    if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
+    o->seed = static_cast<uint64_t>(f.get_int("seed"));
+  }
+  auto st = parse_strategy(f.get_string("strategy"));
+  if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());
+  auto dev = parse_device_choice(f.get_string("device"));
+  if (!dev.ok()) return Status::invalid_argument("--device: " + dev.status().message());
+  *device = dev.value();
+  auto dt = parse_dtype(f.get_string("dtype"));
+  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
+  o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
+                              .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"),
+                              .loss_chunk = f.get_int("loss-chunk")};
+  o->samples = f.get_int("samples");
+  o->buckets = f.get_int("buckets");
+  if (f.was_set("window") && f.get_int("window") < 1)
+    return Status::invalid_argument("--window " + std::to_string(f.get_int("window")) +
+                                    ": a window holds at least 1 key (the query itself); drop --window for none");
+  o->window = f.get_int("window");
+  o->doc_mask = f.get_bool("doc-mask");
+  o->logits_path = f.get_string("dump-logits");
+  *threads = f.get_string("threads").empty() ? default_threads_per_rank(ranks) : static_cast<int>(f.get_int("threads"));
+  if (*device == DeviceChoice::kCuda) *threads = 1;
+  if (!f.get_string("compare").empty() && f.get_string("svg").empty())
+    return Status::invalid_argument("--compare adds a curve to the --svg plot: give --svg too");
+  return Status::ok_status();
+}
+
+Json result_json(const EvalResult& r, const EvalOptions& o, const std::string& label, int ranks) {
+  Json j;
+  j["label"] = label;
+  j["loss"] = r.loss;
+  j["perplexity"] = r.perplexity;
+  j["accuracy"] = r.accuracy;
+  j["tokens"] = r.tokens;
+  j["samples"] = r.samples;
+  j["seq"] = o.decoder.seq;
+  j["tokens_per_s"] = as_printed("%.1f", r.tokens_per_s);
+  j["seconds"] = as_printed("%.3f", r.seconds);
+  j["strategy"] = std::string(strategy_name(o.decoder.strategy));
+  j["ranks"] = ranks;
+  j["dtype"] = std::string(dtype_name(o.decoder.dtype));
+  if (r.checkpoint_step >= 0) j["checkpoint_step"] = r.checkpoint_step;
+  Json buckets = Json::array();
+  for (size_t b = 0; b < r.bucket_loss.size(); ++b)
+    buckets.push_back(Json{{"begin", r.bucket_begin[b]}, {"end", r.bucket_begin[b + 1]}, {"tokens", r.bucket_tokens[b]},
+                           {"loss", r.bucket_tokens[b] > 0 ? Json(r.bucket_loss[b]) : Json(nullptr)}});
+  j["loss_by_position"] = buckets;
+  j["peak_bytes_by_tag"] = peak_bytes_by_tag(r.peak);
+  return j;
+}
+
+// The curve of an earlier `eval --json` output.
+StatusOr<LossCurve> read_curve(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return Status::not_found("--compare: cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    const Json j = Json::parse(ss.str());
+    LossCurve c{.label = j.value("label", path)};
+    for (const Json& b : j.at("loss_by_position")) {
+      if (b.at("loss").is_null()) continue;
+      c.position.push_back(0.5 * (b.at("begin").get<double>() + b.at("end").get<double>()));
+      c.loss.push_back(b.at("loss").get<double>());
+    }
+    return c;
+  } catch (const Json::exception& e) {
+    return Status::invalid_argument("--compare: " + path + " is not the output of `untied eval --json`: " + e.what());
+  }
+}
+
+void print_text(const EvalResult& r, const EvalOptions& o, const std::string& label, int ranks) {
+  std::printf("eval %s | %s | %s on %d ranks | S=%lld | %s\n", label.c_str(), o.model.name.c_str(),
+              std::string(strategy_name(o.decoder.strategy)).c_str(), ranks, (long long)o.decoder.seq,
+              std::string(dtype_name(o.decoder.dtype)).c_str());
+  std::printf("  sequences %lld, predicted tokens %lld\n", (long long)r.samples, (long long)r.tokens);
+  std::printf("  loss %.6f nats/token, perplexity %.4f, accuracy %.2f%%\n", r.loss, r.perplexity, 100.0 * r.accuracy);
+  std::printf("  %.1f tokens/s (%.3f s of forward), peak %s per rank\n", r.tokens_per_s, r.seconds,
+              format_bytes(r.peak.peak_total).c_str());
+  std::printf("  loss by position:\n");
+  for (size_t b = 0; b < r.bucket_loss.size(); ++b) {
+    if (r.bucket_tokens[b] == 0) continue;
+    std::printf("    [%7lld, %7lld)  %.4f  (%lld tokens)\n", (long long)r.bucket_begin[b], (long long)r.bucket_begin[b + 1],
+                r.bucket_loss[b], (long long)r.bucket_tokens[b]);
+  }
+}
+
+}  // namespace
+
+int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
+  FlagSet flags("untied eval",
+                "Evaluates a model on a token file: mean next-token loss, perplexity, accuracy, tokens/s and the loss\n"
+                "by position. Launch as `untied train` (mpirun -np N, or --ranks N), with any strategy.");
+  add_eval_flags(flags);
+  const LaunchInfo li = launch_info();
+  const bool root = li.world_rank == 0;
+  auto refuse = [&](const Status& s) {
+    if (root) std::fprintf(stderr, "untied eval: %s\n", s.message().c_str());
+    return 2;
+  };
+  Status st = flags.parse(args);
+  if (!st.ok()) return refuse(st);
+  if (flags.wants_help()) {
+    if (root) std::printf("%s", flags.usage().c_str());
+    return 0;
+  }
+  const int inproc = static_cast<int>(flags.get_int("ranks"));
+  if (!li.mpi && (inproc < 1 || inproc > 1024)) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));
+  EvalOptions opts;
+  DeviceChoice device = DeviceChoice::kCpu;
+  int threads = 1;
+  st = options_from_flags(flags, &opts, &device, &threads, li.mpi ? local_ranks_under_mpirun() : inproc);
+  if (!st.ok()) return refuse(st);
+  DataOptions dopts;
+  auto split = parse_document_split(flags.get_string("text-split"));
+  if (!split.ok()) return refuse(Status::invalid_argument("--text-split: " + split.status().message()));
+  dopts.text_split = split.value();
+  if (flags.get_string("data") == "kv") return refuse(Status::invalid_argument("--data: eval reads tokens or text, not kv"));
+  auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
+  if (!data.ok()) return refuse(data.status());
+  if (opts.hf_model.empty() && opts.checkpoint_dir.empty() && flags.get_int("vocab") == 0 &&
+      !preset_keeps_vocabulary(opts.model.name))
+    opts.model.vocab = data.value()->vocab_size();
+  std::string label = flags.get_string("label");
+  if (label.empty()) label = !opts.hf_model.empty() ? opts.hf_model : !opts.checkpoint_dir.empty() ? opts.checkpoint_dir
+                                                                                                   : "preset " + opts.model.name;
+  LossCurve compare;
+  if (!flags.get_string("compare").empty()) {
+    auto c = read_curve(flags.get_string("compare"));
+    if (!c.ok()) return refuse(c.status());
+    compare = c.value();
+  }
+
+  return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
+    check_all_ranks(comm, validate(opts, comm.size()));
+    RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = threads,
+                                                             .budget_bytes = flags.get_bytes("mem-budget")});
+    auto r = evaluate(rd.dev(), rd.comm(), comm, *data.value(), opts);
+    check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
+    if (comm.rank() != 0) return;
+    if (flags.get_bool("json")) std::printf("%s\n", result_json(r.value(), opts, label, comm.size()).dump(2).c_str());
+    else print_text(r.value(), opts, label, comm.size());
+    if (!flags.get_string("svg").empty()) {
+      std::vector<LossCurve> curves;
+      if (!compare.label.empty() || !compare.loss.empty()) curves.push_back(compare);
+      curves.push_back(loss_curve(r.value(), label));
+      std::ofstream out(flags.get_string("svg"), std::ios::trunc);
+      out << position_loss_svg(curves, "loss by position, S = " + std::to_string(opts.decoder.seq));
+      out.close();
+      if (!out) std::fprintf(stderr, "untied eval: cannot write %s\n", flags.get_string("svg").c_str());
+      else if (!flags.get_bool("json")) std::printf("  wrote %s\n", flags.get_string("svg").c_str());
+    }
+    if (!opts.logits_path.empty() && !flags.get_bool("json")) std::printf("  wrote %s\n", opts.logits_path.c_str());
+  });
+}
+
+}  // namespace untied::cli

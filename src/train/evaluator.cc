@@ -1,0 +1,250 @@
+// Evaluation over a data source (evaluator.h).
+#include "untied/train/evaluator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "untied/attention/token_layout.h"
+#include "untied/core/check.h"
+#include "untied/core/npy.h"
+#include "untied/dist/sharded_params.h"
+#include "untied/train/checkpoint.h"
+#include "untied/train/hf_weights.h"
+#include "untied/train/rank_sample.h"
+
+namespace untied {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The weights: a Hugging Face directory, a checkpoint, or the initialisation. Every rank opens
+// and checks the files, then reads its own shards; the same Status on every rank.
+Status load_weights(const EvalOptions& o, Communicator& comm, Device& dev, ShardedParams& params,
+                    int64_t* step) {
+  params.init(parameter_init(o.model, o.seed));
+  Status st;
+  if (!o.hf_model.empty()) {
+    auto w = HfWeights::open(o.hf_model);
+    st = w.ok() ? w.value().check(o.model) : w.status();
+    if (st.ok() && dev.backed()) st = load_hf_weights(w.value(), params);
+  } else if (!o.checkpoint_dir.empty()) {
+    auto w = CheckpointWeights::open(o.checkpoint_dir, false);
+    st = w.ok() ? w.value().check(params.descs()) : w.status();
+    if (st.ok() && dev.backed()) st = load_checkpoint_weights(w.value(), params);
+    if (st.ok()) *step = w.value().step();
+  }
+  return first_failure(comm, st);
+}
+
+}  // namespace
+
+Status validate(const EvalOptions& o, int ranks) {
+  Status s = validate(o.model, o.decoder, ranks);
+  if (!s.ok()) return s;
+  if (o.samples < 0) return Status::invalid_argument("--samples must be >= 0 (0 = every whole sequence of the data)");
+  if (o.buckets < 1 || o.buckets > o.decoder.seq)
+    return Status::invalid_argument("--buckets must be in [1, --seq]");
+  if (!o.hf_model.empty() && !o.checkpoint_dir.empty())
+    return Status::invalid_argument("give --hf-model or --checkpoint-dir, not both");
+  if (o.window < 0) return Status::invalid_argument("--window must be >= 1 (or absent)");
+  return Status::ok_status();
+}
+
+StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator& comm, const DataSource& data,
+                              const EvalOptions& o) {
+  Status vs = validate(o, comm.size());
+  if (!vs.ok()) return vs;
+  if (data.vocab_size() > o.model.vocab)
+    return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
+                                    ") is larger than the model's (" + std::to_string(o.model.vocab) +
+                                    "): tokenize with the model's own tokenizer");
+  const int64_t S = o.decoder.seq;
+  int64_t samples = o.samples;
+  if (samples == 0) {
+    if (data.stream_tokens() == 0)
+      return Status::invalid_argument("--samples is needed: data '" + std::string(data.kind()) + "' has no end");
+    samples = data.stream_tokens() / S;
+    if (samples == 0)
+      return Status::invalid_argument("the data holds " + std::to_string(data.stream_tokens()) +
+                                      " tokens, fewer than one sequence of --seq " + std::to_string(S) +
+                                      ": lower --seq or pass --samples (samples then wrap around the data)");
+  }
+
+  Allocator& alloc = dev.allocator();
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype);
+  EvalResult r;
+  Status ws = load_weights(o, comm, dev, params, &r.checkpoint_step);
+  if (!ws.ok()) return ws;
+  Decoder decoder(dev, dev_comm, o.model, o.decoder);
+  const int64_t Sp = decoder.padded_seq(), L = Sp / comm.size(), V = o.model.vocab;
+  const TokenLayout layout = token_layout(padded_config(attention_config(o.model, o.decoder), comm.size()), comm.size());
+  const std::vector<TokenSegment> segments = layout.rank_segments(comm.rank());
+  const SampleShape shape{.seq = S, .padded_seq = Sp, .window = o.window, .doc_mask = o.doc_mask};
+
+  // Buckets: B equal ranges of [0, S).
+  const int64_t B = o.buckets;
+  for (int64_t b = 0; b <= B; ++b) r.bucket_begin.push_back(b * S / B);
+  std::vector<double> bucket_sum(static_cast<size_t>(B), 0.0);
+  std::vector<int64_t> bucket_count(static_cast<size_t>(B), 0);
+  auto bucket_of = [&](int64_t p) { return std::min<int64_t>(B - 1, (p * B) / S); };
+
+  std::vector<int32_t> tokens(static_cast<size_t>(L)), labels(tokens.size());
+  std::vector<uint8_t> answer(tokens.size());
+  std::vector<double> row_loss(tokens.size());
+  std::vector<float> logits;
+  double loss_sum = 0, forward_s = 0;
+  int64_t count = 0, correct = 0;
+  for (int64_t i = 0; i < samples; ++i) {
+    SequenceMask mask = SequenceMask(S, o.window).padded_to(Sp);
+    Status ds = dev.backed() ? fill_rank_sample(data, i, shape, segments, tokens.data(), labels.data(), answer.data(), &mask)
+                             : Status::ok_status();
+    ds = first_failure(comm, ds);
+    if (!ds.ok()) return ds;
+    const bool dump = i == 0 && !o.logits_path.empty();
+    if (dump) logits.assign(static_cast<size_t>(L * V), 0.0f);
+    comm.barrier();
+    const double t0 = now_s();
+    const EvalSums e = decoder.evaluate(params, tokens.data(), labels.data(), mask, row_loss.data(),
+                                        dump ? logits.data() : nullptr);
+    dev.synchronize();
+    forward_s += now_s() - t0;
+    loss_sum += e.loss_sum;
+    count += e.count;
+    correct += e.correct;
+    if (dev.backed())
+      for (const TokenSegment& seg : segments)
+        for (int64_t k = 0; k < seg.length; ++k) {
+          const int64_t row = seg.first_row + k, p = seg.first_position + k;
+          if (p >= S || labels[static_cast<size_t>(row)] == kIgnoreIndex) continue;
+          bucket_sum[static_cast<size_t>(bucket_of(p))] += row_loss[static_cast<size_t>(row)];
+          bucket_count[static_cast<size_t>(bucket_of(p))] += 1;
+        }
+    if (dump) {  // every rank's rows to rank 0, which writes them in sequence order
+      std::vector<float> all(comm.rank() == 0 ? static_cast<size_t>(Sp * V) : 0);
+      std::vector<float> gathered(static_cast<size_t>(L * V) * static_cast<size_t>(comm.size()));
+      comm.all_gather(logits.data(), gathered.data(), L * V * 4);
+      Status st;
+      if (comm.rank() == 0) {
+        for (int rk = 0; rk < comm.size(); ++rk)
+          for (const TokenSegment& seg : layout.rank_segments(rk))
+            std::copy_n(gathered.begin() + (static_cast<int64_t>(rk) * L + seg.first_row) * V, seg.length * V,
+                        all.begin() + seg.first_position * V);
+        st = write_npy(o.logits_path, {S, V}, all.data());
+      }
+      st = first_failure(comm, st);
+      if (!st.ok()) return st;
+    }
+  }
+
+  double sums[3] = {loss_sum, static_cast<double>(count), static_cast<double>(correct)};
+  comm.all_reduce(sums, sums, 3, DType::kF64, ReduceOp::kSum);
+  comm.all_reduce(bucket_sum.data(), bucket_sum.data(), B, DType::kF64, ReduceOp::kSum);
+  comm.all_reduce(bucket_count.data(), bucket_count.data(), B, DType::kI64, ReduceOp::kSum);
+  comm.all_reduce(&forward_s, &forward_s, 1, DType::kF64, ReduceOp::kMax);
+  r.samples = samples;
+  r.tokens = static_cast<int64_t>(sums[1]);
+  r.loss = r.tokens > 0 ? sums[0] / sums[1] : 0.0;
+  r.perplexity = std::exp(r.loss);
+  r.accuracy = r.tokens > 0 ? sums[2] / sums[1] : 0.0;
+  r.seconds = forward_s;
+  r.tokens_per_s = forward_s > 0 ? static_cast<double>(samples * S) / forward_s : 0.0;
+  r.bucket_tokens = bucket_count;
+  for (int64_t b = 0; b < B; ++b)
+    r.bucket_loss.push_back(bucket_count[b] > 0 ? bucket_sum[b] / static_cast<double>(bucket_count[b]) : 0.0);
+  r.peak = alloc.stats();
+  for (auto& p : r.peak.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
+  comm.all_reduce(&r.peak.peak_total, &r.peak.peak_total, 1, DType::kI64, ReduceOp::kMax);
+  return r;
+}
+
+LossCurve loss_curve(const EvalResult& r, const std::string& label) {
+  LossCurve c{.label = label};
+  for (size_t b = 0; b < r.bucket_loss.size(); ++b) {
+    if (r.bucket_tokens[b] == 0) continue;
+    c.position.push_back(0.5 * static_cast<double>(r.bucket_begin[b] + r.bucket_begin[b + 1]));
+    c.loss.push_back(r.bucket_loss[b]);
+  }
+  return c;
+}
+
+std::string position_loss_svg(const std::vector<LossCurve>& curves, const std::string& title) {
+  const double W = 720, H = 420, left = 70, right = 20, top = 40, bottom = 60;
+  double x_max = 1, y_min = 1e300, y_max = -1e300;
+  for (const LossCurve& c : curves)
+    for (size_t i = 0; i < c.loss.size(); ++i) {
+      x_max = std::max(x_max, c.position[i]);
+      y_min = std::min(y_min, c.loss[i]);
+      y_max = std::max(y_max, c.loss[i]);
+    }
+  if (y_min > y_max) y_min = 0, y_max = 1;
+  const double pad = std::max(1e-3, 0.08 * (y_max - y_min));
+  y_min -= pad, y_max += pad;
+  auto X = [&](double x) { return left + (W - left - right) * x / x_max; };
+  auto Y = [&](double y) { return top + (H - top - bottom) * (y_max - y) / (y_max - y_min); };
+  auto esc = [](const std::string& s) {
+    std::string o;
+    for (char ch : s) o += ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '&' ? "&amp;" : std::string(1, ch);
+    return o;
+  };
+  std::string svg;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                W, H);
+  svg += buf;
+  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">", W / 2);
+  svg += buf + esc(title) + "</text>\n";
+  // Axes, ticks and grid.
+  for (int k = 0; k <= 5; ++k) {
+    const double yv = y_min + (y_max - y_min) * k / 5, xv = x_max * k / 5;
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                  "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3f</text>\n",
+                  left, Y(yv), W - right, Y(yv), left - 6, Y(yv) + 4, yv);
+    svg += buf;
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                  "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n",
+                  X(xv), top, X(xv), H - bottom, X(xv), H - bottom + 16, xv);
+    svg += buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\"/>\n"
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">position in the sequence (token)</text>\n"
+                "<text x=\"16\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 16 %.1f)\">mean next-token "
+                "loss (nats)</text>\n",
+                left, top, W - left - right, H - top - bottom, (left + W - right) / 2, H - 18, (top + H - bottom) / 2,
+                (top + H - bottom) / 2);
+  svg += buf;
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  for (size_t c = 0; c < curves.size(); ++c) {
+    const char* color = kColors[c % 6];
+    std::string points;
+    for (size_t i = 0; i < curves[c].loss.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%s%.1f,%.1f", points.empty() ? "" : " ", X(curves[c].position[i]),
+                    Y(curves[c].loss[i]));
+      points += buf;
+    }
+    svg += "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"" + std::string(color) + "\" points=\"" + points + "\"/>\n";
+    for (size_t i = 0; i < curves[c].loss.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", X(curves[c].position[i]),
+                    Y(curves[c].loss[i]), color);
+      svg += buf;
+    }
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"/>"
+                  "<text x=\"%.1f\" y=\"%.1f\">",
+                  W - right - 200, top + 16 + 16.0 * c, W - right - 180, top + 16 + 16.0 * c, color, W - right - 174,
+                  top + 20 + 16.0 * c);
+    svg += buf + esc(curves[c].label) + "</text>\n";
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace untied

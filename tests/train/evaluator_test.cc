@@ -1,0 +1,270 @@
+// Against transformers itself (reference/make_hf_fixtures.py): a tiny Llama 3 (GQA, untied
+// embeddings, llama3 rope scaling, sharded float32 safetensors) and a tiny Qwen3 (QK-norm, tied
+// embeddings, bfloat16 safetensors, the rope_parameters config). untied's evaluation gives
+// transformers' loss and logits in every strategy at 1, 2 and 4 ranks, and the Qwen3 model's
+// training step gives transformers' gradient of every parameter, the tied embedding's (the sum
+// of its two uses) included. Then the evaluator's own contract: checkpoints read at any rank
+// count, the loss by position, export.
+#include "untied/train/evaluator.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "common/decoder_step.h"
+#include "untied/comm/inproc.h"
+#include "untied/core/json.h"
+#include "untied/core/npy.h"
+#include "untied/device/device.h"
+#include "untied/model/hf_config.h"
+#include "untied/train/checkpoint.h"
+#include "untied/train/data.h"
+#include "untied/train/hf_weights.h"
+#include "untied/train/trainer.h"
+
+#ifndef UNTIED_FIXTURES
+#error "UNTIED_FIXTURES must name the fixture directory"
+#endif
+
+namespace untied {
+namespace {
+
+const std::string kFixtures = UNTIED_FIXTURES;
+
+Json read_json(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return Json::parse(ss.str());
+}
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + name + "_" + std::to_string(::getpid());
+}
+
+// max |a - b| / max |b|: the error relative to the tensor's scale.
+double scaled_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+struct StrategyRun {
+  Strategy strategy;
+  int ranks, ring;
+};
+const StrategyRun kRuns[] = {{Strategy::kLocal, 1, 1}, {Strategy::kUPipe, 1, 1},   {Strategy::kUlysses, 2, 1},
+                     {Strategy::kUPipe, 2, 1}, {Strategy::kUlysses, 4, 1}, {Strategy::kUPipe, 4, 1},
+                     {Strategy::kRing, 4, 1},  {Strategy::kUPipe, 4, 2}};
+
+std::string name_of(const StrategyRun& r) {
+  return std::string(strategy_name(r.strategy)) + " on " + std::to_string(r.ranks) + " ranks" +
+         (r.ring > 1 ? " x ring " + std::to_string(r.ring) : "");
+}
+
+// evaluate() on in-process ranks; rank 0's result.
+EvalResult run_eval(const DataSource& data, const EvalOptions& o, int ranks) {
+  EvalResult out;
+  Status failed = Status::ok_status();
+  std::mutex mu;
+  run_in_process(ranks, [&](Communicator& comm) {
+    auto dev = make_cpu_device({.threads = 1});
+    auto r = evaluate(*dev, comm, comm, data, o);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!r.ok()) failed = r.status();
+    else if (comm.rank() == 0) out = r.value();
+  });
+  EXPECT_TRUE(failed.ok()) << failed.message();
+  return out;
+}
+
+class AgainstTransformers : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AgainstTransformers, LossAndLogitsInEveryStrategy) {
+  const std::string dir = kFixtures + "/" + GetParam();
+  auto cfg = read_hf_config(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  const Json expected = read_json(dir + "/expected.json");
+  const std::vector<int32_t> tokens = expected["tokens"].get<std::vector<int32_t>>();
+  const double want = expected["loss"].get<double>();
+  std::vector<int64_t> shape;
+  std::vector<float> want_logits;
+  ASSERT_TRUE(read_npy(dir + "/logits.npy", &shape, &want_logits).ok());
+  const int64_t S = static_cast<int64_t>(tokens.size());
+  ASSERT_EQ(shape, (std::vector<int64_t>{S, cfg.value().model.vocab}));
+
+  const std::string tok = temp_path("eval_tokens") + ".tok";
+  ASSERT_TRUE(write_token_file(tok, tokens, cfg.value().model.vocab, 2).ok());
+  auto data = make_data_source("tokens", tok, {});
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  double worst_loss = 0, worst_logits = 0;
+  for (const StrategyRun& r : kRuns) {
+    SCOPED_TRACE(name_of(r));
+    EvalOptions o{.model = cfg.value().model,
+                  .decoder = {.seq = S, .strategy = r.strategy, .ring = r.ring},
+                  .buckets = 4,
+                  .hf_model = dir,
+                  .logits_path = temp_path("eval_logits") + ".npy"};
+    const EvalResult e = run_eval(*data.value(), o, r.ranks);
+    EXPECT_EQ(e.samples, 1);
+    EXPECT_EQ(e.tokens, S - 1);
+    const double rel = std::fabs(e.loss - want) / want;
+    worst_loss = std::max(worst_loss, rel);
+    EXPECT_LE(rel, 1e-5) << "untied " << e.loss << ", transformers " << want;  // fp32 both: ~1e-7
+    std::vector<int64_t> got_shape;
+    std::vector<float> logits;
+    ASSERT_TRUE(read_npy(o.logits_path, &got_shape, &logits).ok());
+    ASSERT_EQ(got_shape, shape);
+    const double lerr = scaled_error(logits, want_logits);
+    worst_logits = std::max(worst_logits, lerr);
+    EXPECT_LE(lerr, 1e-5);
+    std::filesystem::remove(o.logits_path);
+  }
+  std::filesystem::remove(tok);
+  std::printf("  %s: worst relative error against transformers: loss %.3e, logits %.3e (max |diff| / max |logit|)\n",
+              GetParam().c_str(), worst_loss, worst_logits);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, AgainstTransformers, ::testing::Values("hf_llama_tiny", "hf_qwen3_tiny"));
+
+// The tied embedding's gradient is the sum of the embedding's and the LM head's; every other
+// parameter's as transformers computes it, in every strategy.
+TEST(TiedEmbeddings, GradientsEqualTransformers) {
+  const std::string dir = kFixtures + "/hf_qwen3_tiny";
+  auto cfg = read_hf_config(dir);
+  ASSERT_TRUE(cfg.ok());
+  const ModelConfig& m = cfg.value().model;
+  ASSERT_TRUE(m.tied_embeddings);
+  ASSERT_TRUE(m.qk_norm);
+  auto w = HfWeights::open(dir);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ASSERT_TRUE(w.value().check(m).ok()) << w.value().check(m).message();
+  const std::vector<int32_t> tokens = read_json(dir + "/expected.json")["tokens"].get<std::vector<int32_t>>();
+  std::vector<int32_t> labels(tokens.size(), -100);
+  for (size_t i = 0; i + 1 < tokens.size(); ++i) labels[i] = tokens[i + 1];
+  const std::vector<ParamDesc> descs = parameter_descriptors(m);
+  for (const ParamDesc& d : descs) EXPECT_NE(d.name, "lm_head");
+  double worst = 0;
+  for (const StrategyRun& r : kRuns) {
+    SCOPED_TRACE(name_of(r));
+    const test::DecoderStep step = test::run_decoder_step(
+        m, DecoderOptions{.seq = static_cast<int64_t>(tokens.size()), .strategy = r.strategy, .ring = r.ring}, r.ranks,
+        tokens, labels, [&](ShardedParams& params, int) { ASSERT_TRUE(load_hf_weights(w.value(), params).ok()); });
+    for (size_t i = 0; i < descs.size(); ++i) {
+      std::vector<int64_t> shape;
+      std::vector<float> want;
+      ASSERT_TRUE(read_npy(dir + "/grads/" + hf_tensor_name(descs[i].name) + ".npy", &shape, &want).ok())
+          << descs[i].name;
+      const double e = scaled_error(step.grads[i], want);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 1e-4) << descs[i].name;
+    }
+  }
+  std::printf("  worst gradient error against transformers (max |diff| / max |grad|, tied Qwen3): %.3e\n", worst);
+}
+
+// A run's checkpoint, written on 3 ranks, evaluates on 1, 2 and 4 to the same loss; export
+// writes it as a Hugging Face directory that loads back (into the same evaluation) in bf16 and f32.
+TEST(Evaluator, CheckpointAtAnyRankCountAndExport) {
+  const std::string ck = temp_path("eval_ck"), text = temp_path("eval_text") + ".txt";
+  std::filesystem::remove_all(ck);
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 60; ++i) f << "document " << i << ": the quick brown fox jumps over the lazy dog.\n\n";
+  }
+  auto data = make_data_source("text", text, {});
+  ASSERT_TRUE(data.ok());
+  auto preset = model_preset("tiny");
+  ASSERT_TRUE(preset.ok());
+  TrainOptions t{.model = preset.value(), .decoder = {.seq = 96, .strategy = Strategy::kRing}, .steps = 4, .batch = 1,
+                 .warmup = 0, .checkpoint_dir = ck, .progress = false};
+  t.model.vocab = data.value()->vocab_size();
+  t.model.layers = 2;
+  Status trained = Status::ok_status();
+  run_in_process(3, [&](Communicator& comm) {
+    auto r = train(comm, *data.value(), t);
+    if (!r.ok() && comm.rank() == 0) trained = r.status();
+  });
+  ASSERT_TRUE(trained.ok()) << trained.message();
+  auto cfg = read_hf_config(ck);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+
+  EvalOptions o{.model = cfg.value().model, .decoder = {.seq = 96, .strategy = Strategy::kUPipe}, .samples = 5,
+                .buckets = 8, .checkpoint_dir = ck};
+  double first = -1;
+  for (int ranks : {1, 2, 4}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const EvalResult e = run_eval(*data.value(), o, ranks);
+    EXPECT_EQ(e.checkpoint_step, 4);
+    EXPECT_EQ(e.tokens, 5 * 95 - 0 - [&] {  // 95 labels per sample, less those before a document start
+      int64_t cut = 0;
+      for (int64_t s = 0; s < 5; ++s) cut += static_cast<int64_t>(data.value()->document_starts(s, 96).value().size()) - 1;
+      return cut;
+    }());
+    if (first < 0) first = e.loss;
+    EXPECT_NEAR(e.loss, first, 1e-5 * first);
+    // The buckets partition the labelled positions, and their mean is the loss.
+    int64_t n = 0;
+    double sum = 0;
+    for (size_t b = 0; b < e.bucket_loss.size(); ++b) n += e.bucket_tokens[b], sum += e.bucket_loss[b] * e.bucket_tokens[b];
+    EXPECT_EQ(n, e.tokens);
+    EXPECT_NEAR(sum / n, e.loss, 1e-9 * e.loss);
+    EXPECT_NEAR(e.perplexity, std::exp(e.loss), 1e-9 * e.perplexity);
+  }
+  for (const char* dtype : {"F32", "BF16"}) {
+    SCOPED_TRACE(dtype);
+    const std::string hf = temp_path("eval_export");
+    std::filesystem::remove_all(hf);
+    ASSERT_TRUE(export_checkpoint(ck, hf, dtype).ok());
+    EvalOptions h = o;
+    h.checkpoint_dir.clear();
+    h.hf_model = hf;
+    const EvalResult e = run_eval(*data.value(), h, 2);
+    // f32: the same weights, the same loss; bf16: rounded weights (8 bits of mantissa), close.
+    EXPECT_NEAR(e.loss, first, std::string(dtype) == "F32" ? 1e-5 * first : 2e-2 * first);
+    std::filesystem::remove_all(hf);
+  }
+  // Export refuses a directory that is not a checkpoint, and damage in a rank file.
+  EXPECT_EQ(export_checkpoint(text, temp_path("x"), "F32").code(), Status::Code::kNotFound);
+  const std::string rank1 = ck + "/step_00000004/rank_00001.bin";
+  std::filesystem::resize_file(rank1, std::filesystem::file_size(rank1) - 4);
+  const Status damaged = export_checkpoint(ck, temp_path("eval_export_bad"), "F32");
+  EXPECT_EQ(damaged.code(), Status::Code::kCorrupt) << damaged.message();
+  EXPECT_NE(damaged.message().find("rank_00001.bin"), std::string::npos) << damaged.message();
+  std::filesystem::remove_all(ck);
+  std::filesystem::remove(text);
+}
+
+TEST(Evaluator, RefusesWhatCannotWork) {
+  auto preset = model_preset("tiny");
+  ASSERT_TRUE(preset.ok());
+  EvalOptions o{.model = preset.value(), .decoder = {.seq = 64}};
+  o.model.vocab = 300;
+  EXPECT_FALSE(validate(EvalOptions{o.model, {.seq = 64}, -1}, 1).ok());
+  o.buckets = 65;
+  EXPECT_NE(validate(o, 1).message().find("--buckets"), std::string::npos);
+  o.buckets = 4;
+  o.hf_model = "a", o.checkpoint_dir = "b";
+  EXPECT_NE(validate(o, 1).message().find("not both"), std::string::npos);
+}
+
+TEST(Evaluator, SvgHasEveryCurve) {
+  const std::string svg = position_loss_svg(
+      {LossCurve{"before", {8, 24, 40}, {3.0, 2.5, 2.4}}, LossCurve{"after <ft>", {8, 24, 40}, {2.0, 1.5, 1.2}}}, "t");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("after &lt;ft&gt;"), std::string::npos);
+  size_t lines = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
+  EXPECT_EQ(lines, 2u);
+}
+
+}  // namespace
+}  // namespace untied
