@@ -2,6 +2,7 @@
 // position (the long-context curve), with the launch options and strategies of `untied train`.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -24,6 +25,7 @@ void add_eval_flags(FlagSet& f) {
         "or: evaluate the newest checkpoint of an untied run (written at any rank count; its config.json says the model)");
   f.add("preset", FlagKind::kString, "tiny", "or: a preset with its initial weights (a baseline): " + model_preset_names());
   f.add("vocab", FlagKind::kInt, "0", "--preset: vocabulary size (0 = the data's)");
+  f.add("rope-theta", FlagKind::kString, "", "RoPE base, replacing the model's (to try a base before training with it)");
   f.add("seed", FlagKind::kInt, "0", "--preset: seed of the initial weights");
   f.add("data", FlagKind::kString, "tokens", "data: tokens (a token file, `untied prepare`) or text (byte-level)");
   f.add("data-path", FlagKind::kString, "", "the token file (--data tokens) or UTF-8 text (--data text)");
@@ -74,6 +76,14 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
     o->model = m.value();
     if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
     o->seed = static_cast<uint64_t>(f.get_int("seed"));
+  }
+  if (!f.get_string("rope-theta").empty()) {
+    char* end = nullptr;
+    const std::string t = f.get_string("rope-theta");
+    const double theta = std::strtod(t.c_str(), &end);
+    if (end == t.c_str() || *end != '\0' || !(theta > 0))
+      return Status::invalid_argument("--rope-theta: '" + t + "' is not a positive number");
+    o->model.rope_theta = theta;
   }
   auto st = parse_strategy(f.get_string("strategy"));
   if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());

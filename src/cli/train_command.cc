@@ -34,6 +34,8 @@ void add_train_flags(FlagSet& f) {
   f.add("hf-model", FlagKind::kString, "",
         "start from a Hugging Face model directory (config.json and model.safetensors or its sharded index): "
         "LlamaForCausalLM or Qwen3ForCausalLM; each rank reads only its own shard of each tensor");
+  f.add("rope-theta", FlagKind::kString, "",
+        "RoPE base, replacing the model's (a larger base for a longer context; --save-hf and checkpoints record it)");
   f.add("vocab", FlagKind::kInt, "0",
         "vocabulary size (0 = the preset's for llama3-8b, llama3-70b and qwen3-32b, else the data's)");
   f.add("layers", FlagKind::kInt, "0", "decoder blocks (0 = the preset's)");
@@ -180,6 +182,13 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     o->model = m.value();
     if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
     if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
+  }
+  if (!f.get_string("rope-theta").empty()) {
+    float theta = 0;
+    Status s = parse_float(f, "rope-theta", &theta);
+    if (!s.ok()) return s;
+    if (!(theta > 0)) return Status::invalid_argument("--rope-theta must be > 0");
+    o->model.rope_theta = theta;
   }
   o->save_hf = f.get_string("save-hf");
   auto hf_dtype = parse_hf_dtype(f.get_string("save-hf-dtype"));

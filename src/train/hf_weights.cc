@@ -177,12 +177,29 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
   std::filesystem::create_directories(dir, ec);
   const std::string torch_dtype = o.dtype == "BF16" ? "bfloat16" : o.dtype == "F16" ? "float16" : "float32";
   std::string config = hf_config_json(m, o.max_position, torch_dtype);
-  if (!o.source_config.empty()) {
+  if (!o.source_config.empty()) {  // the source's, with what this model changed
     std::ifstream f(o.source_config);
     std::stringstream ss;
     ss << f.rdbuf();
     if (!f) return Status::io_error("cannot read " + o.source_config);
-    config = ss.str();
+    Json c;
+    try {
+      c = Json::parse(ss.str());
+    } catch (const Json::exception& e) {
+      return Status::corrupt(o.source_config + " is not JSON: " + e.what());
+    }
+    if (!c.is_object()) return Status::corrupt(o.source_config + " is not a JSON object");
+    if (c.contains("rope_parameters") && c["rope_parameters"].is_object() && c["rope_parameters"].contains("rope_theta"))
+      c["rope_parameters"]["rope_theta"] = m.rope_theta;
+    if (c.contains("rope_theta") || !c.contains("rope_parameters")) c["rope_theta"] = m.rope_theta;
+    const int64_t had = c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer()
+                            ? c["max_position_embeddings"].get<int64_t>()
+                            : 0;
+    c["max_position_embeddings"] = std::max(had, o.max_position);
+    if (c.contains("dtype")) c["dtype"] = torch_dtype;
+    if (c.contains("torch_dtype") || !c.contains("dtype")) c["torch_dtype"] = torch_dtype;
+    c["tie_word_embeddings"] = m.tied_embeddings;
+    config = c.dump(2) + "\n";
   }
   const std::string path = dir + "/config.json", tmp = path + ".tmp";
   {
@@ -254,7 +271,7 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
     for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
     specs.push_back({.name = hf_tensor_name(d.name), .dtype = dtype, .shape = shape});
   }
-  st = write_hf_config(out_dir, m, SaveHfOptions{.source_config = ckpt_dir + "/config.json", .dtype = dtype});
+  st = write_hf_config(out_dir, m, SaveHfOptions{.max_position = 0, .source_config = ckpt_dir + "/config.json", .dtype = dtype});
   if (!st.ok()) return st;
   auto created = SafetensorsWriter::create(out_dir + "/model.safetensors", specs, {{"format", "pt"}});
   if (!created.ok()) return created.status();

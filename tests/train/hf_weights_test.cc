@@ -121,6 +121,36 @@ TEST(HfWeights, SavedModelLoadsBackUnchanged) {
   }
 }
 
+// A saved config.json is the source's with what training changed: rope_theta (at the top level,
+// or in transformers 5's rope_parameters), max_position_embeddings, the dtype; the rest kept.
+TEST(HfWeights, SavedConfigKeepsTheSourceAndRecordsChanges) {
+  for (const std::string fixture : {"hf_llama_tiny", "hf_qwen3_tiny"}) {
+    SCOPED_TRACE(fixture);
+    const std::string src = std::string(UNTIED_FIXTURES) + "/" + fixture;
+    auto cfg = read_hf_config(src);
+    ASSERT_TRUE(cfg.ok());
+    ModelConfig m = cfg.value().model;
+    m.rope_theta = 123456.0;
+    const std::string out = ::testing::TempDir() + "hf_config_" + std::to_string(::getpid());
+    ASSERT_TRUE(write_hf_config(out, m, SaveHfOptions{.max_position = 100000, .source_config = src + "/config.json",
+                                                      .dtype = "BF16"})
+                    .ok());
+    auto back = read_hf_config(out);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_EQ(back.value().model.rope_theta, 123456.0);
+    EXPECT_EQ(back.value().model.rope_scaling.type, m.rope_scaling.type);
+    EXPECT_EQ(back.value().model.tied_embeddings, m.tied_embeddings);
+    EXPECT_EQ(back.value().max_position, 100000);
+    EXPECT_EQ(back.value().torch_dtype, "bfloat16");
+    const Json j = read_json(out + "/config.json"), was = read_json(src + "/config.json");
+    for (const auto& [key, value] : was.items())
+      if (key != "rope_theta" && key != "rope_parameters" && key != "max_position_embeddings" && key != "dtype" &&
+          key != "torch_dtype")
+        EXPECT_EQ(j[key], value) << key;
+    std::filesystem::remove_all(out);
+  }
+}
+
 class BadModelDir : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -58,8 +58,8 @@ Status load_hf_weights(const HfWeights& w, ShardedParams& params);
 std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std::string& torch_dtype = "float32");
 
 struct SaveHfOptions {
-  int64_t max_position = 4096;  // max_position_embeddings of a written config.json
-  std::string source_config;    // a config.json to copy (the imported model's), or "" to write one
+  int64_t max_position = 4096;  // max_position_embeddings of a written config.json (at least)
+  std::string source_config;    // a config.json to start from (the imported model's), or "" to write one
   std::string dtype = "F32";    // the tensors' safetensors dtype: "F32", "BF16" (rounded to nearest even) or "F16"
 };
 
@@ -67,9 +67,11 @@ struct SaveHfOptions {
 // invalid_argument naming the choices otherwise.
 StatusOr<std::string> parse_hf_dtype(const std::string& s);
 
-// Writes DIR/config.json (created with its parents if needed): a copy of o.source_config when
-// given, else hf_config_json(m, o.max_position, the torch dtype of o.dtype); atomically. Not
-// collective (one rank calls it).
+// Writes DIR/config.json (created with its parents if needed), atomically: o.source_config when
+// given, with what the model may have changed set to the model's (rope_theta, at the top level
+// or in rope_parameters; max_position_embeddings raised to o.max_position; torch_dtype / dtype
+// to o.dtype's; tie_word_embeddings) and every other key kept; else hf_config_json(m,
+// o.max_position, o.dtype's torch dtype). Not collective (one rank calls it).
 Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveHfOptions& o);
 
 // Collective: writes DIR/model.safetensors (the parameters' master copies gathered one tensor at
@@ -81,7 +83,7 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
 
 // `untied export`: the newest checkpoint of ckpt_dir (written at any rank count; its
 // config.json says the model) as a Hugging Face directory out_dir: config.json (the checkpoint's,
-// torch_dtype kept) and model.safetensors in `dtype` ("F32", "BF16", "F16"), one tensor at a
+// its torch_dtype set to `dtype`) and model.safetensors in `dtype` ("F32", "BF16", "F16"), one tensor at a
 // time (the largest tensor is the only one in memory). Every rank file's checksum is verified
 // first. One process; no communicator.
 Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype);
