@@ -54,20 +54,20 @@ StatusOr<HfWeights> HfWeights::open(const std::string& dir) {
       names.insert(it.value().get<std::string>());
     }
     files.assign(names.begin(), names.end());
+    std::map<std::string, const SafetensorsFile*> by_name;
     for (const std::string& fname : files) {
       auto sf = SafetensorsFile::open(dir + "/" + fname);
       if (!sf.ok()) return sf.status();
       w.files_.push_back(std::make_unique<SafetensorsFile>(std::move(sf).value()));
+      by_name[fname] = w.files_.back().get();
     }
     // Every mapped tensor must be in the file the map names.
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       const std::string file = it.value().get<std::string>();
-      for (const auto& sf : w.files_)
-        if (sf->path() == dir + "/" + file) {
-          if (sf->find(it.key()) == nullptr)
-            return Status::corrupt(index + " maps " + it.key() + " to " + file + ", which does not hold it");
-          w.where_[it.key()] = sf.get();
-        }
+      const SafetensorsFile* sf = by_name.at(file);
+      if (sf->find(it.key()) == nullptr)
+        return Status::corrupt(index + " maps " + it.key() + " to " + file + ", which does not hold it");
+      w.where_[it.key()] = sf;
     }
     for (const auto& sf : w.files_)
       for (const auto& [name, t] : sf->tensors())
