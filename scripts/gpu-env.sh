@@ -1,5 +1,5 @@
 # Sourced (bash) on a machine without a package registry, such as the GPU machine: where Open MPI,
-# OpenBLAS, GoogleTest or nlohmann-json is missing and .gpu-deps/*.deb (made by scripts/gpu-deps) is present, it
+# OpenBLAS, GoogleTest, nlohmann-json, PCRE2, utf8proc or pkg-config is missing and .gpu-deps/*.deb (made by scripts/gpu-deps) is present, it
 # unpacks those packages with dpkg -x into a prefix, $UNTIED_DEPS_PREFIX (default /tmp/untied-deps;
 # never /), and exports what the build and the tests need from there: PATH, LD_LIBRARY_PATH, the
 # relocation variables of Open MPI (OPAL_*) and PMIx (PMIX_*), and UNTIED_CMAKE_ARGS, the -D hints
@@ -17,6 +17,7 @@ _untied_system_has_deps() {
   _untied_exe mpicxx && _untied_exe mpirun || return 1
   [ -e /usr/include/gtest/gtest.h ] || return 1
   [ -e /usr/include/nlohmann/json.hpp ] || return 1
+  _untied_exe pkg-config && [ -e /usr/include/pcre2.h ] && [ -e /usr/include/utf8proc.h ] || return 1
   compgen -G "/usr/lib/x86_64-linux-gnu/openblas*/libopenblas.so" >/dev/null ||
     [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ] || return 1
   local d
@@ -77,7 +78,8 @@ _untied_gpu_env() {
       mkdir -p "$stage"
       _untied_unpack_deb "$f" "$stage" || { echo "gpu-env: cannot unpack $f" >&2; return 1; }
       case $pkg in
-        libopenmpi*|openmpi-*|libpmix*|libopenblas*|libgtest-dev) ;;   # always from the prefix
+        # Always from the prefix (the -dev packages' links name these exact files).
+        libopenmpi*|openmpi-*|libpmix*|libopenblas*|libgtest-dev|libpcre2-8-0|libutf8proc2) ;;
         make)
           if _untied_exe make; then rm -rf "$stage"; continue; fi ;;
         *)
@@ -125,6 +127,9 @@ _untied_gpu_env() {
   if ! _untied_exe ssh && ! _untied_exe rsh; then
     export OMPI_MCA_plm_rsh_agent=false
   fi
+  # PCRE2 and utf8proc through pkg-config (pkgconf from the prefix): their .pc files name /usr,
+  # which the sysroot moves into the prefix.
+  export PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
   UNTIED_CMAKE_ARGS="-DMPI_CXX_COMPILER=$prefix/usr/bin/mpicxx"
   UNTIED_CMAKE_ARGS+=" -DMPIEXEC_EXECUTABLE=$prefix/usr/bin/mpirun -DMPIEXEC_PROGRAM=$prefix/usr/bin/mpirun"
   UNTIED_CMAKE_ARGS+=" -DOPENBLAS_INCLUDE_DIR=$prefix/usr/include/x86_64-linux-gnu/openblas-openmp"

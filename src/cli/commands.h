@@ -11,6 +11,7 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
 int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int train_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int attn_main(int* argc, char*** argv, const std::vector<std::string>& args);
+int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int eval_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int export_main(int* argc, char*** argv, const std::vector<std::string>& args);
 

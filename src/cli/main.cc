@@ -21,6 +21,7 @@ const char* kUsage =
     "  attn            one attention block forward+backward (local, ulysses, upipe): time, memory\n"
     "  bench kernels   benchmark the kernels (flash attention forward/backward, GEMM)\n"
     "  bench attn      Ulysses vs UPipe for real head shapes: time and attention-layer memory\n"
+    "  prepare         text or JSONL -> a token file, with a Hugging Face tokenizer.json (Llama 3, Qwen)\n"
     "\n"
     "attn and bench take --device cpu|cuda (CPU by default).\n"
     "\n"
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> args(argv + 2, argv + argc);
     return untied::cli::attn_main(&argc, &argv, args);
   }
+  if (cmd == "prepare") return untied::cli::prepare_main(&argc, &argv, std::vector<std::string>(argv + 2, argv + argc));
   if (cmd == "bench") {
     const std::string which = argc >= 3 ? argv[2] : "";
     std::vector<std::string> args(argv + std::min(argc, 3), argv + argc);

@@ -84,6 +84,13 @@ class TempFile {
     return rc == 0 ? 0 : errno;
   }
   void renamed() { created_ = false; }
+  // Closes and removes the file now.
+  void discard() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    if (created_) ::unlink(name_.c_str());
+    created_ = false;
+  }
 
  private:
   std::string name_;
@@ -95,8 +102,9 @@ class TempFile {
 
 int token_width_for_vocab(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
-Status write_token_file(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size,
-                        int width_bytes, std::span<const int64_t> doc_starts) {
+namespace {
+
+Status check_width_and_vocab(const std::string& path, int width_bytes, int64_t vocab_size) {
   if (width_bytes != 2 && width_bytes != 4)
     return Status::invalid_argument("token width " + std::to_string(width_bytes) + " bytes for " + path +
                                     " is not supported: use 2 (uint16) or 4 (uint32)");
@@ -106,13 +114,197 @@ Status write_token_file(const std::string& path, std::span<const int32_t> tokens
   if (width_bytes == 2 && vocab_size > 65536)
     return Status::invalid_argument("vocab size " + std::to_string(vocab_size) + " does not fit 2-byte tokens in " +
                                     path + ": use width 4");
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab_size)
-      return Status::invalid_argument("token " + std::to_string(i) + " is " + std::to_string(tokens[i]) +
-                                      ", outside [0, " + std::to_string(vocab_size) + "); nothing was written to " +
-                                      path + ": fix the tokens or the vocab size");
-  }
+  return Status::ok_status();
+}
 
+// Index of the first token outside [0, vocab), or tokens.size().
+size_t first_bad_token(std::span<const int32_t> tokens, int64_t vocab) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab) return i;
+  return tokens.size();
+}
+
+}  // namespace
+
+struct TokenFileWriter::State {
+  static constexpr size_t kBufferBytes = 1 << 20;
+  static constexpr size_t kStartsInMemory = 1 << 20;
+
+  State(std::string p, int64_t v, int w, bool idx)
+      : path(std::move(p)), vocab(v), width(w), index(idx), tmp(path), spill(path + ".index"),
+        keep(" (any existing " + path + " is unchanged)") {}
+
+  std::string path;
+  int64_t vocab;
+  int width;
+  bool index;
+  TempFile tmp;
+  TempFile spill;  // document starts beyond kStartsInMemory, until finish()
+  bool spill_created = false;
+  int64_t spilled = 0;
+  std::string keep;
+  std::vector<unsigned char> buf;
+  int64_t count = 0;
+  std::vector<int64_t> starts;
+  int64_t last_start = -1;
+  bool pending = false;
+  bool closed = false;
+  Status failed;
+
+  Status write_error(const std::string& name, int err) {
+    failed = Status::io_error("writing " + name + " failed: " + errno_text(err) +
+                              "; free disk space or write somewhere else" + keep);
+    return failed;
+  }
+  Status flush() {
+    if (buf.empty()) return Status::ok_status();
+    const int err = write_all(tmp.fd(), buf.data(), buf.size());
+    buf.clear();
+    return err == 0 ? Status::ok_status() : write_error(tmp.name(), err);
+  }
+  Status spill_starts() {
+    if (!spill_created) {
+      if (const int err = spill.create())
+        return failed = Status::io_error("cannot create a temporary file next to " + path + ": " + errno_text(err) +
+                                         "; check that the directory " + dir_of(path) + " exists and is writable");
+      spill_created = true;
+    }
+    std::vector<unsigned char> raw(8 * starts.size());
+    for (size_t d = 0; d < starts.size(); ++d) put_u64(raw.data() + 8 * d, static_cast<uint64_t>(starts[d]));
+    if (const int err = write_all(spill.fd(), raw.data(), raw.size())) return write_error(spill.name(), err);
+    spilled += static_cast<int64_t>(starts.size());
+    starts.clear();
+    return Status::ok_status();
+  }
+};
+
+TokenFileWriter::TokenFileWriter(std::unique_ptr<State> s) : s_(std::move(s)) {}
+TokenFileWriter::TokenFileWriter(TokenFileWriter&&) noexcept = default;
+TokenFileWriter& TokenFileWriter::operator=(TokenFileWriter&&) noexcept = default;
+TokenFileWriter::~TokenFileWriter() = default;
+
+StatusOr<TokenFileWriter> TokenFileWriter::create(const std::string& path, int64_t vocab_size, Options options) {
+  const int width = options.width_bytes == 0 ? token_width_for_vocab(vocab_size) : options.width_bytes;
+  if (Status s = check_width_and_vocab(path, width, vocab_size); !s.ok()) return s;
+  auto st = std::make_unique<State>(path, vocab_size, width, options.document_index);
+  if (const int err = st->tmp.create())
+    return Status::io_error("cannot create a temporary file next to " + path + ": " + errno_text(err) +
+                            "; check that the directory " + dir_of(path) + " exists and is writable");
+  unsigned char header[kTokenFileHeaderBytes] = {};  // the count (offset 16) is patched by finish()
+  std::memcpy(header, kTokenFileMagic, 8);
+  put_u32(header + 8, options.document_index ? 2 : 1);
+  put_u32(header + 12, static_cast<uint32_t>(width));
+  put_u64(header + 24, static_cast<uint64_t>(vocab_size));
+  if (const int err = write_all(st->tmp.fd(), header, sizeof header)) return st->write_error(st->tmp.name(), err);
+  st->buf.reserve(State::kBufferBytes);
+  return TokenFileWriter(std::move(st));
+}
+
+void TokenFileWriter::begin_document() { s_->pending = s_->index; }
+
+Status TokenFileWriter::append(std::span<const int32_t> tokens) {
+  State& s = *s_;
+  if (s.closed) return Status::invalid_argument("append to " + s.path + " after finish()");
+  if (!s.failed.ok()) return s.failed;
+  if (tokens.empty()) return Status::ok_status();
+  if (const size_t bad = first_bad_token(tokens, s.vocab); bad < tokens.size())
+    return Status::invalid_argument("token " + std::to_string(s.count + static_cast<int64_t>(bad)) + " is " +
+                                    std::to_string(tokens[bad]) + ", outside [0, " + std::to_string(s.vocab) +
+                                    "); it was not written to " + s.path + ": fix the tokens or the vocab size");
+  if (s.index && (s.pending || s.count == 0) && s.count > s.last_start) {
+    s.starts.push_back(s.count);
+    s.last_start = s.count;
+    if (s.starts.size() >= State::kStartsInMemory)
+      if (Status e = s.spill_starts(); !e.ok()) return e;
+  }
+  s.pending = false;
+  const auto w = static_cast<size_t>(s.width);
+  for (size_t done = 0; done < tokens.size();) {
+    const size_t room = (State::kBufferBytes - s.buf.size()) / w;
+    const size_t n = std::min(room, tokens.size() - done);
+    const size_t at = s.buf.size();
+    s.buf.resize(at + n * w);
+    unsigned char* p = s.buf.data() + at;
+    for (size_t i = 0; i < n; ++i, p += w) {
+      const auto t = static_cast<uint32_t>(tokens[done + i]);
+      for (size_t b = 0; b < w; ++b) p[b] = static_cast<unsigned char>(t >> (8 * b));
+    }
+    done += n;
+    if (s.buf.size() + w > State::kBufferBytes)
+      if (Status e = s.flush(); !e.ok()) return e;
+  }
+  s.count += static_cast<int64_t>(tokens.size());
+  return Status::ok_status();
+}
+
+Status TokenFileWriter::finish() {
+  State& s = *s_;
+  if (s.closed) return Status::invalid_argument("finish() of " + s.path + " a second time");
+  s.closed = true;
+  struct DiscardSpill {
+    TempFile& f;
+    ~DiscardSpill() { f.discard(); }
+  } discard_spill{s.spill};
+  if (!s.failed.ok()) return s.failed;
+  if (Status e = s.flush(); !e.ok()) return e;
+  int err = 0;
+  if (s.index) {  // version 2: the document count, then the starts (spilled ones first)
+    unsigned char m[8];
+    put_u64(m, static_cast<uint64_t>(s.spilled) + s.starts.size());
+    err = write_all(s.tmp.fd(), m, 8);
+    if (err == 0 && s.spilled > 0) {
+      std::vector<unsigned char> chunk(State::kBufferBytes);
+      for (int64_t off = 0; err == 0 && off < 8 * s.spilled;) {
+        const auto n = static_cast<size_t>(std::min(static_cast<int64_t>(chunk.size()), 8 * s.spilled - off));
+        const int r = pread_all(s.spill.fd(), chunk.data(), n, off);
+        if (r != 0) return Status::io_error("reading back " + s.spill.name() + " failed" + s.keep);
+        err = write_all(s.tmp.fd(), chunk.data(), n);
+        off += static_cast<int64_t>(n);
+      }
+    }
+    if (err == 0 && !s.starts.empty()) {
+      std::vector<unsigned char> raw(8 * s.starts.size());
+      for (size_t d = 0; d < s.starts.size(); ++d) put_u64(raw.data() + 8 * d, static_cast<uint64_t>(s.starts[d]));
+      err = write_all(s.tmp.fd(), raw.data(), raw.size());
+    }
+  }
+  if (err == 0) {  // the header's token count
+    unsigned char c[8];
+    put_u64(c, static_cast<uint64_t>(s.count));
+    errno = 0;
+    if (::pwrite(s.tmp.fd(), c, 8, 16) != 8) err = errno != 0 ? errno : EIO;
+  }
+  if (err != 0) return s.write_error(s.tmp.name(), err);
+  if (::fsync(s.tmp.fd()) != 0)
+    return Status::io_error("flushing " + s.tmp.name() + " failed: " + errno_text(errno) + s.keep);
+  if (const int cerr = s.tmp.close())
+    return Status::io_error("closing " + s.tmp.name() + " failed: " + errno_text(cerr) + s.keep);
+  if (std::rename(s.tmp.name().c_str(), s.path.c_str()) != 0)
+    return Status::io_error("cannot rename " + s.tmp.name() + " to " + s.path + ": " + errno_text(errno) +
+                            "; check that " + s.path + " is not a directory" + s.keep);
+  s.tmp.renamed();
+  // Make the rename itself durable; a failure here loses nothing that was promised.
+  const int dfd = ::open(dir_of(s.path).c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::ok_status();
+}
+
+int64_t TokenFileWriter::tokens() const { return s_->count; }
+int64_t TokenFileWriter::documents() const { return s_->spilled + static_cast<int64_t>(s_->starts.size()); }
+int TokenFileWriter::width_bytes() const { return s_->width; }
+const std::string& TokenFileWriter::path() const { return s_->path; }
+
+Status write_token_file(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size,
+                        int width_bytes, std::span<const int64_t> doc_starts) {
+  // Every argument is checked before anything is created.
+  if (Status s = check_width_and_vocab(path, width_bytes, vocab_size); !s.ok()) return s;
+  if (const size_t i = first_bad_token(tokens, vocab_size); i < tokens.size())
+    return Status::invalid_argument("token " + std::to_string(i) + " is " + std::to_string(tokens[i]) +
+                                    ", outside [0, " + std::to_string(vocab_size) + "); nothing was written to " +
+                                    path + ": fix the tokens or the vocab size");
   for (size_t d = 0; d < doc_starts.size(); ++d) {
     const bool ok = d == 0 ? doc_starts[0] == 0 : doc_starts[d] > doc_starts[d - 1];
     if (!ok || doc_starts[d] >= static_cast<int64_t>(tokens.size()))
@@ -120,56 +312,19 @@ Status write_token_file(const std::string& path, std::span<const int32_t> tokens
                                       ": starts must begin at 0 and increase strictly below the token count (" +
                                       std::to_string(tokens.size()) + "); nothing was written to " + path);
   }
-  const std::string keep = " (any existing " + path + " is unchanged)";
-  TempFile tmp(path);
-  if (const int err = tmp.create())
-    return Status::io_error("cannot create a temporary file next to " + path + ": " + errno_text(err) +
-                            "; check that the directory " + dir_of(path) + " exists and is writable");
-
-  unsigned char header[kTokenFileHeaderBytes] = {};
-  std::memcpy(header, kTokenFileMagic, 8);
-  put_u32(header + 8, doc_starts.empty() ? 1 : 2);
-  put_u32(header + 12, static_cast<uint32_t>(width_bytes));
-  put_u64(header + 16, tokens.size());
-  put_u64(header + 24, static_cast<uint64_t>(vocab_size));
-  int err = write_all(tmp.fd(), header, sizeof header);
-
-  // Tokens go out in chunks of little-endian bytes.
-  constexpr size_t kChunk = 1 << 16;
-  std::vector<unsigned char> buf(kChunk * static_cast<size_t>(width_bytes));
-  for (size_t done = 0; err == 0 && done < tokens.size(); done += kChunk) {
-    const size_t n = std::min(kChunk, tokens.size() - done);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t t = static_cast<uint32_t>(tokens[done + i]);
-      unsigned char* p = buf.data() + i * static_cast<size_t>(width_bytes);
-      for (int b = 0; b < width_bytes; ++b) p[b] = static_cast<unsigned char>(t >> (8 * b));
-    }
-    err = write_all(tmp.fd(), buf.data(), n * static_cast<size_t>(width_bytes));
+  StatusOr<TokenFileWriter> w = TokenFileWriter::create(
+      path, vocab_size, TokenFileWriter::Options{.width_bytes = width_bytes, .document_index = !doc_starts.empty()});
+  if (!w.ok()) return w.status();
+  TokenFileWriter writer = std::move(w).value();
+  if (doc_starts.empty()) {
+    if (Status s = writer.append(tokens); !s.ok()) return s;
   }
-  if (err == 0 && !doc_starts.empty()) {  // version 2: the document index
-    std::vector<unsigned char> index(8 * (doc_starts.size() + 1));
-    put_u64(index.data(), doc_starts.size());
-    for (size_t d = 0; d < doc_starts.size(); ++d) put_u64(index.data() + 8 * (d + 1), static_cast<uint64_t>(doc_starts[d]));
-    err = write_all(tmp.fd(), index.data(), index.size());
+  for (size_t d = 0; d < doc_starts.size(); ++d) {
+    const auto begin = static_cast<size_t>(doc_starts[d]);
+    const size_t end = d + 1 < doc_starts.size() ? static_cast<size_t>(doc_starts[d + 1]) : tokens.size();
+    if (Status s = writer.append_document(tokens.subspan(begin, end - begin)); !s.ok()) return s;
   }
-  if (err != 0)
-    return Status::io_error("writing " + tmp.name() + " failed: " + errno_text(err) +
-                            "; free disk space or write somewhere else" + keep);
-  if (::fsync(tmp.fd()) != 0)
-    return Status::io_error("flushing " + tmp.name() + " failed: " + errno_text(errno) + keep);
-  if (const int cerr = tmp.close())
-    return Status::io_error("closing " + tmp.name() + " failed: " + errno_text(cerr) + keep);
-  if (std::rename(tmp.name().c_str(), path.c_str()) != 0)
-    return Status::io_error("cannot rename " + tmp.name() + " to " + path + ": " + errno_text(errno) +
-                            "; check that " + path + " is not a directory" + keep);
-  tmp.renamed();
-  // Make the rename itself durable; a failure here loses nothing that was promised.
-  const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::ok_status();
+  return writer.finish();
 }
 
 StatusOr<TokenFile> TokenFile::open(const std::string& path) {

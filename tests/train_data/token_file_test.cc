@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -227,6 +228,130 @@ TEST(TokenFile, FailedWriteDoesNotClobberAnExistingFile) {
   ASSERT_TRUE(write_token_file(path, big, 1000, 2).ok());
   EXPECT_EQ(read_bytes(path).size(), 32u + 2 * big.size());
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"keep.tok"});
+}
+
+// TokenFileWriter: documents streamed in pieces give the bytes write_token_file gives.
+TEST(TokenFileWriter, StreamsWhatWriteTokenFileWrites) {
+  TempDir dir;
+  for (int64_t vocab : {300, 128256}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    const std::vector<int32_t> tokens = sample_tokens(300000, vocab, 9);  // more than one 1 MiB buffer
+    std::vector<int64_t> starts = {0};
+    for (int64_t at = 1; at < 300000; at += 1 + (at * 7919) % 5003) starts.push_back(at);
+    ASSERT_TRUE(write_token_file(dir.file("whole.tok"), tokens, vocab, token_width_for_vocab(vocab), starts).ok());
+    StatusOr<TokenFileWriter> w = TokenFileWriter::create(dir.file("streamed.tok"), vocab);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    TokenFileWriter writer = std::move(w).value();
+    EXPECT_EQ(writer.width_bytes(), token_width_for_vocab(vocab));
+    for (size_t d = 0; d < starts.size(); ++d) {
+      const size_t end = d + 1 < starts.size() ? static_cast<size_t>(starts[d + 1]) : tokens.size();
+      writer.begin_document();
+      for (size_t at = static_cast<size_t>(starts[d]); at < end;) {  // in pieces of 1..37 tokens
+        const size_t n = std::min(end - at, 1 + at % 37);
+        ASSERT_TRUE(writer.append(std::span(tokens).subspan(at, n)).ok());
+        at += n;
+      }
+    }
+    EXPECT_EQ(writer.tokens(), 300000);
+    EXPECT_EQ(writer.documents(), static_cast<int64_t>(starts.size()));
+    const std::vector<std::string> during = dir.entries();
+    EXPECT_EQ(std::count_if(during.begin(), during.end(),
+                            [](const std::string& n) { return n.rfind("streamed.tok.tmp.", 0) == 0; }), 1)
+        << "the temporary is next to the target";
+    ASSERT_TRUE(writer.finish().ok());
+    EXPECT_EQ(read_bytes(dir.file("streamed.tok")), read_bytes(dir.file("whole.tok")));
+    EXPECT_EQ(dir.entries(), (std::vector<std::string>{"streamed.tok", "whole.tok"}));
+  }
+}
+
+TEST(TokenFileWriter, DocumentsWithoutTokensAreNotRecorded) {
+  TempDir dir;
+  TokenFileWriter w = TokenFileWriter::create(dir.file("d.tok"), 50).value();
+  const std::vector<int32_t> a = {1, 2, 3}, b = {4, 5};
+  ASSERT_TRUE(w.append(a).ok());  // before any begin_document: document 0
+  w.begin_document();
+  w.begin_document();
+  ASSERT_TRUE(w.append({}).ok());
+  ASSERT_TRUE(w.append(b).ok());
+  ASSERT_TRUE(w.append(a).ok());  // the same document
+  w.begin_document();             // and one that never gets a token
+  ASSERT_TRUE(w.finish().ok());
+  TokenFile f = TokenFile::open(dir.file("d.tok")).value();
+  EXPECT_EQ(f.version(), 2);
+  EXPECT_EQ(f.size(), 8);
+  EXPECT_EQ(f.document_starts(), (std::vector<int64_t>{0, 3}));
+  // Without an index: version 1, begin_document does nothing.
+  TokenFileWriter v1 = TokenFileWriter::create(dir.file("v1.tok"), 50, {.document_index = false}).value();
+  v1.begin_document();
+  ASSERT_TRUE(v1.append(a).ok());
+  v1.begin_document();
+  ASSERT_TRUE(v1.append(b).ok());
+  EXPECT_EQ(v1.documents(), 0);
+  ASSERT_TRUE(v1.finish().ok());
+  EXPECT_EQ(TokenFile::open(dir.file("v1.tok")).value().version(), 1);
+  EXPECT_EQ(read_bytes(dir.file("v1.tok")).size(), 32u + 2 * 5);
+  // No token at all: a valid empty file.
+  ASSERT_TRUE(TokenFileWriter::create(dir.file("e.tok"), 50).value().finish().ok());
+  EXPECT_EQ(TokenFile::open(dir.file("e.tok")).value().size(), 0);
+}
+
+TEST(TokenFileWriter, BadTokensAndCallsAreRefused) {
+  TempDir dir;
+  EXPECT_TRUE(fails_with(TokenFileWriter::create(dir.file("x.tok"), 70000, {.width_bytes = 2}).status(),
+                         Code::kInvalidArgument, {"use width 4"}));
+  EXPECT_TRUE(
+      fails_with(TokenFileWriter::create(dir.file("x.tok"), 0).status(), Code::kInvalidArgument, {"vocab size 0"}));
+  EXPECT_TRUE(fails_with(TokenFileWriter::create(dir.file("no/x.tok"), 10).status(), Code::kIoError,
+                         {"exists and is writable"}));
+  EXPECT_TRUE(dir.entries().empty());
+  TokenFileWriter w = TokenFileWriter::create(dir.file("x.tok"), 10).value();
+  const std::vector<int32_t> good = {1, 2, 3}, bad = {4, 10, 5};
+  ASSERT_TRUE(w.append(good).ok());
+  EXPECT_TRUE(fails_with(w.append(bad), Code::kInvalidArgument, {"token 4 is 10", dir.file("x.tok")}));
+  ASSERT_TRUE(w.append(good).ok());  // still usable; the bad call appended nothing
+  ASSERT_TRUE(w.finish().ok());
+  EXPECT_TRUE(fails_with(w.finish(), Code::kInvalidArgument, {"second time"}));
+  EXPECT_TRUE(fails_with(w.append(good), Code::kInvalidArgument, {"after finish"}));
+  EXPECT_EQ(TokenFile::open(dir.file("x.tok")).value().size(), 6);
+}
+
+TEST(TokenFileWriter, NothingAtTheTargetUntilFinish) {
+  TempDir dir;
+  const std::string path = dir.file("keep.tok");
+  write_bytes(path, "old contents");
+  {
+    TokenFileWriter w = TokenFileWriter::create(path, 100).value();
+    ASSERT_TRUE(w.append(sample_tokens(1000, 100, 1)).ok());
+    EXPECT_EQ(read_bytes(path), "old contents");
+    EXPECT_EQ(dir.entries().size(), 2u);
+  }  // destroyed without finish(): the temporary goes, the old file stays
+  EXPECT_EQ(read_bytes(path), "old contents");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"keep.tok"});
+  // A moved-from writer leaves the temporary to the one it moved to.
+  TokenFileWriter a = TokenFileWriter::create(path, 100).value();
+  TokenFileWriter b = std::move(a);
+  ASSERT_TRUE(b.append(sample_tokens(10, 100, 2)).ok());
+  ASSERT_TRUE(b.finish().ok());
+  EXPECT_EQ(TokenFile::open(path).value().size(), 10);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"keep.tok"});
+}
+
+// More documents than the writer keeps in memory: the rest wait in a second temporary.
+TEST(TokenFileWriter, ManyDocumentsSpillToATemporary) {
+  TempDir dir;
+  constexpr int64_t kDocs = (1 << 20) + 12345;
+  TokenFileWriter w = TokenFileWriter::create(dir.file("many.tok"), 7).value();
+  const std::vector<int32_t> one = {3};
+  for (int64_t d = 0; d < kDocs; ++d) ASSERT_TRUE(w.append_document(one).ok());
+  EXPECT_EQ(w.documents(), kDocs);
+  EXPECT_EQ(dir.entries().size(), 2u) << "the target's temporary and the index's";
+  ASSERT_TRUE(w.finish().ok());
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"many.tok"});
+  TokenFile f = TokenFile::open(dir.file("many.tok")).value();
+  ASSERT_EQ(static_cast<int64_t>(f.document_starts().size()), kDocs);
+  int64_t wrong = 0;
+  for (int64_t d = 0; d < kDocs; ++d) wrong += f.document_starts()[d] != d;
+  EXPECT_EQ(wrong, 0);
 }
 
 // A valid file's bytes, patched by each test below.

@@ -16,7 +16,9 @@
 //
 // Writing is atomic: the bytes go to a temporary file next to the target, which is flushed
 // (fsync) and renamed over the target only when complete. A failed write returns a Status,
-// removes its temporary and leaves an existing file at the target untouched.
+// removes its temporary and leaves an existing file at the target untouched. write_token_file
+// writes tokens held in memory; TokenFileWriter streams them, document by document, in bounded
+// memory (the header's count is patched and the document index appended at finish()).
 //
 // Reading: TokenFile::open validates the header and the file size, and keeps the file open.
 // read() fetches one range with pread (only those bytes; never the whole file) and checks each
@@ -25,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -50,6 +53,62 @@ int token_width_for_vocab(int64_t vocab_size);
 // flushed or renamed.
 Status write_token_file(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size,
                         int width_bytes, std::span<const int64_t> doc_starts = {});
+
+// Streams a token file to `path`, atomically, as write_token_file writes one: tokens go through
+// a 1 MiB buffer into a temporary next to the target; finish() appends the document index,
+// patches the header's token count, flushes and renames. Until finish() succeeds nothing is at
+// the target (an existing file there is untouched); a writer destroyed before (or after a
+// failed finish()) removes its temporary. Memory stays bounded: document starts beyond 2^20 are
+// kept in a second temporary next to the target until finish().
+// Documents: begin_document() makes the next appended token the start of a document; tokens
+// appended before any begin_document() start document 0. A document that receives no token is
+// not recorded (the index stays strictly increasing). Without a document index (version 1),
+// begin_document() does nothing.
+// Not thread-safe; move-only.
+class TokenFileWriter {
+ public:
+  struct Options {
+    int width_bytes = 0;          // 2 or 4; 0: token_width_for_vocab(vocab_size)
+    bool document_index = true;   // version 2 (with the index) or 1
+  };
+  // Creates the temporary and writes a provisional header. Errors: invalid_argument for a width
+  // that is not 2 or 4 or a vocab size outside [1, 2^31 - 1] or too large for the width (nothing
+  // is created); io_error when the temporary cannot be created or written.
+  static StatusOr<TokenFileWriter> create(const std::string& path, int64_t vocab_size, Options options);
+  static StatusOr<TokenFileWriter> create(const std::string& path, int64_t vocab_size) {
+    return create(path, vocab_size, Options{});
+  }
+
+  TokenFileWriter(TokenFileWriter&&) noexcept;
+  TokenFileWriter& operator=(TokenFileWriter&&) noexcept;
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+  ~TokenFileWriter();
+
+  void begin_document();
+  // Appends tokens to the current document. invalid_argument (and nothing of this call is
+  // appended; the writer stays usable) when a token is negative or >= vocab_size, naming its
+  // position in the file; io_error when writing fails (the writer is then failed: every later
+  // call returns the same error, and the temporary is removed).
+  Status append(std::span<const int32_t> tokens);
+  Status append_document(std::span<const int32_t> tokens) {
+    begin_document();
+    return append(tokens);
+  }
+  // Writes the index, patches the header, flushes and renames onto the target. Once called, the
+  // writer is closed whatever the outcome; a second call returns invalid_argument.
+  Status finish();
+
+  int64_t tokens() const;     // appended so far
+  int64_t documents() const;  // documents with at least one token so far (0 without an index)
+  int width_bytes() const;
+  const std::string& path() const;
+
+ private:
+  struct State;
+  explicit TokenFileWriter(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
 
 class TokenFile {
  public:
