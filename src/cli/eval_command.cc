@@ -142,7 +142,8 @@ StatusOr<LossCurve> read_curve(const std::string& path) {
   ss << f.rdbuf();
   try {
     const Json j = Json::parse(ss.str());
-    LossCurve c{.label = j.value("label", path)};
+    LossCurve c;
+    c.label = j.value("label", path);
     for (const Json& b : j.at("loss_by_position")) {
       if (b.at("loss").is_null()) continue;
       c.position.push_back(0.5 * (b.at("begin").get<double>() + b.at("end").get<double>()));
@@ -229,11 +230,14 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       std::vector<LossCurve> curves;
       if (!compare.label.empty() || !compare.loss.empty()) curves.push_back(compare);
       curves.push_back(loss_curve(r.value(), label));
-      std::ofstream out(flags.get_string("svg"), std::ios::trunc);
+      const std::string path = flags.get_string("svg"), tmp = path + ".tmp";
+      std::ofstream out(tmp, std::ios::trunc);
       out << position_loss_svg(curves, "loss by position, S = " + std::to_string(opts.decoder.seq));
       out.close();
-      if (!out) std::fprintf(stderr, "untied eval: cannot write %s\n", flags.get_string("svg").c_str());
-      else if (!flags.get_bool("json")) std::printf("  wrote %s\n", flags.get_string("svg").c_str());
+      const bool written = out && std::rename(tmp.c_str(), path.c_str()) == 0;
+      if (!written) std::remove(tmp.c_str());
+      UNTIED_CHECK_KIND(ErrorKind::kIo, written, "cannot write ", path, ": choose a writable --svg path");
+      if (!flags.get_bool("json")) std::printf("  wrote %s\n", path.c_str());
     }
     if (!opts.logits_path.empty() && !flags.get_bool("json")) std::printf("  wrote %s\n", opts.logits_path.c_str());
   });

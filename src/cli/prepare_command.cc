@@ -423,6 +423,7 @@ int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args) 
     return usage_error("--tokenizer is missing: give tokenizer.json or a model directory");
   if (flags.get_string("output").empty()) return usage_error("--output is missing: name the token file to write");
   if (paths.empty()) return usage_error("no input: give files with --input or after the flags");
+  if (flags.get_bytes("block-bytes") < 1) return usage_error("--block-bytes must be at least 1");
   const std::string format = flags.get_string("format");
   if (!format.empty() && format != "text" && format != "jsonl")
     return usage_error("--format '" + format + "': use text or jsonl");

@@ -2,23 +2,31 @@
 
 #include <vector>
 
+#include "untied/core/check.h"
 #include "untied/kernels/tensor_ops.h"
 
 namespace untied {
 
-ShardedParams::ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute)
-    : dev_(dev), comm_(comm), compute_(compute), descs_(std::move(descs)) {
+ShardedParams::ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute,
+                             ShardedState state)
+    : dev_(dev), comm_(comm), compute_(compute), state_(state), descs_(std::move(descs)) {
   Allocator& a = dev.allocator();
   const int64_t C = comm.size();
   for (const ParamDesc& d : descs_) {
     const int64_t s = (d.shape.numel() + C - 1) / C;
     shard_.push_back(s);
     master_.emplace_back(a, DType::kF32, Shape{s}, Tag::kParameters, d.name + " (master shard)");
+    dev.fill_zero(master_.back().data(), s * 4);
+    if (state_ == ShardedState::kWeightsOnly) continue;
     grad_.emplace_back(a, DType::kF32, Shape{s}, Tag::kGradients, d.name + " (grad shard)");
     m_.emplace_back(a, DType::kF32, Shape{s}, Tag::kOptimizer, d.name + " (adam m)");
     v_.emplace_back(a, DType::kF32, Shape{s}, Tag::kOptimizer, d.name + " (adam v)");
-    for (auto* b : {&master_.back(), &grad_.back(), &m_.back(), &v_.back()}) dev.fill_zero(b->data(), s * 4);
+    for (auto* b : {&grad_.back(), &m_.back(), &v_.back()}) dev.fill_zero(b->data(), s * 4);
   }
+}
+
+void ShardedParams::require_training_state(const char* what) const {
+  UNTIED_ASSERT(state_ == ShardedState::kTraining, "ShardedParams::", what, " on a weights-only store");
 }
 
 int64_t ShardedParams::owned_elems(int i) const {
@@ -38,6 +46,7 @@ void ShardedParams::init(const InitFn& values) {
 }
 
 void ShardedParams::read_state(int i, float* out) const {
+  require_training_state("read_state");
   const int64_t n = shard_[i];
   for (int k = 0; k < 3; ++k) dev_.copy(out + k * n, (k == 0 ? master_ : k == 1 ? m_ : v_)[i].data(), n * 4);
 }
@@ -45,6 +54,7 @@ void ShardedParams::read_state(int i, float* out) const {
 void ShardedParams::read_master(int i, float* out) const { dev_.copy(out, master_[i].data(), shard_[i] * 4); }
 
 void ShardedParams::write_state(int i, const float* in) {
+  require_training_state("write_state");
   const int64_t n = shard_[i];
   for (int k = 0; k < 3; ++k) dev_.copy((k == 0 ? master_ : k == 1 ? m_ : v_)[i].data(), in + k * n, n * 4);
 }
@@ -71,6 +81,7 @@ ParamGroup ShardedParams::gather(int group) {
 }
 
 ParamGroup ShardedParams::grad_buffers(int group) {
+  require_training_state("grad_buffers");
   ParamGroup g;
   g.group = group;
   for (int i = 0; i < num_params(); ++i) {
@@ -86,6 +97,7 @@ ParamGroup ShardedParams::grad_buffers(int group) {
 }
 
 void ShardedParams::reduce_grads(ParamGroup& g) {
+  require_training_state("reduce_grads");
   for (size_t k = 0; k < g.ids.size(); ++k) {
     const int i = g.ids[k];
     const int64_t s = shard_[i];
@@ -101,6 +113,7 @@ void ShardedParams::reduce_grads(ParamGroup& g) {
 }
 
 void ShardedParams::zero_grads() {
+  require_training_state("zero_grads");
   for (int i = 0; i < num_params(); ++i) dev_.fill_zero(grad(i), shard_[i] * 4);
 }
 

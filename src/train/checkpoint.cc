@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "untied/core/check.h"
 #include "untied/core/file_io.h"
 
 namespace untied {
@@ -173,6 +175,18 @@ Status read_rank(const std::string& path, int world, int rank, const std::string
 
 }  // namespace
 
+std::string model_identity(const ModelConfig& m) {
+  const RopeScaling& r = m.rope_scaling;
+  const std::string rope = r.type == RopeScalingType::kNone ? ""
+                           : r.type == RopeScalingType::kLinear
+                               ? str_cat(" rope=linear(", r.factor, ")")
+                               : str_cat(" rope=llama3(", r.factor, ",", r.low_freq_factor, ",", r.high_freq_factor, ",",
+                                         r.original_max_position, ")");
+  return str_cat("V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads, " D=", m.head_dim,
+                 " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm,
+                 m.tied_embeddings ? " tied" : "", rope);
+}
+
 bool checkpoint_exists(const std::string& dir) {
   struct stat st;
   return ::stat((dir + "/latest").c_str(), &st) == 0;
@@ -254,6 +268,7 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
 
 struct CheckpointWeights::Impl {
   struct File {
+    std::string path;
     int fd = -1;
     std::vector<int64_t> offset;  // per parameter: the byte offset of its master shard
   };
@@ -312,8 +327,10 @@ StatusOr<CheckpointWeights> CheckpointWeights::open(const std::string& dir, bool
       return Status::corrupt(path + ": " + what + "; the file is damaged or not an untied checkpoint");
     };
     Impl::File& file = x.files.emplace_back();
+    file.path = path;
     file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (file.fd < 0) return Status::not_found(path + " is missing: the checkpoint is incomplete");
+    if (file.fd < 0 && errno == ENOENT) return Status::not_found(path + " is missing: the checkpoint is incomplete");
+    if (file.fd < 0) return Status::io_error("cannot open " + path + ": " + std::strerror(errno));
     if (verify && !checksum_matches(path)) return corrupt("checksum mismatch (or truncated)");
     Cursor c{file.fd};
     char magic[8];
@@ -354,8 +371,12 @@ StatusOr<CheckpointWeights> CheckpointWeights::open(const std::string& dir, bool
   return w;
 }
 
-Status CheckpointWeights::check(const std::vector<ParamDesc>& descs) const {
+Status CheckpointWeights::check(const ModelConfig& m) const {
   const Impl& x = *impl_;
+  const std::vector<ParamDesc> descs = parameter_descriptors(m);
+  if (x.identity.find(" " + model_identity(m) + " ") == std::string::npos)
+    return Status::invalid_argument(x.dir + " holds a checkpoint of another model than its config.json says:\n  checkpoint: " +
+                                    x.identity + "\n  config:     " + model_identity(m));
   if (descs.size() != x.names.size())
     return Status::invalid_argument(x.dir + " holds " + std::to_string(x.names.size()) + " parameters, this model has " +
                                     std::to_string(descs.size()) + ": the checkpoint is of another model");
@@ -379,7 +400,8 @@ Status CheckpointWeights::read(int i, int64_t numel, int64_t first, int64_t coun
     const int64_t off = first - r * s, n = std::min(count, s - off);
     const Impl::File& f = x.files[static_cast<size_t>(r)];
     if (pread_all(f.fd, out, static_cast<size_t>(n) * 4, f.offset[static_cast<size_t>(i)] + off * 4) != 0)
-      return Status::io_error("cannot read " + rank_file(x.dir, "", r) + " (" + x.names[static_cast<size_t>(i)] + ")");
+      return Status::io_error("cannot read " + x.files[static_cast<size_t>(r)].path + " (" +
+                              x.names[static_cast<size_t>(i)] + ")");
     first += n, count -= n, out += n;
   }
   return Status::ok_status();

@@ -25,15 +25,16 @@ double now_s() {
 // and checks the files, then reads its own shards; the same Status on every rank.
 Status load_weights(const EvalOptions& o, Communicator& comm, Device& dev, ShardedParams& params,
                     int64_t* step) {
-  params.init(parameter_init(o.model, o.seed));
   Status st;
-  if (!o.hf_model.empty()) {
+  if (o.hf_model.empty() && o.checkpoint_dir.empty()) {
+    params.init(parameter_init(o.model, o.seed));
+  } else if (!o.hf_model.empty()) {
     auto w = HfWeights::open(o.hf_model);
     st = w.ok() ? w.value().check(o.model) : w.status();
     if (st.ok() && dev.backed()) st = load_hf_weights(w.value(), params);
   } else if (!o.checkpoint_dir.empty()) {
     auto w = CheckpointWeights::open(o.checkpoint_dir, false);
-    st = w.ok() ? w.value().check(params.descs()) : w.status();
+    st = w.ok() ? w.value().check(o.model) : w.status();
     if (st.ok() && dev.backed()) st = load_checkpoint_weights(w.value(), params);
     if (st.ok()) *step = w.value().step();
   }
@@ -58,24 +59,37 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
                               const EvalOptions& o) {
   Status vs = validate(o, comm.size());
   if (!vs.ok()) return vs;
-  if (data.vocab_size() > o.model.vocab)
-    return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
-                                    ") is larger than the model's (" + std::to_string(o.model.vocab) +
-                                    "): tokenize with the model's own tokenizer");
+  // What each process sees of its data, agreed before any other collective (under mpirun every
+  // process opens its own copy of the file).
   const int64_t S = o.decoder.seq;
   int64_t samples = o.samples;
-  if (samples == 0) {
-    if (data.stream_tokens() == 0)
-      return Status::invalid_argument("--samples is needed: data '" + std::string(data.kind()) + "' has no end");
-    samples = data.stream_tokens() / S;
-    if (samples == 0)
-      return Status::invalid_argument("the data holds " + std::to_string(data.stream_tokens()) +
-                                      " tokens, fewer than one sequence of --seq " + std::to_string(S) +
-                                      ": lower --seq or pass --samples (samples then wrap around the data)");
-  }
+  Status ds;
+  if (data.vocab_size() > o.model.vocab)
+    ds = Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
+                                  ") is larger than the model's (" + std::to_string(o.model.vocab) +
+                                  "): tokenize with the model's own tokenizer");
+  else if (samples == 0 && data.stream_tokens() == 0)
+    ds = Status::invalid_argument("--samples is needed: data '" + std::string(data.kind()) + "' has no end");
+  else if (samples == 0 && data.stream_tokens() < S)
+    ds = Status::invalid_argument("the data holds " + std::to_string(data.stream_tokens()) +
+                                  " tokens, fewer than one sequence of --seq " + std::to_string(S) +
+                                  ": lower --seq or pass --samples (samples then wrap around the data)");
+  if (ds.ok() && samples == 0) samples = data.stream_tokens() / S;
+  int64_t lo = samples, hi = samples;
+  comm.all_reduce(&lo, &lo, 1, DType::kI64, ReduceOp::kMin);
+  comm.all_reduce(&hi, &hi, 1, DType::kI64, ReduceOp::kMax);
+  if (ds.ok() && lo != hi)
+    ds = Status::invalid_argument("the ranks see data files of different lengths: give every rank the same file");
+  // The logits of --dump-logits: (Sp, V) floats gathered on every rank.
+  const int64_t logit_bytes = padded_config(attention_config(o.model, o.decoder), comm.size()).seq * o.model.vocab * 4;
+  if (ds.ok() && !o.logits_path.empty() && logit_bytes > (int64_t{1} << 30))
+    ds = Status::invalid_argument("--dump-logits gathers S x V floats (" + format_bytes(logit_bytes) +
+                                  ") on every rank; it is for comparisons at small --seq (at most 1 GiB)");
+  ds = first_failure(comm, ds);
+  if (!ds.ok()) return ds;
 
   Allocator& alloc = dev.allocator();
-  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype);
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
   EvalResult r;
   Status ws = load_weights(o, comm, dev, params, &r.checkpoint_step);
   if (!ws.ok()) return ws;
@@ -90,7 +104,11 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
   for (int64_t b = 0; b <= B; ++b) r.bucket_begin.push_back(b * S / B);
   std::vector<double> bucket_sum(static_cast<size_t>(B), 0.0);
   std::vector<int64_t> bucket_count(static_cast<size_t>(B), 0);
-  auto bucket_of = [&](int64_t p) { return std::min<int64_t>(B - 1, (p * B) / S); };
+  // The b with bucket_begin[b] <= p < bucket_begin[b + 1].
+  auto bucket_of = [&](int64_t p) {
+    return static_cast<int64_t>(std::upper_bound(r.bucket_begin.begin(), r.bucket_begin.end(), p) -
+                                r.bucket_begin.begin()) - 1;
+  };
 
   std::vector<int32_t> tokens(static_cast<size_t>(L)), labels(tokens.size());
   std::vector<uint8_t> answer(tokens.size());
@@ -162,7 +180,8 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
 }
 
 LossCurve loss_curve(const EvalResult& r, const std::string& label) {
-  LossCurve c{.label = label};
+  LossCurve c;
+  c.label = label;
   for (size_t b = 0; b < r.bucket_loss.size(); ++b) {
     if (r.bucket_tokens[b] == 0) continue;
     c.position.push_back(0.5 * static_cast<double>(r.bucket_begin[b] + r.bucket_begin[b + 1]));

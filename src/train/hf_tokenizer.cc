@@ -807,9 +807,11 @@ class Loader {
     std::unordered_map<std::string, int> char_byte;
     for (int b = 0; b < 256; ++b) char_byte[alphabet[b]] = b;
     std::vector<std::string> by_id;
+    const int64_t limit = id_limit();
     for (const auto& [token, id_value] : m["vocab"].items()) {
-      if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 || id_value.get<int64_t>() >= INT32_MAX)
-        return bad("model.vocab", "the id of '" + token + "' must be an integer in [0, 2^31 - 1)");
+      if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 || id_value.get<int64_t>() >= limit)
+        return bad("model.vocab", "the id of '" + token + "' must be an integer in [0, " + std::to_string(limit) +
+                                      "): ids number the vocabulary and the added tokens densely");
       const auto id = static_cast<int32_t>(id_value.get<int64_t>());
       if (static_cast<size_t>(id) >= by_id.size()) by_id.resize(static_cast<size_t>(id) + 1);
       if (!by_id[static_cast<size_t>(id)].empty())
@@ -890,8 +892,9 @@ class Loader {
       const std::string key = "added_tokens[" + std::to_string(i) + "]";
       if (!e.is_object()) return bad(key, "must be an object");
       if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 ||
-          e["id"].get<int64_t>() >= INT32_MAX)
-        return bad(key + ".id", "must be an integer in [0, 2^31 - 1)");
+          e["id"].get<int64_t>() >= id_limit())
+        return bad(key + ".id", "must be an integer in [0, " + std::to_string(id_limit()) +
+                                    "): ids number the vocabulary and the added tokens densely");
       if (!e.contains("content") || !e["content"].is_string() || e["content"].get<std::string>().empty())
         return bad(key + ".content", "must be a non-empty string");
       AddedToken t;
@@ -982,8 +985,8 @@ class Loader {
         const std::string pattern = s["pattern"][which].get<std::string>();
         StatusOr<std::unique_ptr<Regex>> re = Regex::compile(pattern, literal);
         if (!re.ok()) return unsupported(key + ".pattern", "'" + pattern + "': " + re.status().message());
-        cut_ok =
-            cut_ok && !literal && (pattern == kLlama3Pattern || pattern == kQwen2Pattern || pattern == kGpt2Pattern);
+        // GPT-2's regex is not cut-safe: its \s+(?!\S) splits a run of newlines by what follows it.
+        cut_ok = cut_ok && !literal && (pattern == kLlama3Pattern || pattern == kQwen2Pattern);
         t_->splits.push_back(std::move(re).value());
       } else if (type == "ByteLevel") {
         bool prefix = false, use_regex = true;
@@ -994,6 +997,7 @@ class Loader {
           StatusOr<std::unique_ptr<Regex>> re = Regex::compile(kGpt2Pattern, false);
           UNTIED_CHECK(re.ok(), "the GPT-2 regex does not compile: ", re.status().message());
           t_->byte_level_regex = std::move(re).value();
+          cut_ok = false;  // the GPT-2 regex (above)
         }
         byte_level = true;
       } else {
@@ -1090,6 +1094,17 @@ class Loader {
     const std::string type = type_of(j_["decoder"]);
     if (type != "ByteLevel") return unsupported("decoder", "type '" + type + "' is not supported (null or ByteLevel)");
     return Status::ok_status();
+  }
+
+  // Ids are dense: below the vocabulary's entries plus the added tokens (a bound that keeps a
+  // file with one huge id from allocating gigabytes).
+  int64_t id_limit() const {
+    int64_t n = 0;
+    if (j_.contains("model") && j_["model"].is_object() && j_["model"].contains("vocab") &&
+        j_["model"]["vocab"].is_object())
+      n += static_cast<int64_t>(j_["model"]["vocab"].size());
+    if (j_.contains("added_tokens") && j_["added_tokens"].is_array()) n += static_cast<int64_t>(j_["added_tokens"].size());
+    return n;
   }
 
   const JsonIn& j_;

@@ -172,6 +172,16 @@ std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std
   return c.dump(2) + "\n";
 }
 
+Status check_hf_output_dir(const std::string& dir, const std::string& what) {
+  for (const char* f : {"model.safetensors", "model.safetensors.index.json", "config.json"}) {
+    struct stat st;
+    if (::stat((dir + "/" + f).c_str(), &st) == 0)
+      return Status::invalid_argument(what + " " + dir + " already holds a model (" + f +
+                                      "): choose a new directory, or remove it first");
+  }
+  return Status::ok_status();
+}
+
 Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveHfOptions& o) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -189,9 +199,9 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
       return Status::corrupt(o.source_config + " is not JSON: " + e.what());
     }
     if (!c.is_object()) return Status::corrupt(o.source_config + " is not a JSON object");
-    if (c.contains("rope_parameters") && c["rope_parameters"].is_object() && c["rope_parameters"].contains("rope_theta"))
-      c["rope_parameters"]["rope_theta"] = m.rope_theta;
-    if (c.contains("rope_theta") || !c.contains("rope_parameters")) c["rope_theta"] = m.rope_theta;
+    const bool in_parameters = c.contains("rope_parameters") && c["rope_parameters"].is_object();
+    if (in_parameters) c["rope_parameters"]["rope_theta"] = m.rope_theta;
+    if (c.contains("rope_theta") || !in_parameters) c["rope_theta"] = m.rope_theta;
     const int64_t had = c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer()
                             ? c["max_position_embeddings"].get<int64_t>()
                             : 0;
@@ -206,9 +216,15 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
     std::ofstream out(tmp, std::ios::trunc);
     out << config;
     out.close();
-    if (!out) return Status::io_error("cannot write " + tmp + ": choose a writable directory");
+    if (!out) {
+      std::remove(tmp.c_str());
+      return Status::io_error("cannot write " + tmp + ": choose a writable directory");
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::io_error("cannot rename " + tmp + " to " + path);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Status::io_error("cannot rename " + tmp + " to " + path);
+  }
   return Status::ok_status();
 }
 
@@ -216,7 +232,11 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
                      const SaveHfOptions& o) {
   const bool root = comm.rank() == 0;
   Status st;
-  if (root) st = write_hf_config(dir, m, o);
+  if (root) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) st = Status::io_error("cannot create " + dir + ": " + ec.message());
+  }
   st = first_failure(comm, st);
   if (!st.ok()) return st;
   std::vector<SafetensorsTensor> specs;
@@ -245,6 +265,7 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
     if (root && st.ok()) st = writer->add(specs[i].name, full.data());
   }
   if (root && st.ok()) st = writer->finish();
+  if (root && st.ok()) st = write_hf_config(dir, m, o);  // last: a directory with a config has its weights
   return first_failure(comm, st);
 }
 
@@ -260,7 +281,7 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
   auto w = CheckpointWeights::open(ckpt_dir, true);
   if (!w.ok()) return w.status();
   const std::vector<ParamDesc> descs = parameter_descriptors(m);
-  Status st = w.value().check(descs);
+  Status st = w.value().check(m);
   if (!st.ok()) return st;
   std::error_code ec;  // out_dir may not exist yet: then it is not the checkpoint's
   if (std::filesystem::equivalent(std::filesystem::path(ckpt_dir), std::filesystem::path(out_dir), ec))
@@ -271,8 +292,10 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
     for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
     specs.push_back({.name = hf_tensor_name(d.name), .dtype = dtype, .shape = shape});
   }
-  st = write_hf_config(out_dir, m, SaveHfOptions{.max_position = 0, .source_config = ckpt_dir + "/config.json", .dtype = dtype});
+  st = check_hf_output_dir(out_dir, "--out");
   if (!st.ok()) return st;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return Status::io_error("cannot create " + out_dir + ": " + ec.message());
   auto created = SafetensorsWriter::create(out_dir + "/model.safetensors", specs, {{"format", "pt"}});
   if (!created.ok()) return created.status();
   SafetensorsWriter writer = std::move(created).value();
@@ -285,7 +308,11 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
     st = writer.add(specs[i].name, full.data());
     if (!st.ok()) return st;
   }
-  return writer.finish();
+  st = writer.finish();
+  if (!st.ok()) return st;
+  // Last: a directory with a config has its weights.
+  return write_hf_config(out_dir, m, SaveHfOptions{.max_position = 0, .source_config = ckpt_dir + "/config.json",
+                                                   .dtype = dtype});
 }
 
 }  // namespace untied

@@ -24,20 +24,10 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// " rope=llama3(8,1,4,8192)" for a scaled RoPE, "" without scaling.
-std::string rope_scaling_note(const RopeScaling& r) {
-  if (r.type == RopeScalingType::kNone) return "";
-  if (r.type == RopeScalingType::kLinear) return str_cat(" rope=linear(", r.factor, ")");
-  return str_cat(" rope=llama3(", r.factor, ",", r.low_freq_factor, ",", r.high_freq_factor, ",",
-                 r.original_max_position, ")");
-}
-
 // What must match for a checkpoint to be resumed.
 std::string identity(const TrainOptions& o, int ranks, const DataSource& data) {
   const ModelConfig& m = o.model;
-  return str_cat("batch=", o.batch, " model ", m.name, " V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads,
-                 " D=", m.head_dim, " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm,
-                 m.tied_embeddings ? " tied" : "", rope_scaling_note(m.rope_scaling),
+  return str_cat("batch=", o.batch, " model ", m.name, " ", model_identity(m),
                  " seq=", o.decoder.seq, o.window > 0 ? str_cat(" window=", o.window) : std::string(), o.doc_mask ? "" : " no_doc_mask", " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
                  " data=", data.kind(), " data_vocab=", data.vocab_size());
 }
@@ -153,6 +143,20 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     if (!all.ok()) return all;
   }
 
+  // Before any step: the model's config.json beside the checkpoints (for `untied eval` and
+  // `untied export`), and a --save-hf directory that holds no model yet (its old shards would
+  // otherwise be read in place of the new file).
+  {
+    Status cs;
+    if (comm.rank() == 0 && !o.checkpoint_dir.empty() && !o.rehearsal)
+      cs = write_hf_config(o.checkpoint_dir, o.model,
+                           SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
+                                         .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json"});
+    if (cs.ok() && comm.rank() == 0 && !o.save_hf.empty()) cs = check_hf_output_dir(o.save_hf, "--save-hf");
+    cs = first_failure(comm, cs);
+    if (!cs.ok()) return cs;
+  }
+
   FILE* metrics = nullptr;
   if (comm.rank() == 0 && !o.metrics_path.empty()) metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
   Status ms = first_failure(comm, comm.rank() != 0 || o.metrics_path.empty() || metrics != nullptr
@@ -266,13 +270,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     }
     const bool last = s + 1 == end;
     if (!o.checkpoint_dir.empty() && (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
-      // The model's config.json beside the steps, for `untied eval` and `untied export`.
-      Status cs = comm.rank() == 0 ? write_hf_config(o.checkpoint_dir, o.model,
-                                                     SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
-                                                                   .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json"})
-                                   : Status::ok_status();
-      cs = first_failure(comm, cs);
-      if (cs.ok()) cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
+      Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
       if (!cs.ok()) {
         if (metrics) std::fclose(metrics);
         return cs;

@@ -197,8 +197,18 @@ TEST(Evaluator, CheckpointAtAnyRankCountAndExport) {
   auto cfg = read_hf_config(ck);
   ASSERT_TRUE(cfg.ok()) << cfg.status().message();
 
+  // 7 buckets of S = 96: ranges of 13 and 14 positions.
   EvalOptions o{.model = cfg.value().model, .decoder = {.seq = 96, .strategy = Strategy::kUPipe}, .samples = 5,
-                .buckets = 8, .checkpoint_dir = ck};
+                .buckets = 7, .checkpoint_dir = ck};
+  std::vector<int64_t> want_bucket(7, 0);  // the labelled positions of each range, from the data itself
+  for (int64_t smp = 0; smp < 5; ++smp) {
+    std::vector<int32_t> tk(96), lb(96);
+    ASSERT_TRUE(data.value()->fill(smp, 96, 0, 96, tk.data(), lb.data(), nullptr).ok());
+    for (int64_t p = 0; p < 96; ++p)
+      if (lb[p] != kIgnoreIndex)
+        for (int64_t b = 0; b < 7; ++b)
+          if (p >= b * 96 / 7 && p < (b + 1) * 96 / 7) ++want_bucket[b];
+  }
   double first = -1;
   for (int ranks : {1, 2, 4}) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
@@ -211,7 +221,9 @@ TEST(Evaluator, CheckpointAtAnyRankCountAndExport) {
     }());
     if (first < 0) first = e.loss;
     EXPECT_NEAR(e.loss, first, 1e-5 * first);
-    // The buckets partition the labelled positions, and their mean is the loss.
+    // The buckets partition the labelled positions, each range its own, and their mean is the loss.
+    EXPECT_EQ(e.bucket_begin, (std::vector<int64_t>{0, 13, 27, 41, 54, 68, 82, 96}));
+    EXPECT_EQ(e.bucket_tokens, want_bucket);
     int64_t n = 0;
     double sum = 0;
     for (size_t b = 0; b < e.bucket_loss.size(); ++b) n += e.bucket_tokens[b], sum += e.bucket_loss[b] * e.bucket_tokens[b];
@@ -232,7 +244,25 @@ TEST(Evaluator, CheckpointAtAnyRankCountAndExport) {
     EXPECT_NEAR(e.loss, first, std::string(dtype) == "F32" ? 1e-5 * first : 2e-2 * first);
     std::filesystem::remove_all(hf);
   }
-  // Export refuses a directory that is not a checkpoint, and damage in a rank file.
+  // A config.json that does not describe the checkpoint's model is refused, naming both.
+  {
+    auto w = CheckpointWeights::open(ck, false);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ModelConfig other = cfg.value().model;
+    other.rope_theta *= 2;
+    const Status s = w.value().check(other);
+    EXPECT_NE(s.message().find("another model than its config.json says"), std::string::npos) << s.message();
+  }
+  // Export refuses a directory that already holds a model (its old shards would be read), one
+  // that is not a checkpoint, and damage in a rank file.
+  {
+    const std::string hf = temp_path("eval_export_twice");
+    std::filesystem::remove_all(hf);
+    ASSERT_TRUE(export_checkpoint(ck, hf, "F32").ok());
+    const Status again = export_checkpoint(ck, hf, "F32");
+    EXPECT_NE(again.message().find("already holds a model"), std::string::npos) << again.message();
+    std::filesystem::remove_all(hf);
+  }
   EXPECT_EQ(export_checkpoint(text, temp_path("x"), "F32").code(), Status::Code::kNotFound);
   const std::string rank1 = ck + "/step_00000004/rank_00001.bin";
   std::filesystem::resize_file(rank1, std::filesystem::file_size(rank1) - 4);

@@ -234,7 +234,7 @@ TEST(HfTokenizer, SafeCutsDoNotChangeIds) {
     const std::string sample = read_bytes(kFixtures + "/" + style + "/sample.txt");
     const HfEncodeOptions o{.add_special_tokens = false};
     const std::vector<int32_t> whole = tok.encode(sample, o);
-    if (std::string(style) == "gpt2_style") {  // lstrip/rstrip tokens: no cut is promised
+    if (std::string(style) == "gpt2_style") {  // the GPT-2 regex (and lstrip/rstrip tokens): no cut is promised
       EXPECT_EQ(tok.safe_cut(sample), 0u);
       continue;
     }

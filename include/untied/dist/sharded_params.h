@@ -35,10 +35,16 @@
 
 namespace untied {
 
+// What a store holds per parameter: the training state (master, gradient, two moments: 16 bytes
+// per parameter over the ranks), or the master weights alone (4 bytes: evaluation), where
+// grad_buffers, reduce_grads, zero_grads and the state accessors are errors.
+enum class ShardedState { kTraining, kWeightsOnly };
+
 class ShardedParams final : public ParameterStore {
  public:
   // Allocates the shards (zeroed). `compute` is the dtype gathered weights are delivered in.
-  ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute);
+  ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute,
+                ShardedState state = ShardedState::kTraining);
 
   // values(i, first, out): out[k] = element first + k of parameter i; called for this rank's
   // real (unpadded) elements of each parameter, generated on the host and copied to the device.
@@ -74,7 +80,10 @@ class ShardedParams final : public ParameterStore {
  private:
   Device& dev_;
   Communicator& comm_;
+  void require_training_state(const char* what) const;
+
   DType compute_;
+  ShardedState state_;
   std::vector<ParamDesc> descs_;
   std::vector<int64_t> shard_;
   std::vector<TensorBuffer> master_, grad_, m_, v_;

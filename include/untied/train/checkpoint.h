@@ -19,6 +19,7 @@
 #include "untied/comm/communicator.h"
 #include "untied/core/status.h"
 #include "untied/dist/sharded_params.h"
+#include "untied/model/model_config.h"
 
 namespace untied {
 
@@ -31,6 +32,10 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
 // another run. `params` is untouched on failure.
 StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, const std::string& identity,
                                   ShardedParams& params);
+
+// The model's part of a run's identity: its shapes, RoPE and norms ("V=.. E=.. N=.. ..."), which a
+// checkpoint records and a reader of it checks against the model it is told.
+std::string model_identity(const ModelConfig& m);
 
 // True when `dir` holds a `latest` file.
 bool checkpoint_exists(const std::string& dir);
@@ -51,9 +56,10 @@ class CheckpointWeights {
   int64_t step() const;
   int world() const;  // the ranks that wrote it
   const std::string& identity() const;
-  // The parameters match (names in order, and shard lengths: ceil(numel / world)); the message
-  // names the first that differs.
-  Status check(const std::vector<ParamDesc>& descs) const;
+  // The checkpoint is of model m: the model its identity records is m's (model_identity), and the
+  // parameters match (names in order, shard lengths ceil(numel / world)); the message says what
+  // differs.
+  Status check(const ModelConfig& m) const;
   // out = elements [first, first + count) of parameter i's full (unsharded) tensor, whose numel
   // is `numel`. REQUIRES: check(descs).ok(), 0 <= first, first + count <= numel.
   Status read(int i, int64_t numel, int64_t first, int64_t count, float* out) const;
@@ -65,7 +71,7 @@ class CheckpointWeights {
 };
 
 // Fills every parameter's shard (master copies; moments zero) on this rank from w. REQUIRES:
-// w.check(params.descs()).ok(). Returns the first read error.
+// w.check(the model).ok(). Returns the first read error.
 Status load_checkpoint_weights(const CheckpointWeights& w, ShardedParams& params);
 
 }  // namespace untied

@@ -33,6 +33,7 @@ struct EvalOptions {
   std::string checkpoint_dir;  // from this untied checkpoint (its `latest` step), or neither: init(seed)
   uint64_t seed = 0;
   std::string logits_path;     // non-empty: the first sample's logits, (S, V) float32 .npy in sequence order
+                               // (gathered on every rank: refused above 1 GiB)
 };
 
 struct EvalResult {
@@ -42,7 +43,7 @@ struct EvalResult {
   double perplexity = 0;         // exp(loss)
   double accuracy = 0;           // top-1 next-token accuracy
   double seconds = 0;            // the forwards (max over ranks), data reads excluded
-  double tokens_per_s = 0;       // tokens / seconds (all ranks together)
+  double tokens_per_s = 0;       // samples * S / seconds: tokens run (all ranks together)
   std::vector<int64_t> bucket_begin;  // bucket b holds positions [bucket_begin[b], bucket_begin[b + 1])
   std::vector<int64_t> bucket_tokens; // labelled positions in each
   std::vector<double> bucket_loss;    // their mean loss (0 when empty)

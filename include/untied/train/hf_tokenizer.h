@@ -125,9 +125,10 @@ class HfTokenizer {
   // encode(text[0, q)) followed by encode(text[q, end)) (no special tokens added) is exactly
   // encode(text), or 0 when this tokenizer cannot promise one in the last 1 MiB of text. q is
   // after a newline that a non-space ASCII byte follows, or before a space between ASCII
-  // letters: places where no pre-token of the Llama 3, Qwen2 or GPT-2 regex can run across and
-  // NFC changes nothing. Any other regex, or an added token that holds a space or a newline or
-  // has lstrip, rstrip or single_word, gives 0 (keep the document whole).
+  // letters: places where no pre-token of the Llama 3 or Qwen2 regex can run across and NFC
+  // changes nothing. Any other regex (GPT-2's too: its \s+(?!\S) splits a run of newlines by what
+  // follows it), or an added token that holds a space or a newline or has lstrip, rstrip or
+  // single_word, gives 0 (keep the document whole).
   size_t safe_cut(std::string_view text) const;
 
   // Ill-formed UTF-8 sequences replaced by U+FFFD by encode() so far.

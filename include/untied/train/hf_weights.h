@@ -67,6 +67,10 @@ struct SaveHfOptions {
 // invalid_argument naming the choices otherwise.
 StatusOr<std::string> parse_hf_dtype(const std::string& s);
 
+// invalid_argument (naming `what`, the flag) when DIR already holds a model (config.json,
+// model.safetensors or an index of shards), which writing a model there would mix with the new one.
+Status check_hf_output_dir(const std::string& dir, const std::string& what);
+
 // Writes DIR/config.json (created with its parents if needed), atomically: o.source_config when
 // given, with what the model may have changed set to the model's (rope_theta, at the top level
 // or in rope_parameters; max_position_embeddings raised to o.max_position; torch_dtype / dtype
@@ -75,7 +79,7 @@ StatusOr<std::string> parse_hf_dtype(const std::string& s);
 Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveHfOptions& o);
 
 // Collective: writes DIR/model.safetensors (the parameters' master copies gathered one tensor at
-// a time, stored in o.dtype) and DIR/config.json (a copy of o.source_config when given, else
+// a time, stored in o.dtype) and then DIR/config.json (a copy of o.source_config when given, else
 // hf_config_json) from rank 0, a directory transformers loads as it is. The same Status on every
 // rank.
 Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator& comm, const ModelConfig& m,
@@ -84,8 +88,9 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
 // `untied export`: the newest checkpoint of ckpt_dir (written at any rank count; its
 // config.json says the model) as a Hugging Face directory out_dir: config.json (the checkpoint's,
 // its torch_dtype set to `dtype`) and model.safetensors in `dtype` ("F32", "BF16", "F16"), one tensor at a
-// time (the largest tensor is the only one in memory). Every rank file's checksum is verified
-// first. One process; no communicator.
+// time (the largest tensor is the only one in memory), the config last. Every rank file's
+// checksum is verified first, and the checkpoint's recorded model must be the config's. out_dir
+// must not hold a model already (check_hf_output_dir). One process; no communicator.
 Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype);
 
 }  // namespace untied

@@ -89,7 +89,7 @@ class TokenFileWriter {
   // Appends tokens to the current document. invalid_argument (and nothing of this call is
   // appended; the writer stays usable) when a token is negative or >= vocab_size, naming its
   // position in the file; io_error when writing fails (the writer is then failed: every later
-  // call returns the same error, and the temporary is removed).
+  // call returns the same error, and the temporary is removed when the writer is destroyed).
   Status append(std::span<const int32_t> tokens);
   Status append_document(std::span<const int32_t> tokens) {
     begin_document();
