@@ -79,6 +79,9 @@ void add_train_flags(FlagSet& f) {
   f.add("checkpoint-dir", FlagKind::kString, "", "save checkpoints here (per-rank shards)");
   f.add("save-every", FlagKind::kInt, "0", "save every N steps (0 = at the end only)");
   f.add("resume", FlagKind::kBool, "false", "continue from the newest checkpoint in --checkpoint-dir");
+  f.add("keep", FlagKind::kInt, "0", "keep only the newest K checkpoints (0 = all)");
+  f.add("skip-nonfinite", FlagKind::kInt, "0",
+        "skip (no update) up to N steps whose loss or gradient is NaN/Inf; past that, or with 0, training stops");
   f.add("stop-after", FlagKind::kInt, "0", "stop (and save) after this step, as an interrupted run would");
   f.add("metrics", FlagKind::kString, "", "append one JSON line per step to this file");
   f.add("progress", FlagKind::kBool, "true", "progress bar on rank 0 (--no-progress to turn off)");
@@ -226,6 +229,8 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->checkpoint_dir = f.get_string("checkpoint-dir");
   o->save_every = f.get_int("save-every");
   o->resume = f.get_bool("resume");
+  o->keep = f.get_int("keep");
+  o->skip_nonfinite = f.get_int("skip-nonfinite");
   o->stop_after = f.get_int("stop-after");
   o->metrics_path = f.get_string("metrics");
   o->progress = f.get_bool("progress");

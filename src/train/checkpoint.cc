@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "untied/core/check.h"
 #include "untied/core/file_io.h"
+#include "untied/train/fault.h"
 
 namespace untied {
 namespace {
@@ -187,6 +189,26 @@ std::string model_identity(const ModelConfig& m) {
                  m.tied_embeddings ? " tied" : "", rope);
 }
 
+Status remove_old_checkpoints(const std::string& dir, int64_t keep) {
+  std::string latest;
+  {
+    std::ifstream f(dir + "/latest");
+    f >> latest;
+  }
+  std::vector<std::string> steps;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_directory() && e.path().filename().string().starts_with("step_")) steps.push_back(e.path().filename());
+  if (ec) return Status::io_error("cannot list " + dir + ": " + ec.message());
+  std::sort(steps.begin(), steps.end());  // step_%08lld: in step order
+  for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) {
+    if (steps[i] == latest) continue;
+    std::filesystem::remove_all(dir + "/" + steps[i], ec);
+    if (ec) return Status::io_error("cannot remove " + dir + "/" + steps[i] + ": " + ec.message());
+  }
+  return Status::ok_status();
+}
+
 bool checkpoint_exists(const std::string& dir) {
   struct stat st;
   return ::stat((dir + "/latest").c_str(), &st) == 0;
@@ -196,6 +218,7 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
                        const ShardedParams& params) {
   const std::string sname = step_name(step);
   Status st;
+  fault_point("save-begin", step, comm.rank());
   if (comm.rank() == 0) {
     ::mkdir(dir.c_str(), 0755);
     ::mkdir((dir + "/" + sname).c_str(), 0755);
@@ -227,15 +250,18 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
     }
   }
   if (st.ok() && !sync_path(tmp, false)) st = Status::io_error("cannot flush " + tmp + " to disk");
+  fault_point("save-rank-file", step, comm.rank());
   if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) st = Status::io_error("cannot rename " + tmp);
   if (st.ok() && !sync_path(dir + "/" + sname, true)) st = Status::io_error("cannot flush " + dir + "/" + sname);
   st = first_failure(comm, st);
   if (!st.ok()) return st;  // `latest` still names the previous checkpoint
+  fault_point("save-before-latest", step, comm.rank());
   if (comm.rank() == 0) {
     const std::string latest = dir + "/latest", ltmp = latest + ".tmp";
     std::ofstream f(ltmp, std::ios::trunc);
     f << sname << "\n";
     f.close();
+    if (f && sync_path(ltmp, false)) fault_point("save-latest-tmp", step, comm.rank());
     if (!f || !sync_path(ltmp, false) || std::rename(ltmp.c_str(), latest.c_str()) != 0 || !sync_path(dir, true))
       st = Status::io_error("cannot update " + latest);
   }

@@ -9,11 +9,16 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "untied/core/json.h"
 #include "untied/kernels/adamw.h"
 #include "untied/train/checkpoint.h"
+#include "untied/train/fault.h"
 #include "untied/train/hf_weights.h"
 #include "untied/dist/sharded_params.h"
 
@@ -30,6 +35,32 @@ std::string identity(const TrainOptions& o, int ranks, const DataSource& data) {
   return str_cat("batch=", o.batch, " model ", m.name, " ", model_identity(m),
                  " seq=", o.decoder.seq, o.window > 0 ? str_cat(" window=", o.window) : std::string(), o.doc_mask ? "" : " no_doc_mask", " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
                  " data=", data.kind(), " data_vocab=", data.vocab_size());
+}
+
+// Rewrites a metrics file keeping the lines of steps <= step (atomically: a temporary renamed
+// over it); a missing file is fine (nothing to keep).
+Status keep_metrics_through(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return Status::ok_status();
+  std::stringstream kept;
+  std::string line;
+  while (std::getline(in, line)) {
+    const Json j = Json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step) continue;
+    kept << line << "\n";
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept.str();
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return Status::io_error("cannot rewrite the metrics file " + path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::io_error("cannot rewrite the metrics file " + path);
+  return Status::ok_status();
 }
 
 std::string format_duration(double s) {
@@ -82,7 +113,8 @@ Status validate(const TrainOptions& o, int ranks) {
   if (o.batch < 1) return Status::invalid_argument("--batch must be >= 1");
   if (!(o.lr > 0) || !(o.min_lr_ratio >= 0) || o.min_lr_ratio > 1)
     return Status::invalid_argument("--lr must be > 0 and --min-lr-ratio in [0, 1]");
-  if (o.warmup < 0 || o.save_every < 0 || o.stop_after < 0) return Status::invalid_argument("--warmup, --save-every and --stop-after must be >= 0");
+  if (o.warmup < 0 || o.save_every < 0 || o.stop_after < 0 || o.keep < 0 || o.skip_nonfinite < 0)
+    return Status::invalid_argument("--warmup, --save-every, --stop-after, --keep and --skip-nonfinite must be >= 0");
   if (!(o.clip >= 0) || !(o.weight_decay >= 0)) return Status::invalid_argument("--clip and --weight-decay must be >= 0");
   if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0))
     return Status::invalid_argument("AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
@@ -157,12 +189,19 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     if (!cs.ok()) return cs;
   }
 
+  // A resumed run's metrics continue the file from the checkpoint's step: the lines of later
+  // steps (written before an interruption) are dropped first, so no step appears twice.
   FILE* metrics = nullptr;
-  if (comm.rank() == 0 && !o.metrics_path.empty()) metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
-  Status ms = first_failure(comm, comm.rank() != 0 || o.metrics_path.empty() || metrics != nullptr
-                                       ? Status::ok_status()
-                                       : Status::io_error("cannot write the metrics file " + o.metrics_path));
+  Status ms;
+  if (comm.rank() == 0 && !o.metrics_path.empty()) {
+    if (start > 0) ms = keep_metrics_through(o.metrics_path, start);
+    if (ms.ok()) metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
+    if (ms.ok() && metrics == nullptr) ms = Status::io_error("cannot write the metrics file " + o.metrics_path);
+  }
+  ms = first_failure(comm, ms);
   if (!ms.ok()) return ms;
+  const Fault fault = fault_from_environment(comm.rank());
+  int64_t skipped = 0;  // non-finite steps skipped (skip_nonfinite)
 
   // S real tokens per sequence, run as Sp (padded to what the ranks divide: the padding is one
   // more document, with no labels).
@@ -210,12 +249,63 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     }
     const double t2 = now_s();
 
+    if (fault.kind == FaultKind::kNanGradient && fault.step == s + 1 && dev.backed()) {  // tests only
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const int i = std::min(fault.param, params.num_params() - 1);
+      if (params.owned_elems(i) > 0) dev.copy(params.grad(i), &nan, sizeof nan);
+    }
+    if (fault.kind == FaultKind::kNanLoss && fault.step == s + 1) st.loss_sum = std::numeric_limits<double>::quiet_NaN();
+
     // Global gradient norm, clipping, AdamW.
     alloc.set_phase(Phase::kOptimizer);
+    std::vector<double> sq_of(static_cast<size_t>(params.num_params()));
     double sq = 0;
-    for (int i = 0; i < params.num_params(); ++i) sq += grad_sum_squares(dev, params.grad(i), params.owned_elems(i));
-    comm.all_reduce(&sq, &sq, 1, DType::kF64, ReduceOp::kSum);
+    for (int i = 0; i < params.num_params(); ++i) {
+      sq_of[i] = grad_sum_squares(dev, params.grad(i), params.owned_elems(i));
+      sq += sq_of[i];
+    }
+    double checks[2] = {sq, st.loss_sum};
+    comm.all_reduce(checks, checks, 2, DType::kF64, ReduceOp::kSum);
+    sq = checks[0];
     const double norm = std::sqrt(sq);
+    if (!std::isfinite(checks[0]) || !std::isfinite(checks[1])) {
+      // The first non-finite tensor over all ranks: the loss, else a parameter's gradient.
+      int64_t first = params.num_params();
+      for (int i = 0; i < params.num_params() && first == params.num_params(); ++i)
+        if (!std::isfinite(sq_of[i])) first = i;
+      comm.all_reduce(&first, &first, 1, DType::kI64, ReduceOp::kMin);
+      const std::string what = !std::isfinite(checks[1])
+                                   ? "the loss (an activation overflowed in the forward)"
+                                   : first < params.num_params()
+                                         ? "the gradient of " + params.desc(static_cast<int>(first)).name
+                                         : "the gradient norm (it overflowed)";
+      params.zero_grads();
+      alloc.set_phase(Phase::kSetup);
+      if (skipped < o.skip_nonfinite) {
+        ++skipped;
+        if (comm.rank() == 0)
+          std::fprintf(stderr, "untied train: step %lld: %s is not finite; the update is skipped (%lld of %lld "
+                               "allowed by --skip-nonfinite)\n",
+                       (long long)(s + 1), what.c_str(), (long long)skipped, (long long)o.skip_nonfinite);
+        if (metrics) {
+          Json j;
+          j["step"] = s + 1;
+          j["skipped"] = true;
+          j["loss"] = as_printed("%.6f", count > 0 ? checks[1] / count : 0.0);
+          j["grad_norm"] = as_printed("%.6g", norm);
+          j["nonfinite"] = what;
+          std::fprintf(metrics, "%s\n", json_line(j).c_str());
+          std::fflush(metrics);
+        }
+        continue;
+      }
+      if (metrics) std::fclose(metrics);
+      return Status::invalid_argument(
+          "step " + std::to_string(s + 1) + ": " + what + " is not finite (NaN or Inf); training stopped before the "
+          "update, and " + (o.checkpoint_dir.empty() ? std::string("no checkpoint was asked for")
+                                                     : "the last checkpoint in " + o.checkpoint_dir + " is kept") +
+          ". Lower --lr, raise --warmup, use --clip, or pass --skip-nonfinite N to skip up to N such steps");
+    }
     const float scale = o.clip > 0 && norm > o.clip ? static_cast<float>(o.clip / norm) : 1.0f;
     const float lr = learning_rate(o, s);
     for (int i = 0; i < params.num_params(); ++i) {
@@ -271,6 +361,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const bool last = s + 1 == end;
     if (!o.checkpoint_dir.empty() && (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
       Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
+      if (cs.ok() && o.keep > 0 && comm.rank() == 0) cs = remove_old_checkpoints(o.checkpoint_dir, o.keep);
+      cs = first_failure(comm, cs);
       if (!cs.ok()) {
         if (metrics) std::fclose(metrics);
         return cs;

@@ -143,10 +143,12 @@ TEST(HfWeights, SavedConfigKeepsTheSourceAndRecordsChanges) {
     EXPECT_EQ(back.value().max_position, 100000);
     EXPECT_EQ(back.value().torch_dtype, "bfloat16");
     const Json j = read_json(out + "/config.json"), was = read_json(src + "/config.json");
-    for (const auto& [key, value] : was.items())
+    for (const auto& [key, value] : was.items()) {
       if (key != "rope_theta" && key != "rope_parameters" && key != "max_position_embeddings" && key != "dtype" &&
-          key != "torch_dtype")
+          key != "torch_dtype") {
         EXPECT_EQ(j[key], value) << key;
+      }
+    }
     std::filesystem::remove_all(out);
   }
 }

@@ -37,6 +37,10 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
 // checkpoint records and a reader of it checks against the model it is told.
 std::string model_identity(const ModelConfig& m);
 
+// Removes all but the newest `keep` step directories of dir (never the one `latest` names).
+// Not collective: one rank calls it after a save.
+Status remove_old_checkpoints(const std::string& dir, int64_t keep);
+
 // True when `dir` holds a `latest` file.
 bool checkpoint_exists(const std::string& dir);
 

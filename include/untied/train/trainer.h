@@ -9,7 +9,7 @@
 // gradients are clipped to global norm `clip` (0 = off) before AdamW (beta1, beta2, eps,
 // weight_decay on matrices only).
 // Rank 0 prints a progress bar with ETA (stderr) and appends one JSON line per step to the
-// metrics file. With a checkpoint directory, the state is saved every `save_every` steps and at
+// metrics file (a resumed run first drops the lines after its checkpoint's step). With a checkpoint directory, the state is saved every `save_every` steps and at
 // the end; `resume` continues from the newest checkpoint there, exactly (the step, the data and
 // the arithmetic are deterministic).
 #pragma once
@@ -54,6 +54,12 @@ struct TrainOptions {
   // model.safetensors) that transformers loads; its tensors in save_hf_dtype ("F32", "BF16", "F16").
   std::string save_hf;
   std::string save_hf_dtype = "F32";
+  // A step whose loss or gradient norm is not finite stops training before its update (the last
+  // checkpoint is kept), naming the first non-finite tensor; up to skip_nonfinite such steps are
+  // skipped instead (no update; the metrics line says so).
+  int64_t skip_nonfinite = 0;
+  // > 0: after each save, only the newest `keep` step directories stay.
+  int64_t keep = 0;
 };
 
 struct TrainSummary {

@@ -1,0 +1,39 @@
+// Fault injection, for the tests of what untied does when things go wrong: the environment
+// variable UNTIED_FAULT names one fault, as KIND:key=value:key=value...
+//
+//   nan-grad:step=S[:rank=R][:param=I]   after step S's backward, a NaN in parameter I's gradient
+//                                        shard (default 0) on rank R (default every rank)
+//   nan-loss:step=S[:rank=R]             step S's loss sum becomes NaN on rank R
+//   kill:at=POINT[:step=S][:rank=R]      the process kills itself (SIGKILL, as `kill -9` would) on
+//                                        reaching POINT (of the save of step S, when given):
+//                                          save-begin        before anything of the save is written
+//                                          save-rank-file    this rank's file written, not yet renamed
+//                                          save-before-latest every rank's file in place, `latest`
+//                                                            not yet replaced
+//                                          save-latest-tmp   the new `latest` written, not yet renamed
+// Unset or empty: no fault. A malformed value is a fatal error naming it (tests must not run
+// without the fault they ask for). Nothing here is for users; the flags that handle faults are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace untied {
+
+enum class FaultKind { kNone, kNanGradient, kNanLoss, kKill };
+
+struct Fault {
+  FaultKind kind = FaultKind::kNone;
+  int64_t step = -1;   // -1: any step
+  int rank = -1;       // -1: every rank
+  int param = 0;       // kNanGradient
+  std::string at;      // kKill: the point
+};
+
+// The fault UNTIED_FAULT names, if it applies to `rank`; kNone otherwise.
+Fault fault_from_environment(int rank);
+
+// Kills this process when UNTIED_FAULT is kill:at=`point` for this rank and step (-1: any).
+void fault_point(const char* point, int64_t step, int rank);
+
+}  // namespace untied
