@@ -154,7 +154,7 @@ Status read_rank(const std::string& path, int world, int rank, const std::string
   if (!r.get_str(&id, 1 << 20)) return corrupt("truncated identity");
   if (id != identity)
     return Status::invalid_argument("checkpoint " + path + " is from another configuration:\n  checkpoint: " + id +
-                                    "\n  this run:   " + identity + "\nresume with the same model, sequence and dtype, or use a new --checkpoint-dir");
+                                    "\n  this run:   " + identity + "\nresume with the same model, data, sequence, batch, strategy, ranks and dtype (--steps and the learning-rate schedule may change), or use a new --checkpoint-dir");
   uint64_t count;
   if (!r.get(&count) || count != static_cast<uint64_t>(params.num_params()))
     return Status::invalid_argument(path + ": parameter count differs from this model");

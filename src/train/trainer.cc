@@ -32,9 +32,34 @@ double now_s() {
 // What must match for a checkpoint to be resumed.
 std::string identity(const TrainOptions& o, int ranks, const DataSource& data) {
   const ModelConfig& m = o.model;
-  return str_cat("batch=", o.batch, " model ", m.name, " ", model_identity(m),
+  return str_cat("batch=", o.batch, " model ", m.name, " ", model_identity(m), " strategy=", strategy_name(o.decoder.strategy),
+                 o.decoder.ring > 1 ? str_cat(" ring=", o.decoder.ring) : std::string(),
                  " seq=", o.decoder.seq, o.window > 0 ? str_cat(" window=", o.window) : std::string(), o.doc_mask ? "" : " no_doc_mask", " ranks=", ranks, " dtype=", dtype_name(o.decoder.dtype), " seed=", o.seed,
                  " data=", data.kind(), " data_vocab=", data.vocab_size());
+}
+
+// The settings a resumed run may change (the optimizer's schedule), as DIR/run.json records them.
+Json run_settings(const TrainOptions& o) {
+  return Json{{"steps", o.steps}, {"lr", as_printed("%.6g", o.lr)}, {"min_lr_ratio", as_printed("%.6g", o.min_lr_ratio)},
+              {"warmup", o.warmup}, {"weight_decay", as_printed("%.6g", o.weight_decay)},
+              {"clip", as_printed("%.6g", o.clip)}};
+}
+
+// On resume: says which of run_settings differ from the checkpoint's run (allowed).
+void say_changed_settings(const TrainOptions& o) {
+  std::ifstream f(o.checkpoint_dir + "/run.json");
+  if (!f) return;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const Json was = Json::parse(ss.str(), nullptr, false), now = run_settings(o);
+  if (!was.is_object()) return;
+  std::string changes;
+  for (const auto& [key, value] : now.items())
+    if (was.contains(key) && was[key] != value)
+      changes += (changes.empty() ? "" : ", ") + key + " " + was[key].dump() + " -> " + value.dump();
+  if (!changes.empty())
+    std::fprintf(stderr, "untied train: resuming with changed settings (allowed; the schedule follows them from here): %s\n",
+                 changes.c_str());
 }
 
 // Rewrites a metrics file keeping the lines of steps <= step (atomically: a temporary renamed
@@ -164,6 +189,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     auto step = load_checkpoint(comm, o.checkpoint_dir, id, params);
     if (!step.ok()) return step.status();
     start = step.value();
+    if (comm.rank() == 0) say_changed_settings(o);
   } else if (!o.checkpoint_dir.empty()) {
     // Any rank seeing a checkpoint there refuses for all (ranks may see different filesystems).
     const Status es = checkpoint_exists(o.checkpoint_dir)
@@ -361,6 +387,13 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const bool last = s + 1 == end;
     if (!o.checkpoint_dir.empty() && (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
       Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
+      if (cs.ok() && comm.rank() == 0) {  // the schedule's settings, for a resume to compare with
+        const std::string run = o.checkpoint_dir + "/run.json", tmp = run + ".tmp";
+        std::ofstream f(tmp, std::ios::trunc);
+        f << run_settings(o).dump(2) << "\n";
+        f.close();
+        if (!f || std::rename(tmp.c_str(), run.c_str()) != 0) cs = Status::io_error("cannot write " + run);
+      }
       if (cs.ok() && o.keep > 0 && comm.rank() == 0) cs = remove_old_checkpoints(o.checkpoint_dir, o.keep);
       cs = first_failure(comm, cs);
       if (!cs.ok()) {
