@@ -45,6 +45,8 @@ void add_eval_flags(FlagSet& f) {
   add_device_flag(f);
   add_threads_flag(f);
   add_mem_budget_flag(f);
+  f.add("collective-timeout", FlagKind::kString, "600",
+        "seconds a collective may take before the watchdog names it on every stuck rank and aborts the job (0 = off)");
   f.add("json", FlagKind::kBool, "false", "print one JSON object (loss, tokens, perplexity, buckets, ...) instead of text");
   f.add("svg", FlagKind::kString, "", "write the loss by position as an SVG plot here");
   f.add("compare", FlagKind::kString, "", "with --svg: also plot the curve of this earlier `eval --json` output");
@@ -217,6 +219,14 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     compare = c.value();
   }
 
+  {
+    const std::string v = flags.get_string("collective-timeout");
+    char* end = nullptr;
+    const double seconds = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end != '\0' || !(seconds >= 0))
+      return refuse(Status::invalid_argument("--collective-timeout: '" + v + "' is not a number of seconds >= 0"));
+    set_collective_timeout(seconds);
+  }
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
     RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = threads,

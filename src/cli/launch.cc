@@ -11,6 +11,7 @@
 
 #include "untied/comm/inproc.h"
 #include "untied/comm/mpi.h"
+#include "untied/comm/watchdog.h"
 #include "untied/core/check.h"
 
 namespace untied::cli {
@@ -59,10 +60,18 @@ void check_all_ranks(Communicator& comm, const Status& s) {
   throw RefusedOnAllRanks{};
 }
 
+namespace {
+double g_collective_timeout_s = 600;
+}  // namespace
+
+void set_collective_timeout(double seconds) { g_collective_timeout_s = seconds; }
+double collective_timeout() { return g_collective_timeout_s; }
+
 int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<void(Communicator&)>& body) {
+  const WatchdogOptions watchdog{.timeout_s = g_collective_timeout_s};
   if (launch_info().mpi) {
     MpiSession session(argc, argv);
-    std::unique_ptr<Communicator> world = session.world();
+    std::unique_ptr<Communicator> world = watch(session.world(), watchdog);
     try {
       body(*world);
     } catch (const RefusedOnAllRanks&) {
@@ -77,9 +86,10 @@ int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<voi
   }
   std::atomic<bool> refused{false};
   try {
-    run_in_process(inproc_ranks, [&](Communicator& comm) {
+    run_in_process(inproc_ranks, [&](Communicator& plain) {
+      const std::unique_ptr<Communicator> comm = watch(plain, watchdog);
       try {
-        body(comm);
+        body(*comm);
       } catch (const RefusedOnAllRanks&) {
         refused = true;  // every rank sets it; reported already
       }

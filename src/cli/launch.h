@@ -33,6 +33,11 @@ int default_threads_per_rank(int ranks_here);
 // run_ranks turns into exit code 2 without aborting (every rank stops together, none hangs).
 void check_all_ranks(Communicator& comm, const Status& s);
 
+// Every communicator run_ranks makes (and the device communicators made from it) is watched
+// (untied/comm/watchdog.h) with this timeout: --collective-timeout, 600 s unless a command sets
+// it (0: off). Set before run_ranks.
+void set_collective_timeout(double seconds);
+double collective_timeout();
 int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<void(Communicator&)>& body);
 
 }  // namespace untied::cli

@@ -1,5 +1,6 @@
 #include "cli/rank_device.h"
 
+
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -7,6 +8,7 @@
 
 #include "cli/launch.h"
 #include "untied/comm/nccl.h"
+#include "untied/comm/watchdog.h"
 #include "untied/core/random.h"
 #include "untied/device/cuda.h"
 
@@ -103,7 +105,7 @@ RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts) 
   } else {
     auto nccl = make_nccl_communicator(world, *rd.dev_);
     check_all_ranks(world, nccl.ok() ? Status::ok_status() : nccl.status());
-    rd.own_comm_ = std::move(nccl).value();
+    rd.own_comm_ = watch(std::move(nccl).value(), WatchdogOptions{.timeout_s = collective_timeout()});
   }
   rd.comm_ = rd.own_comm_.get();
   return rd;

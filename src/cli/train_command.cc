@@ -2,6 +2,7 @@
 // `name = value` lines (# starts a comment) or one JSON object {"name": value, ...}, and the
 // command line overrides it.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -76,6 +77,8 @@ void add_train_flags(FlagSet& f) {
   add_device_flag(f);
   add_threads_flag(f);
   add_mem_budget_flag(f);
+  f.add("collective-timeout", FlagKind::kString, "600",
+        "seconds a collective may take before the watchdog names it on every stuck rank and aborts the job (0 = off)");
   f.add("checkpoint-dir", FlagKind::kString, "", "save checkpoints here (per-rank shards)");
   f.add("save-every", FlagKind::kInt, "0", "save every N steps (0 = at the end only)");
   f.add("resume", FlagKind::kBool, "false", "continue from the newest checkpoint in --checkpoint-dir");
@@ -370,6 +373,14 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     }
   }
 
+  {
+    const std::string v = flags.get_string("collective-timeout");
+    char* end = nullptr;
+    const double seconds = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end != '\0' || !(seconds >= 0))
+      return refuse(Status::invalid_argument("--collective-timeout: '" + v + "' is not a number of seconds >= 0"));
+    set_collective_timeout(seconds);
+  }
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
     // The rank's device and the communicator of its buffers; refusals (no GPU, ...) on every rank.

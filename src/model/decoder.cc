@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "untied/comm/watchdog.h"
 #include "untied/kernels/embedding.h"
 #include "untied/kernels/gemm.h"
 #include "untied/kernels/lm_head_loss.h"
@@ -258,6 +259,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
   }
   std::vector<TensorBuffer> inputs;  // each block's input: on the device, or offloaded to host_
   for (int l = 0; l < N; ++l) {
+    watchdog_note(1, "forward, block " + std::to_string(l));
     const ParamGroup w = params.gather(l + 1);
     TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
     block_forward(bind_block(m_, w), h, y, nullptr);
@@ -272,6 +274,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
   }
 
   // Loss, fused with its backward.
+  watchdog_note(1, "loss");
   alloc.set_phase(Phase::kBackward);
   StepSums sums;
   TensorBuffer dh(alloc, t, {L, E}, Tag::kOther, "dh");
@@ -322,6 +325,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
 
   // Backward, last block first: recompute the block from its input, then its backward.
   for (int l = N - 1; l >= 0; --l) {
+    watchdog_note(1, "backward, block " + std::to_string(l));
     const ParamGroup wg = params.gather(l + 1);
     ParamGroup gg = params.grad_buffers(l + 1);
     const BlockWeights w = bind_block(m_, wg), g = bind_block(m_, gg);

@@ -1,7 +1,9 @@
 // UNTIED_FAULT, parsed (fault.h).
 #include "untied/train/fault.h"
 
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <cstdlib>
 #include <sstream>
 
@@ -21,7 +23,9 @@ Fault parse(const std::string& spec) {
       if (part == "nan-grad") f.kind = FaultKind::kNanGradient;
       else if (part == "nan-loss") f.kind = FaultKind::kNanLoss;
       else if (part == "kill") f.kind = FaultKind::kKill;
-      else UNTIED_CHECK(false, "UNTIED_FAULT='", spec, "': unknown fault '", part, "' (nan-grad, nan-loss, kill)");
+      else if (part == "stall") f.kind = FaultKind::kStall;
+      else if (part == "exit") f.kind = FaultKind::kExit;
+      else UNTIED_CHECK(false, "UNTIED_FAULT='", spec, "': unknown fault '", part, "' (nan-grad, nan-loss, stall, exit, kill)");
       continue;
     }
     const size_t eq = part.find('=');
@@ -54,6 +58,13 @@ Fault fault_from_environment(int rank) {
   Fault f = from_environment();
   if (f.rank >= 0 && f.rank != rank) return Fault{};
   return f;
+}
+
+void fault_at_step_start(const Fault& f, int64_t step) {
+  if (f.step != step) return;
+  if (f.kind == FaultKind::kExit) std::_Exit(3);
+  if (f.kind == FaultKind::kStall)
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 void fault_point(const char* point, int64_t step, int rank) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "untied/comm/watchdog.h"
 #include "untied/core/json.h"
 #include "untied/kernels/adamw.h"
 #include "untied/train/checkpoint.h"
@@ -248,6 +249,9 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   const int64_t end = o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
   const double t_begin = now_s();
   for (int64_t s = start; s < end; ++s) {
+    watchdog_note(0, "step " + std::to_string(s + 1));
+    watchdog_note(1, "data");
+    fault_at_step_start(fault, s + 1);
     const double t0 = now_s();
     Status ds;
     std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));
@@ -265,6 +269,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const double t1 = now_s();
 
     StepSums st;
+    watchdog_note(1, "forward and backward");
     for (int64_t b = 0; b < B; ++b) {
       const StepSums one =
           decoder.forward_backward(params, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L, count,
@@ -283,6 +288,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     if (fault.kind == FaultKind::kNanLoss && fault.step == s + 1) st.loss_sum = std::numeric_limits<double>::quiet_NaN();
 
     // Global gradient norm, clipping, AdamW.
+    watchdog_note(1, "optimizer");
     alloc.set_phase(Phase::kOptimizer);
     std::vector<double> sq_of(static_cast<size_t>(params.num_params()));
     double sq = 0;
@@ -386,6 +392,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     }
     const bool last = s + 1 == end;
     if (!o.checkpoint_dir.empty() && (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
+      watchdog_note(1, "checkpoint save");
       Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
       if (cs.ok() && comm.rank() == 0) {  // the schedule's settings, for a resume to compare with
         const std::string run = o.checkpoint_dir + "/run.json", tmp = run + ".tmp";

@@ -4,6 +4,9 @@
 //   nan-grad:step=S[:rank=R][:param=I]   after step S's backward, a NaN in parameter I's gradient
 //                                        shard (default 0) on rank R (default every rank)
 //   nan-loss:step=S[:rank=R]             step S's loss sum becomes NaN on rank R
+//   stall:step=S[:rank=R]                at the start of step S the rank stops making progress
+//                                        (sleeps for ever): what a hung GPU or a lost peer looks like
+//   exit:step=S[:rank=R]                 at the start of step S the process exits with status 3
 //   kill:at=POINT[:step=S][:rank=R]      the process kills itself (SIGKILL, as `kill -9` would) on
 //                                        reaching POINT (of the save of step S, when given):
 //                                          save-begin        before anything of the save is written
@@ -20,7 +23,7 @@
 
 namespace untied {
 
-enum class FaultKind { kNone, kNanGradient, kNanLoss, kKill };
+enum class FaultKind { kNone, kNanGradient, kNanLoss, kStall, kExit, kKill };
 
 struct Fault {
   FaultKind kind = FaultKind::kNone;
@@ -32,6 +35,9 @@ struct Fault {
 
 // The fault UNTIED_FAULT names, if it applies to `rank`; kNone otherwise.
 Fault fault_from_environment(int rank);
+
+// kStall and kExit, when `f` is one of them for this step: stalls or exits here.
+void fault_at_step_start(const Fault& f, int64_t step);
 
 // Kills this process when UNTIED_FAULT is kill:at=`point` for this rank and step (-1: any).
 void fault_point(const char* point, int64_t step, int rank);

@@ -1,0 +1,40 @@
+// The collective watchdog: nothing hangs silently.
+//
+// watch(inner, options) returns a Communicator that forwards every call to `inner` and records
+// the call while it is in flight: the op, its call number on this communicator, its bytes, the
+// peer or the group (rank of size, backend), and what the rank was doing (watchdog_note: "step 3,
+// backward"), noted by the calling thread. One monitor thread per process looks at every call in
+// flight once a second; one that has not returned within options.timeout_s makes it print, for
+// every rank of this process that is stuck, one line saying what it is stuck in, e.g.
+//   untied: watchdog: rank 2 of 4 (mpi) stuck 600.0 s in all_to_all #1817 (2.00 MiB per block),
+//     step 3, backward, layer 5; the job is aborted (--collective-timeout 600)
+// and then end the process with exit status 124 (under mpirun the other processes are then
+// stopped by mpirun; their own watchdogs name their calls first when they are stuck too).
+// timeout_s 0 turns the watchdog off (watch returns `inner` unwrapped).
+// split() of a watched communicator is watched; sendrecv_start's exchange is watched until its
+// wait() returns.
+//
+// Thread safety: as Communicator (one rank, one thread); the monitor only reads the records.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "untied/comm/communicator.h"
+
+namespace untied {
+
+struct WatchdogOptions {
+  double timeout_s = 600;  // 0: off
+};
+
+std::unique_ptr<Communicator> watch(std::unique_ptr<Communicator> inner, const WatchdogOptions& options);
+// The same over a communicator owned elsewhere (which must outlive the result); with timeout_s 0
+// the result forwards every call without recording it.
+std::unique_ptr<Communicator> watch(Communicator& inner, const WatchdogOptions& options);
+
+// What the calling thread (a rank) is doing, for the watchdog's message, kept until replaced:
+// level 0 the step ("step 3"; setting it clears level 1), level 1 where in it ("backward, block 5").
+void watchdog_note(int level, const std::string& note);
+
+}  // namespace untied
