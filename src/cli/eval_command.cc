@@ -45,6 +45,8 @@ void add_eval_flags(FlagSet& f) {
   add_device_flag(f);
   add_threads_flag(f);
   add_mem_budget_flag(f);
+  f.add("verify-schedule", FlagKind::kBool, "false",
+        "the ranks check before each collective that they all call the same one (128 bytes each; for debugging)");
   f.add("collective-timeout", FlagKind::kString, "600",
         "seconds a collective may take before the watchdog names it on every stuck rank and aborts the job (0 = off)");
   f.add("json", FlagKind::kBool, "false", "print one JSON object (loss, tokens, perplexity, buckets, ...) instead of text");
@@ -226,6 +228,7 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     if (end == v.c_str() || *end != '\0' || !(seconds >= 0))
       return refuse(Status::invalid_argument("--collective-timeout: '" + v + "' is not a number of seconds >= 0"));
     set_collective_timeout(seconds);
+    set_verify_schedule(flags.get_bool("verify-schedule"));
   }
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));

@@ -62,13 +62,21 @@ void check_all_ranks(Communicator& comm, const Status& s) {
 
 namespace {
 double g_collective_timeout_s = 600;
+
+bool g_verify_schedule = false;
 }  // namespace
 
 void set_collective_timeout(double seconds) { g_collective_timeout_s = seconds; }
 double collective_timeout() { return g_collective_timeout_s; }
+void set_verify_schedule(bool on) { g_verify_schedule = on; }
+WatchdogOptions watchdog_options() {
+  const char* env = std::getenv("UNTIED_VERIFY_SCHEDULE");
+  return WatchdogOptions{.timeout_s = g_collective_timeout_s,
+                         .verify_schedule = g_verify_schedule || (env != nullptr && std::string(env) == "1")};
+}
 
 int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<void(Communicator&)>& body) {
-  const WatchdogOptions watchdog{.timeout_s = g_collective_timeout_s};
+  const WatchdogOptions watchdog = watchdog_options();
   if (launch_info().mpi) {
     MpiSession session(argc, argv);
     std::unique_ptr<Communicator> world = watch(session.world(), watchdog);

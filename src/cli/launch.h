@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "untied/comm/communicator.h"
+#include "untied/comm/watchdog.h"
 #include "untied/core/status.h"
 
 namespace untied::cli {
@@ -38,6 +39,11 @@ void check_all_ranks(Communicator& comm, const Status& s);
 // it (0: off). Set before run_ranks.
 void set_collective_timeout(double seconds);
 double collective_timeout();
+// --verify-schedule (or UNTIED_VERIFY_SCHEDULE=1 in the environment, as the tests set it): the
+// ranks check that they call the same collectives in the same order (watchdog.h).
+void set_verify_schedule(bool on);
+// The watchdog's options for this process: the timeout and the schedule check.
+WatchdogOptions watchdog_options();
 int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<void(Communicator&)>& body);
 
 }  // namespace untied::cli

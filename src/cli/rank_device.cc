@@ -105,7 +105,7 @@ RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts) 
   } else {
     auto nccl = make_nccl_communicator(world, *rd.dev_);
     check_all_ranks(world, nccl.ok() ? Status::ok_status() : nccl.status());
-    rd.own_comm_ = watch(std::move(nccl).value(), WatchdogOptions{.timeout_s = collective_timeout()});
+    rd.own_comm_ = watch(std::move(nccl).value(), watchdog_options());
   }
   rd.comm_ = rd.own_comm_.get();
   return rd;

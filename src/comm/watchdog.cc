@@ -7,11 +7,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "untied/core/allocator.h"
+#include "untied/core/check.h"
 
 namespace untied {
 namespace {
@@ -117,37 +120,74 @@ class WatchedExchange final : public PendingExchange {
   std::unique_ptr<Scope> scope_;
 };
 
+// What each rank says it is calling, exchanged before the call with --verify-schedule.
+struct ScheduleRecord {
+  char op[24] = {};     // "all_to_all"
+  int64_t bytes = 0;    // the call's size (per block for the block collectives)
+  int64_t seq = 0;      // its call number on this communicator
+  char where[88] = {};  // the rank's note: "step 3, backward, block 5"
+};
+static_assert(sizeof(ScheduleRecord) == 128);
+
+ScheduleRecord make_record(const char* op, int64_t bytes, int64_t seq, const std::string& where) {
+  ScheduleRecord r;
+  std::snprintf(r.op, sizeof r.op, "%s", op);
+  r.bytes = bytes;
+  r.seq = seq;
+  std::snprintf(r.where, sizeof r.where, "%s", where.c_str());
+  return r;
+}
+
+std::string describe(const ScheduleRecord& r) {
+  return std::string(r.op) + " #" + std::to_string(r.seq) + " (" + std::to_string(r.bytes) + " B)" +
+         (r.where[0] != '\0' ? std::string(" at ") + r.where : std::string());
+}
+
+bool same_call(const ScheduleRecord& a, const ScheduleRecord& b) {
+  return std::strncmp(a.op, b.op, sizeof a.op) == 0 && a.bytes == b.bytes && a.seq == b.seq;
+}
+
 class Watched final : public Communicator {
  public:
   Watched(std::unique_ptr<Communicator> owned, const WatchdogOptions& o)
-      : owned_(std::move(owned)), inner_(owned_.get()), o_(o) {}
-  Watched(Communicator& inner, const WatchdogOptions& o) : inner_(&inner), o_(o) {}
+      : owned_(std::move(owned)), inner_(owned_.get()), o_(o), host_buffers_(inner_->backend() != "nccl") {}
+  Watched(Communicator& inner, const WatchdogOptions& o)
+      : inner_(&inner), o_(o), host_buffers_(inner_->backend() != "nccl") {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
-  void bind_device(Device& dev) override { inner_->bind_device(dev); }
+  void bind_device(Device& dev) override {
+    inner_->bind_device(dev);
+    host_buffers_ = dev.kind() == DeviceKind::kCpu;  // the records live in host memory
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     Scope s(*this, call("split", -1));
+    agree("split", 0);
     return std::make_unique<Watched>(inner_->split(color, key), o_);
   }
   void all_to_all(const void* send, void* recv, int64_t block_bytes) override {
     Scope s(*this, call("all_to_all", block_bytes, " per block"));
+    agree("all_to_all", block_bytes);
     inner_->all_to_all(send, recv, block_bytes);
   }
   void all_gather(const void* send, void* recv, int64_t block_bytes) override {
     Scope s(*this, call("all_gather", block_bytes, " per block"));
+    agree("all_gather", block_bytes);
     inner_->all_gather(send, recv, block_bytes);
   }
   void reduce_scatter(const void* send, void* recv, int64_t block_elems, DType dtype, ReduceOp op) override {
     Scope s(*this, call("reduce_scatter", block_elems * dtype_size(dtype), " per block"));
+    agree("reduce_scatter", block_elems * dtype_size(dtype));
     inner_->reduce_scatter(send, recv, block_elems, dtype, op);
   }
   void all_reduce(const void* send, void* recv, int64_t elems, DType dtype, ReduceOp op) override {
     Scope s(*this, call("all_reduce", elems * dtype_size(dtype)));
+    agree("all_reduce", elems * dtype_size(dtype));
     inner_->all_reduce(send, recv, elems, dtype, op);
   }
   void broadcast(void* buf, int64_t bytes, int root) override {
     Scope s(*this, call("broadcast", bytes, " from rank " + std::to_string(root)));
+    agree("broadcast", bytes);
     inner_->broadcast(buf, bytes, root);
   }
   void sendrecv(const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes, int src) override {
@@ -164,6 +204,7 @@ class Watched final : public Communicator {
   }
   void barrier() override {
     Scope s(*this, call("barrier", -1));
+    agree("barrier", 0);
     inner_->barrier();
   }
   void abort(int code) noexcept override { inner_->abort(code); }
@@ -171,6 +212,20 @@ class Watched final : public Communicator {
   double timeout_s() const { return o_.timeout_s; }
 
  private:
+  // --verify-schedule: every rank's record of this collective, gathered; any that differs from
+  // this rank's stops the job, naming both sides. Host memory only (off on a GPU-bound
+  // communicator). Point-to-point exchanges are not checked: a record sent between a pair would
+  // overtake, or be overtaken by, the exchanges that pair has in flight.
+  void agree(const char* op, int64_t bytes) {
+    if (!o_.verify_schedule || !host_buffers_) return;
+    const ScheduleRecord mine = make_record(op, bytes, calls_, current_note());
+    std::vector<ScheduleRecord> all(static_cast<size_t>(size()));
+    inner_->all_gather(&mine, all.data(), sizeof mine);
+    for (int r = 0; r < size(); ++r)
+      UNTIED_CHECK(same_call(all[static_cast<size_t>(r)], mine), "--verify-schedule: rank ", rank(), " of ", size(),
+                   " (", backend(), ") calls ", describe(mine), ", but rank ", r, " calls ",
+                   describe(all[static_cast<size_t>(r)]), ": the ranks run different schedules");
+  }
   // "all_to_all #12 (2.00 MiB per block)"
   std::string call(const char* op, int64_t bytes, const std::string& more = "") {
     std::string s = std::string(op) + " #" + std::to_string(++calls_);
@@ -183,6 +238,7 @@ class Watched final : public Communicator {
   Communicator* inner_;
   WatchdogOptions o_;
   int64_t calls_ = 0;
+  bool host_buffers_;  // the records can be exchanged (not NCCL, not bound to a GPU)
 };
 
 Scope::Scope(const Watched& c, const std::string& what) : active_(c.timeout_s() > 0) {
@@ -194,7 +250,7 @@ Scope::Scope(const Watched& c, const std::string& what) : active_(c.timeout_s() 
 }  // namespace
 
 std::unique_ptr<Communicator> watch(std::unique_ptr<Communicator> inner, const WatchdogOptions& options) {
-  if (!(options.timeout_s > 0)) return inner;
+  if (!(options.timeout_s > 0) && !options.verify_schedule) return inner;
   return std::make_unique<Watched>(std::move(inner), options);
 }
 

@@ -25,7 +25,8 @@ Fault parse(const std::string& spec) {
       else if (part == "kill") f.kind = FaultKind::kKill;
       else if (part == "stall") f.kind = FaultKind::kStall;
       else if (part == "exit") f.kind = FaultKind::kExit;
-      else UNTIED_CHECK(false, "UNTIED_FAULT='", spec, "': unknown fault '", part, "' (nan-grad, nan-loss, stall, exit, kill)");
+      else if (part == "barrier") f.kind = FaultKind::kBarrier;
+      else UNTIED_CHECK(false, "UNTIED_FAULT='", spec, "': unknown fault '", part, "' (nan-grad, nan-loss, stall, exit, barrier, kill)");
       continue;
     }
     const size_t eq = part.find('=');

@@ -252,6 +252,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     watchdog_note(0, "step " + std::to_string(s + 1));
     watchdog_note(1, "data");
     fault_at_step_start(fault, s + 1);
+    if (fault.kind == FaultKind::kBarrier && fault.step == s + 1) comm.barrier();  // tests only
     const double t0 = now_s();
     Status ds;
     std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));

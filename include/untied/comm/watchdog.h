@@ -10,7 +10,7 @@
 //     step 3, backward, layer 5; the job is aborted (--collective-timeout 600)
 // and then end the process with exit status 124 (under mpirun the other processes are then
 // stopped by mpirun; their own watchdogs name their calls first when they are stuck too).
-// timeout_s 0 turns the watchdog off (watch returns `inner` unwrapped).
+// timeout_s 0 turns the watchdog off (watch returns `inner` unwrapped unless verify_schedule).
 // split() of a watched communicator is watched; sendrecv_start's exchange is watched until its
 // wait() returns.
 //
@@ -26,6 +26,11 @@ namespace untied {
 
 struct WatchdogOptions {
   double timeout_s = 600;  // 0: off
+  // Before each collective (not the point-to-point sendrecv), the ranks exchange what they are
+  // about to call (op, bytes, call number, note: 128 bytes) and stop with an error naming both
+  // sides when they differ, instead of hanging or mixing buffers. Host memory: a communicator
+  // bound to a GPU (or NCCL) skips it.
+  bool verify_schedule = false;
 };
 
 std::unique_ptr<Communicator> watch(std::unique_ptr<Communicator> inner, const WatchdogOptions& options);

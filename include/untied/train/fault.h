@@ -7,6 +7,8 @@
 //   stall:step=S[:rank=R]                at the start of step S the rank stops making progress
 //                                        (sleeps for ever): what a hung GPU or a lost peer looks like
 //   exit:step=S[:rank=R]                 at the start of step S the process exits with status 3
+//   barrier:step=S[:rank=R]              at the start of step S the rank calls a barrier the others
+//                                        do not (a schedule bug: --verify-schedule names it)
 //   kill:at=POINT[:step=S][:rank=R]      the process kills itself (SIGKILL, as `kill -9` would) on
 //                                        reaching POINT (of the save of step S, when given):
 //                                          save-begin        before anything of the save is written
@@ -23,7 +25,7 @@
 
 namespace untied {
 
-enum class FaultKind { kNone, kNanGradient, kNanLoss, kStall, kExit, kKill };
+enum class FaultKind { kNone, kNanGradient, kNanLoss, kStall, kExit, kBarrier, kKill };
 
 struct Fault {
   FaultKind kind = FaultKind::kNone;
