@@ -1,4 +1,5 @@
 // The `untied` command: dispatches to subcommands. No model logic lives here.
+#include <csignal>
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -30,6 +31,9 @@ const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file size limit (RLIMIT_FSIZE) then fails the write with EFBIG, which is reported like a
+  // full disk, instead of killing the process in the middle of a checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

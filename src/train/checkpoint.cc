@@ -96,6 +96,11 @@ class Reader {
     s->resize(n);
     return get(s->data(), n);
   }
+  // Skips n bytes (not added to the checksum: for a file whose checksum is already verified).
+  bool skip(int64_t n) {
+    f_.seekg(n, std::ios::cur);
+    return static_cast<bool>(f_);
+  }
   bool checksum_ok() {
     uint64_t sum;
     const uint64_t want = fnv_.h;
@@ -129,15 +134,17 @@ bool checksum_matches(const std::string& path) {
   return f && sum == fnv.h;
 }
 
-// Reads this rank's file fully into staging buffers, checking everything.
+// Checks this rank's file (load == nullptr: the checksum first, then every header field, the data
+// skipped), or reads it into *load one parameter at a time (so that no more than one parameter's
+// state is staged in host memory), checking it again as it goes.
 Status read_rank(const std::string& path, int world, int rank, const std::string& identity,
-                 const ShardedParams& params, int64_t* step, std::vector<std::vector<float>>* staged) {
+                 const ShardedParams& params, int64_t* step, ShardedParams* load) {
   Reader r(path);
   if (!r.open()) return Status::not_found(path + " is missing: the checkpoint is incomplete");
   auto corrupt = [&](const std::string& what) {
     return Status::corrupt(path + ": " + what + "; the file is damaged or not an untied checkpoint");
   };
-  if (!checksum_matches(path)) return corrupt("checksum mismatch (or truncated)");
+  if (load == nullptr && !checksum_matches(path)) return corrupt("checksum mismatch (or truncated)");
   char magic[8];
   uint32_t version, w, rk;
   if (!r.get(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return corrupt("bad magic");
@@ -158,7 +165,7 @@ Status read_rank(const std::string& path, int world, int rank, const std::string
   uint64_t count;
   if (!r.get(&count) || count != static_cast<uint64_t>(params.num_params()))
     return Status::invalid_argument(path + ": parameter count differs from this model");
-  staged->assign(params.num_params(), {});
+  std::vector<float> state;  // one parameter's master, m and v
   for (int i = 0; i < params.num_params(); ++i) {
     std::string name;
     int64_t n;
@@ -167,11 +174,15 @@ Status read_rank(const std::string& path, int world, int rank, const std::string
       return Status::invalid_argument(path + ": parameter " + std::to_string(i) + " is '" + name + "' (" +
                                       std::to_string(n) + " elements), this model has '" + params.desc(i).name + "' (" +
                                       std::to_string(params.shard_elems(i)) + ")");
-    auto& s = (*staged)[i];
-    s.resize(static_cast<size_t>(3 * n));
-    if (!r.get(s.data(), s.size() * 4)) return corrupt("truncated data of " + name);
+    if (load == nullptr) {
+      if (!r.skip(3 * n * 4)) return corrupt("truncated data of " + name);
+      continue;
+    }
+    state.resize(static_cast<size_t>(3 * n));
+    if (!r.get(state.data(), state.size() * 4)) return corrupt("truncated data of " + name);
+    load->write_state(i, state.data());
   }
-  if (!r.checksum_ok()) return corrupt("checksum mismatch");
+  if (load != nullptr && !r.checksum_ok()) return corrupt("checksum mismatch");
   return Status::ok_status();
 }
 
@@ -253,8 +264,12 @@ Status save_checkpoint(Communicator& comm, const std::string& dir, int64_t step,
   fault_point("save-rank-file", step, comm.rank());
   if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) st = Status::io_error("cannot rename " + tmp);
   if (st.ok() && !sync_path(dir + "/" + sname, true)) st = Status::io_error("cannot flush " + dir + "/" + sname);
+  if (!st.ok()) std::remove(tmp.c_str());  // a partial file is of no use (and may fill a disk)
   st = first_failure(comm, st);
-  if (!st.ok()) return st;  // `latest` still names the previous checkpoint
+  if (!st.ok()) {  // `latest` still names the previous checkpoint
+    return Status::io_error(st.message() + "; the checkpoint of step " + std::to_string(step) +
+                            " was not saved, the previous one (" + dir + "/latest) is intact");
+  }
   fault_point("save-before-latest", step, comm.rank());
   if (comm.rank() == 0) {
     const std::string latest = dir + "/latest", ltmp = latest + ".tmp";
@@ -278,17 +293,20 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
     else f >> sname;
   }
   int64_t step = -1;
-  std::vector<std::vector<float>> staged;
-  if (st.ok())
-    st = read_rank(rank_file(dir, sname, comm.rank()), comm.size(), comm.rank(), identity, params, &step, &staged);
-  // Every rank must have read a good file of the same step before anything changes.
+  const std::string path = rank_file(dir, sname, comm.rank());
+  if (st.ok()) st = read_rank(path, comm.size(), comm.rank(), identity, params, &step, nullptr);
+  // Every rank must have checked a good file of the same step before anything changes.
   st = first_failure(comm, st);
   if (!st.ok()) return st;
   int64_t lo = step, hi = step;
   comm.all_reduce(&lo, &lo, 1, DType::kI64, ReduceOp::kMin);
   comm.all_reduce(&hi, &hi, 1, DType::kI64, ReduceOp::kMax);
   if (lo != hi) return Status::corrupt("checkpoint " + dir + "/" + sname + ": the ranks' files are of different steps");
-  for (int i = 0; i < params.num_params(); ++i) params.write_state(i, staged[i].data());
+  // Then each rank reads its file into the parameters, one parameter at a time (a file that
+  // changed since it was checked is reported; the parameters are then partly loaded).
+  int64_t again = -1;
+  st = first_failure(comm, read_rank(path, comm.size(), comm.rank(), identity, params, &again, &params));
+  if (!st.ok()) return Status::corrupt(st.message() + " (it changed while being loaded)");
   return step;
 }
 

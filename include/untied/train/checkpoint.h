@@ -9,7 +9,9 @@
 // written its file, so a crash mid-save (process or OS) leaves the previous checkpoint intact.
 // The checksum is verified before any field is read, so damage reads as damage.
 // Loading checks everything (magic, version, world size, rank, identity, names, sizes,
-// checksum) and reports what differs; nothing is modified unless every rank's file is good.
+// checksum) and reports what differs; nothing is modified unless every rank's file is good. Then
+// each rank reads its file a parameter at a time: a process never stages more than one
+// parameter's state per rank in host memory.
 #pragma once
 
 #include <memory>
