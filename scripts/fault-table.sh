@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Tries every fault untied is meant to survive and prints one Markdown row each: the fault, the
+# exit status, the seconds to exit, the first line of untied's message, whether it hung (killed
+# after 120 s) and, where a checkpoint was involved, whether it was lost (the previous one still
+# resumes). Usage: bash scripts/fault-table.sh [UNTIED] (default build/untied) > faults.md
+set -u
+cd "$(dirname "$0")/.."
+u=$(realpath "${1:-build/untied}")
+source scripts/env.sh >/dev/null 2>&1 || true
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+mpi=(mpirun --oversubscribe -np)
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fix=reference/fixtures
+small=(train --steps 4 --batch 1 --seq 64 --kv-keys 8 --no-progress)
+n=0
+
+# row NAME LOST_CHECK -- COMMAND...: runs COMMAND (120 s at most), prints the row. LOST_CHECK is a
+# shell test of the checkpoint afterwards ("-" when none is involved).
+row() {
+  local name=$1 lost_check=$2
+  shift 3
+  local t0 t1 out code
+  t0=$(date +%s.%N)
+  out=$(timeout -s KILL 120 "$@" 2>&1)
+  code=$?
+  t1=$(date +%s.%N)
+  local msg hung lost
+  msg=$(grep -m1 -E "^untied|mpirun noticed|mpirun detected" <<<"$out" | cut -c1-200 | sed 's/|/\\|/g')
+  [ -n "$msg" ] || msg=$(head -1 <<<"$out" | cut -c1-200 | sed 's/|/\\|/g')
+  [ -n "$msg" ] || [ $code -ne 137 ] || msg="(killed: SIGKILL)"
+  hung=no
+  [ $code -eq 137 ] && [ "$(echo "$t1 - $t0 > 110" | bc)" = 1 ] && hung=YES
+  lost=-
+  if [ "$lost_check" != - ]; then
+    if eval "$lost_check"; then lost=no; else lost=YES; fi
+  fi
+  n=$((n + 1))
+  printf '| %d | %s | %d | %.1f | %s | %s | %s |\n' "$n" "$name" "$code" "$(echo "$t1 - $t0" | bc)" "$msg" "$hung" "$lost"
+}
+
+resumes() {  # a copy of the checkpoint in $1 resumes and trains to the end
+  rm -rf "$d/copy" && cp -r "$1" "$d/copy" && "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/copy" --resume > /dev/null 2>&1
+}
+
+echo "| # | fault | exit | s | message | hung | lost |"
+echo "|---|---|---|---|---|---|---|"
+row "unknown command" - -- "$u" trian
+row "unknown flag" - -- "$u" train --bogus 1
+row "not an integer" - -- "$u" attn --seq abc
+row "sequence length 0" - -- "$u" attn --seq 0
+row "heads not divisible by the ranks (mpirun -np 3)" - -- "${mpi[@]}" 3 "$u" attn --seq 96
+row "GQA: heads not a multiple of kv_heads" - -- "$u" attn --heads 6 --kv-heads 4
+row "memory budget too small (mpirun -np 2)" - -- "${mpi[@]}" 2 "$u" attn --seq 1024 --mem-budget 2M
+row "document lengths do not sum to S" - -- "$u" attn --seq 256 --docs 100,28,122
+row "window 0" - -- "$u" train --window 0 --steps 1 --no-progress
+row "ring degree not dividing the ranks" - -- "$u" attn --ranks 4 --seq 96 --strategy upipe --ring 3
+row "--device cuda without a GPU" - -- "$u" attn --device cuda
+row "missing token file" - -- "$u" "${small[@]}" --data tokens --data-path "$d/none.tok"
+printf 'garbage bytes, not tokens' > "$d/bad.tok"
+row "not a token file" - -- "$u" "${small[@]}" --data tokens --data-path "$d/bad.tok"
+"$u" prepare --tokenizer $fix/tokenizers/llama3_style --output "$d/ok.tok" --no-progress $fix/tokenizers/llama3_style/sample.txt > /dev/null 2>&1
+head -c 100 "$d/ok.tok" > "$d/short.tok"
+row "truncated token file" - -- "$u" "${small[@]}" --data tokens --data-path "$d/short.tok"
+"$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/ck" --stop-after 2 > /dev/null 2>&1
+row "checkpoint dir in use, no --resume" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/ck"
+row "resume without a checkpoint (mpirun -np 2)" - -- "${mpi[@]}" 2 "$u" "${small[@]}" --checkpoint-dir "$d/none" --resume
+row "resume on another rank count" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 4 --checkpoint-dir "$d/ck" --resume
+row "resume with another strategy" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 2 --strategy ulysses --checkpoint-dir "$d/ck" --resume
+cp -r "$d/ck" "$d/ck_bad"
+printf 'x' | dd of="$d/ck_bad/step_00000002/rank_00001.bin" bs=1 seek=200 conv=notrunc 2>/dev/null
+row "a damaged checkpoint file (one byte)" "cmp -s $d/ck_bad/latest $d/ck/latest" -- "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/ck_bad" --resume
+row "metrics file not writable" - -- "$u" "${small[@]}" --metrics /nonexistent/dir/m.jsonl
+row "Hugging Face dir missing" - -- "$u" train --hf-model /nonexistent/model --steps 1 --no-progress
+cp -r $fix/hf_llama_tiny "$d/trunc" && truncate -s -8 "$d/trunc/model-00003-of-00005.safetensors"
+row "truncated safetensors shard (mpirun -np 2)" - -- "${mpi[@]}" 2 "$u" train --hf-model "$d/trunc" --kv-keys 4 --kv-values 4 --seq 48 --steps 1 --no-progress
+cp -r $fix/hf_qwen3_tiny "$d/arch" && sed -i 's/Qwen3ForCausalLM/MistralForCausalLM/' "$d/arch/config.json"
+row "unknown architecture" - -- "$u" eval --hf-model "$d/arch" --data-path x
+cp -r $fix/hf_llama_tiny "$d/layers" && sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' "$d/layers/config.json"
+row "missing tensor (config asks for a third layer)" - -- "$u" train --hf-model "$d/layers" --kv-keys 4 --kv-values 4 --seq 48 --steps 1 --no-progress
+cp -r $fix/hf_qwen3_tiny "$d/lie"
+python3 - "$d/lie/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); k = "model.norm.weight"; h[k]["data_offsets"][1] += 4096
+s = json.dumps(h, separators=(",", ":")).encode(); s += b" " * (n - len(s)); open(p, "wb").write(b[:8] + s[:n] + b[8 + n:])
+PY
+row "safetensors header lies about offsets" - -- "$u" train --hf-model "$d/lie" --kv-keys 4 --kv-values 4 --seq 60 --steps 1 --no-progress
+cp -r $fix/hf_qwen3_tiny "$d/dtype"
+python3 - "$d/dtype/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h["model.norm.weight"]["dtype"] = "F8_E4M3"
+s = json.dumps(h, separators=(",", ":")).encode(); s += b" " * (n - len(s)); open(p, "wb").write(b[:8] + s[:n] + b[8 + n:])
+PY
+row "safetensors tensor of a wrong dtype" - -- "$u" train --hf-model "$d/dtype" --kv-keys 4 --kv-values 4 --seq 60 --steps 1 --no-progress
+echo '{not json' > "$d/tokenizer.json"
+row "tokenizer.json not JSON" - -- "$u" prepare --tokenizer "$d/tokenizer.json" --output "$d/x.tok" $fix/tokenizers/llama3_style/sample.txt
+printf '{"text": "fine"}\n{"text": 3}\n' > "$d/bad.jsonl"
+row "JSONL line without a text string" - -- "$u" prepare --tokenizer $fix/tokenizers/llama3_style --output "$d/x.tok" --no-progress "$d/bad.jsonl"
+row "eval data vocabulary larger than the model's (mpirun -np 2)" - -- "${mpi[@]}" 2 "$u" eval --hf-model $fix/hf_qwen3_tiny --data text --data-path README.md --seq 60
+row "export of a directory that is not a checkpoint" - -- "$u" export --checkpoint-dir "$d" --out "$d/hf"
+cp -r $fix/hf_qwen3_tiny "$d/over"
+row "--save-hf over an existing model" "test -s $d/over/model.safetensors" -- "$u" train --hf-model "$d/over" --kv-keys 4 --kv-values 4 --seq 60 --steps 1 --no-progress --save-hf "$d/over"
+"$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/nan" --stop-after 2 > /dev/null 2>&1
+row "NaN gradient on rank 1 at step 3 (mpirun -np 2)" "test \$(cat $d/nan/latest) = step_00000002 && resumes $d/nan" -- env UNTIED_FAULT=nan-grad:step=3:rank=1:param=3 "${mpi[@]}" 2 "$u" "${small[@]}" --checkpoint-dir "$d/nan" --resume
+row "NaN loss at step 2 with --skip-nonfinite 1 (trains on)" - -- env UNTIED_FAULT=nan-loss:step=2 "$u" "${small[@]}" --skip-nonfinite 1
+row "rank 1 stalls at step 3 (mpirun -np 4, --collective-timeout 10)" - -- env UNTIED_FAULT=stall:step=3:rank=1 "${mpi[@]}" 4 "$u" "${small[@]}" --collective-timeout 10
+row "rank 1 stalls at step 3 (in process, --collective-timeout 10)" - -- env UNTIED_FAULT=stall:step=3:rank=1 "$u" "${small[@]}" --ranks 2 --collective-timeout 10
+row "rank 1 exits at step 3 (mpirun -np 4)" - -- env UNTIED_FAULT=exit:step=3:rank=1 "${mpi[@]}" 4 "$u" "${small[@]}"
+row "rank 1 calls another collective (mpirun -np 4, --verify-schedule)" - -- env UNTIED_FAULT=barrier:step=3:rank=1 "${mpi[@]}" 4 "$u" "${small[@]}" --verify-schedule
+for point in save-begin save-rank-file save-before-latest save-latest-tmp; do
+  rm -rf "$d/k"
+  row "kill -9 during a save ($point)" "test \$(cat $d/k/latest) = step_00000002 && resumes $d/k" -- env UNTIED_FAULT=kill:at=$point:step=4 "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/k" --save-every 2
+done
+"$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/full" --stop-after 2 > /dev/null 2>&1
+row "disk full during a save (ulimit -f 200)" "test \$(cat $d/full/latest) = step_00000002 && resumes $d/full" -- bash -c "ulimit -f 200; exec $u ${small[*]} --ranks 2 --checkpoint-dir $d/full --resume"
+rm -rf "$d/mk"
+resumes4() {  # a copy of $d/mk resumes on its 4 ranks for two more steps
+  local step
+  step=$(sed 's/step_0*//' "$d/mk/latest") || return 1
+  rm -rf "$d/copy" && cp -r "$d/mk" "$d/copy" &&
+    "${mpi[@]}" 4 "$u" train --steps 4000 --batch 1 --seq 64 --kv-keys 8 --no-progress --checkpoint-dir "$d/copy" \
+      --save-every 20 --resume --stop-after $((step + 2)) > /dev/null 2>&1
+}
+row "kill -9 of one rank mid-run (mpirun -np 4)" "resumes4" -- bash -c "( sleep 3; pkill -9 -n -f '^$u train --steps 4000' ) & ${mpi[*]} 4 $u train --steps 4000 --batch 1 --seq 64 --kv-keys 8 --no-progress --checkpoint-dir $d/mk --save-every 20"
