@@ -21,7 +21,10 @@ StatusOr<int64_t> parse_int(const std::string& s) {
   if (rest == "K" || rest == "k") mult = 1024;
   else if (rest == "M" || rest == "m") mult = 1024 * 1024;
   else if (!rest.empty()) return Status::invalid_argument("'" + s + "' is not an integer (suffixes: K, M)");
-  return static_cast<int64_t>(v) * mult;
+  int64_t out = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(v), mult, &out))
+    return Status::invalid_argument("'" + s + "' is too large for a 64-bit integer");
+  return out;
 }
 
 StatusOr<std::vector<int64_t>> parse_int_list(const std::string& s) {

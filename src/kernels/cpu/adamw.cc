@@ -18,7 +18,13 @@ enum SumSquaresScratch { kBlockSums };
 }  // namespace
 
 void adamw_step(Device& dev, const AdamWCall& c, const Scratch&) {
-  const auto& [p, m, v, g, n, a] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& p = c.p;
+  const auto& m = c.m;
+  const auto& v = c.v;
+  const auto& g = c.g;
+  const auto& n = c.n;
+  const auto& a = c.a;
   if (n == 0) return;
   const double t = static_cast<double>(a.step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), t);
@@ -50,7 +56,10 @@ ScratchRequest grad_sum_squares_scratch(const Device&, const SumSquaresCall& c) 
 }
 
 void grad_sum_squares(Device& dev, const SumSquaresCall& c, const Scratch& scratch) {
-  const auto& [g, n, result] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& g = c.g;
+  const auto& n = c.n;
+  const auto& result = c.result;
   *result = 0.0;
   if (n == 0) return;
   const int64_t blocks = blocks_of(n);
@@ -77,7 +86,10 @@ void grad_sum_squares(Device& dev, const SumSquaresCall& c, const Scratch& scrat
 }
 
 void scale_in_place(Device& dev, const ScaleCall& c, const Scratch&) {
-  const auto& [x, n, scale] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& x = c.x;
+  const auto& n = c.n;
+  const auto& scale = c.scale;
   if (n == 0) return;
   const int64_t blocks = blocks_of(n);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())

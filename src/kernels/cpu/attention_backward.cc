@@ -47,7 +47,19 @@ ScratchRequest attention_backward_scratch(const Device& dev, const AttentionBack
 }
 
 void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch) {
-  const auto& [shape, dq, dk, dv, q, k, v, delta_source, out, delta_given, lse, dout] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& shape = c.s;
+  const auto& dq = c.dq;
+  const auto& dk = c.dk;
+  const auto& dv = c.dv;
+  const auto& q = c.q;
+  const auto& k = c.k;
+  const auto& v = c.v;
+  const auto& delta_source = c.delta_source;
+  const auto& out = c.out;
+  const auto& delta_given = c.delta;
+  const auto& lse = c.lse;
+  const auto& dout = c.dout;
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
   const int64_t hd = a.h * a.d;  // elements of one token row of dQ accumulators

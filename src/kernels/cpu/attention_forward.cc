@@ -36,7 +36,13 @@ ScratchRequest attention_forward_scratch(const Device& dev, const AttentionForwa
 }
 
 void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch& scratch) {
-  const auto& [shape, out, lse, q, k, v] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& shape = c.s;
+  const auto& out = c.out;
+  const auto& lse = c.lse;
+  const auto& q = c.q;
+  const auto& k = c.k;
+  const auto& v = c.v;
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
   const int64_t per_thread = forward_tile_floats(a);
@@ -123,7 +129,12 @@ namespace untied::cpu {
 // The log-sum-exp merge (attention.h), row-parallel; exp/log in double, so a merge of one result
 // with an empty one (lse -inf) copies it exactly.
 void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch&) {
-  const auto& [s, acc, lse_acc, part, lse_part] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& acc = c.acc;
+  const auto& lse_acc = c.lse_acc;
+  const auto& part = c.part;
+  const auto& lse_part = c.lse_part;
   const int64_t items = s.rows * s.heads;
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t item = 0; item < items; ++item) {

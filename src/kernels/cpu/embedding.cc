@@ -22,7 +22,11 @@ void check_ids(const EmbeddingShape& s, const int32_t* ids) {
 }  // namespace
 
 void embedding_forward(Device& dev, const EmbeddingForwardCall& c, const Scratch&) {
-  const auto& [s, out, ids, table] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& out = c.out;
+  const auto& ids = c.ids;
+  const auto& table = c.table;
   if (s.tokens == 0) return;
   check_ids(s, ids);
   const int64_t es = dtype_size(s.dtype), tes = dtype_size(s.table_dtype);
@@ -47,7 +51,11 @@ void embedding_forward(Device& dev, const EmbeddingForwardCall& c, const Scratch
 }
 
 void embedding_backward(Device& dev, const EmbeddingBackwardCall& c, const Scratch&) {
-  const auto& [s, dtable, ids, dout] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& dtable = c.dtable;
+  const auto& ids = c.ids;
+  const auto& dout = c.dout;
   if (s.tokens == 0) return;
   check_ids(s, ids);
   const int64_t es = dtype_size(s.dtype);

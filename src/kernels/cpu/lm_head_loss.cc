@@ -72,7 +72,17 @@ double row_softmax(float* row, int64_t v, int32_t label, bool labelled, bool gra
 }  // namespace
 
 void lm_head_loss(Device& dev, const LmHeadLossCall& c, const Scratch& ws) {
-  const auto& [s, pass, sums, argmax, dh, dw, h, labels, w, row_losses] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& pass = c.pass;
+  const auto& sums = c.sums;
+  const auto& argmax = c.argmax;
+  const auto& dh = c.dh;
+  const auto& dw = c.dw;
+  const auto& h = c.h;
+  const auto& labels = c.labels;
+  const auto& w = c.w;
+  const auto& row_losses = c.row_losses;
   const bool backward = pass == LossPass::kForwardBackward;
   const int64_t chunk = lm_head_loss_chunk(s);
   if (chunk == 0) return;  // no tokens

@@ -44,7 +44,12 @@ double sum_lanes(const float* lanes) {
 }  // namespace
 
 void rmsnorm_forward(Device& dev, const RmsNormForwardCall& c, const Scratch&) {
-  const auto& [s, y, rstd, x, w] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& y = c.y;
+  const auto& rstd = c.rstd;
+  const auto& x = c.x;
+  const auto& w = c.w;
   if (s.rows == 0) return;
   const int64_t rs = s.row_stride > 0 ? s.row_stride : s.dim;
   const int64_t es = dtype_size(s.dtype), wes = dtype_size(s.weight_dtype);
@@ -75,7 +80,14 @@ void rmsnorm_forward(Device& dev, const RmsNormForwardCall& c, const Scratch&) {
 }
 
 void rmsnorm_backward(Device& dev, const RmsNormBackwardCall& c, const Scratch& scratch) {
-  const auto& [s, dx, dw, x, rstd, w, dy] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& dx = c.dx;
+  const auto& dw = c.dw;
+  const auto& x = c.x;
+  const auto& rstd = c.rstd;
+  const auto& w = c.w;
+  const auto& dy = c.dy;
   if (s.rows == 0) return;
   const int64_t blocks = (s.rows + kRowBlock - 1) / kRowBlock;
   const int64_t rs = s.row_stride > 0 ? s.row_stride : s.dim;

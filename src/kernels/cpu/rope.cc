@@ -19,7 +19,11 @@ ScratchRequest rope_scratch(const Device&, const RopeCall& c) {
 }
 
 void rope(Device& dev, const RopeCall& c, const Scratch& scratch) {
-  const auto& [s, x, positions, dir] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& x = c.x;
+  const auto& positions = c.positions;
+  const auto& dir = c.dir;
   const bool inverse = dir == Direction::kInverse;
   const int64_t half = s.head_dim / 2;
   const int64_t rs = s.row_stride > 0 ? s.row_stride : s.heads * s.head_dim;

@@ -20,7 +20,11 @@ float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 }  // namespace
 
 void swiglu_forward(Device& dev, const SwigluForwardCall& c, const Scratch&) {
-  const auto& [s, out, gate, up] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& out = c.out;
+  const auto& gate = c.gate;
+  const auto& up = c.up;
   if (s.rows == 0) return;
   const int64_t irs = s.in_row_stride > 0 ? s.in_row_stride : s.dim;
   const int64_t ors = s.out_row_stride > 0 ? s.out_row_stride : s.dim;
@@ -43,7 +47,13 @@ void swiglu_forward(Device& dev, const SwigluForwardCall& c, const Scratch&) {
 }
 
 void swiglu_backward(Device& dev, const SwigluBackwardCall& c, const Scratch&) {
-  const auto& [s, dgate, dup, gate, up, dout] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& s = c.s;
+  const auto& dgate = c.dgate;
+  const auto& dup = c.dup;
+  const auto& gate = c.gate;
+  const auto& up = c.up;
+  const auto& dout = c.dout;
   if (s.rows == 0) return;
   const int64_t irs = s.in_row_stride > 0 ? s.in_row_stride : s.dim;
   const int64_t ors = s.out_row_stride > 0 ? s.out_row_stride : s.dim;

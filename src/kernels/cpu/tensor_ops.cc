@@ -11,7 +11,16 @@ constexpr int64_t kBlock = 4096;  // elements per task of the element-wise ops
 }  // namespace
 
 void row_dot(Device& dev, const RowDotCall& c, const Scratch&) {
-  const auto& [rows, dim, t, a, lda, b, ldb, out, out_stride] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& rows = c.rows;
+  const auto& dim = c.dim;
+  const auto& t = c.dtype;
+  const auto& a = c.a;
+  const auto& lda = c.lda;
+  const auto& b = c.b;
+  const auto& ldb = c.ldb;
+  const auto& out = c.out;
+  const auto& out_stride = c.out_stride;
   const int64_t es = dtype_size(t);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t r = 0; r < rows; ++r)
@@ -20,7 +29,12 @@ void row_dot(Device& dev, const RowDotCall& c, const Scratch&) {
 }
 
 void add_into(Device& dev, const AddIntoCall& c, const Scratch&) {
-  const auto& [acc, acc_t, x, x_t, n] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& acc = c.acc;
+  const auto& acc_t = c.acc_dtype;
+  const auto& x = c.x;
+  const auto& x_t = c.x_dtype;
+  const auto& n = c.n;
   const int64_t as = dtype_size(acc_t), xs = dtype_size(x_t);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t i = 0; i < n; i += kBlock) {
@@ -39,7 +53,12 @@ void add_into(Device& dev, const AddIntoCall& c, const Scratch&) {
 }
 
 void convert(Device& dev, const ConvertCall& c, const Scratch&) {
-  const auto& [dst, dst_t, src, src_t, n] = c;
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& dst = c.dst;
+  const auto& dst_t = c.dst_dtype;
+  const auto& src = c.src;
+  const auto& src_t = c.src_dtype;
+  const auto& n = c.n;
   const int64_t ds = dtype_size(dst_t), ss = dtype_size(src_t);
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t i = 0; i < n; i += kBlock) {
