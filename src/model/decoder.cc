@@ -2,9 +2,11 @@
 #include "untied/model/decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "untied/comm/watchdog.h"
+#include "untied/kernels/adamw.h"
 #include "untied/kernels/embedding.h"
 #include "untied/kernels/gemm.h"
 #include "untied/kernels/lm_head_loss.h"
@@ -409,6 +411,61 @@ EvalSums Decoder::evaluate(ParameterStore& params, const int32_t* tokens, const 
   }
   alloc.set_phase(Phase::kSetup);
   return sums;
+}
+
+namespace {
+// Whether every element of t (f32 or bf16, on the device) is finite: its sum of squares is.
+bool all_finite(Device& dev, const Tensor& t) {
+  if (t.dtype() == DType::kF32) return std::isfinite(grad_sum_squares(dev, t.as<float>(), t.numel()));
+  TensorBuffer wide(dev.allocator(), DType::kF32, {t.numel()}, Tag::kOther, "finiteness check");
+  convert(dev, wide.data(), DType::kF32, t.data(), t.dtype(), t.numel());
+  return std::isfinite(grad_sum_squares(dev, wide.as<float>(), t.numel()));
+}
+}  // namespace
+
+std::string Decoder::first_nonfinite_activation(ParameterStore& params, const int32_t* tokens,
+                                                const SequenceMask& mask) {
+  UNTIED_CHECK(mask.seq() == padded_seq(), "decoder: the sequence mask covers ", mask.seq(), " tokens, not the ",
+               padded_seq(), " the decoder runs");
+  mask_ = &mask;
+  const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
+  const int N = static_cast<int>(m_.layers);
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  // The first stage whose output is not finite on some rank: 0 the embedding, 1 + l block l,
+  // N + 1 the final norm; N + 2 when all are.
+  auto first_over_ranks = [&](int64_t stage, bool finite) {
+    int64_t bad = finite ? N + 2 : stage;
+    comm_.all_reduce(&bad, &bad, 1, DType::kI64, ReduceOp::kMin);
+    return bad;
+  };
+  auto name = [&](int64_t stage) -> std::string {
+    if (stage == 0) return "the embedding output";
+    if (stage <= N) return "the output of block " + std::to_string(stage - 1) + " (its attention or its MLP)";
+    return "the final norm's output";
+  };
+  TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
+  {
+    TensorBuffer ids(alloc, DType::kI32, {L}, Tag::kOther, "token ids");
+    dev_.copy(ids.data(), tokens, ids.view().bytes());
+    const ParamGroup w = params.gather(0);
+    embedding_forward(dev_, EmbeddingShape{.tokens = L, .vocab = V, .dim = E, .dtype = t, .table_dtype = t},
+                      h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
+  }
+  if (const int64_t bad = first_over_ranks(0, all_finite(dev_, h)); bad <= N + 1) return name(bad);
+  for (int l = 0; l < N; ++l) {
+    const ParamGroup w = params.gather(l + 1);
+    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
+    block_forward(bind_block(m_, w), h, y, nullptr);
+    h = std::move(y);
+    if (const int64_t bad = first_over_ranks(l + 1, all_finite(dev_, h)); bad <= N + 1) return name(bad);
+  }
+  const ParamGroup wg = params.gather(N + 1);
+  TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
+  TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
+  rmsnorm_forward(dev_, norm_shape(L), hn.data(), rstd.as<float>(), h.data(), bind_head(m_, wg).final_norm.data());
+  const int64_t bad = first_over_ranks(N + 1, all_finite(dev_, hn));
+  return bad <= N + 1 ? name(bad) : std::string();
 }
 
 }  // namespace untied

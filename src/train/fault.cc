@@ -22,11 +22,12 @@ Fault parse(const std::string& spec) {
       first = false;
       if (part == "nan-grad") f.kind = FaultKind::kNanGradient;
       else if (part == "nan-loss") f.kind = FaultKind::kNanLoss;
+      else if (part == "nan-weight") f.kind = FaultKind::kNanWeight;
       else if (part == "kill") f.kind = FaultKind::kKill;
       else if (part == "stall") f.kind = FaultKind::kStall;
       else if (part == "exit") f.kind = FaultKind::kExit;
       else if (part == "barrier") f.kind = FaultKind::kBarrier;
-      else UNTIED_CHECK(false, "UNTIED_FAULT='", spec, "': unknown fault '", part, "' (nan-grad, nan-loss, stall, exit, barrier, kill)");
+      else UNTIED_CHECK(false, "UNTIED_FAULT='", spec, "': unknown fault '", part, "' (nan-grad, nan-loss, nan-weight, stall, exit, barrier, kill)");
       continue;
     }
     const size_t eq = part.find('=');

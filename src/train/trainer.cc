@@ -252,6 +252,11 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     watchdog_note(0, "step " + std::to_string(s + 1));
     watchdog_note(1, "data");
     fault_at_step_start(fault, s + 1);
+    if (fault.kind == FaultKind::kNanWeight && fault.step == s + 1 && dev.backed()) {  // tests only
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const int i = std::min(fault.param, params.num_params() - 1);
+      if (params.owned_elems(i) > 0) dev.copy(params.master(i), &nan, sizeof nan);
+    }
     if (fault.kind == FaultKind::kBarrier && fault.step == s + 1) comm.barrier();  // tests only
     const double t0 = now_s();
     Status ds;
@@ -270,11 +275,13 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const double t1 = now_s();
 
     StepSums st;
+    int64_t nan_sample = -1;  // the first micro-batch whose loss is not finite on this rank
     watchdog_note(1, "forward and backward");
     for (int64_t b = 0; b < B; ++b) {
       const StepSums one =
           decoder.forward_backward(params, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L, count,
                                    masks[b]);
+      if (!std::isfinite(one.loss_sum) && nan_sample < 0) nan_sample = b;
       st.loss_sum += one.loss_sum;
       st.answers += one.answers;
       st.correct += one.correct;
@@ -307,11 +314,16 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       for (int i = 0; i < params.num_params() && first == params.num_params(); ++i)
         if (!std::isfinite(sq_of[i])) first = i;
       comm.all_reduce(&first, &first, 1, DType::kI64, ReduceOp::kMin);
-      const std::string what = !std::isfinite(checks[1])
-                                   ? "the loss (an activation overflowed in the forward)"
-                                   : first < params.num_params()
-                                         ? "the gradient of " + params.desc(static_cast<int>(first)).name
-                                         : "the gradient norm (it overflowed)";
+      std::string what = first < params.num_params() ? "the gradient of " + params.desc(static_cast<int>(first)).name
+                                                     : "the gradient norm (it overflowed)";
+      if (!std::isfinite(checks[1])) {  // the forward: which activation went first
+        int64_t b = nan_sample < 0 ? B : nan_sample;
+        comm.all_reduce(&b, &b, 1, DType::kI64, ReduceOp::kMin);
+        const std::string act =
+            b < B ? decoder.first_nonfinite_activation(params, tokens.data() + b * L, masks[static_cast<size_t>(b)])
+                  : std::string();
+        what = act.empty() ? "the loss" : "the loss (the first non-finite activation: " + act + ")";
+      }
       params.zero_grads();
       alloc.set_phase(Phase::kSetup);
       if (skipped < o.skip_nonfinite) {

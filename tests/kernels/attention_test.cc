@@ -710,3 +710,25 @@ TEST(AttentionValidate, KernelsValidateAtTheBoundary) {
 
 }  // namespace
 }  // namespace untied
+
+namespace untied {
+namespace {
+
+// A NaN in the input gives NaN where it reaches, never a finite output: the row maximum skips
+// NaN scores, which must then not read as a row that sees no key.
+TEST(AttentionKernel, NanInputGivesNanOutput) {
+  auto dev = make_cpu_device({.threads = 2});
+  const int64_t S = 40, H = 2, G = 1, D = 16;
+  std::vector<float> q(S * H * D, 0.1f), k(S * G * D, 0.2f), v(S * G * D, 0.3f), out(S * H * D), lse(H * S);
+  for (int64_t i = 0; i < S; ++i) q[(i * H + 0) * D] = std::numeric_limits<float>::quiet_NaN();  // head 0 only
+  const AttentionShape s{.seq_q = S, .seq_k = S, .heads = H, .kv_heads = G, .head_dim = D};
+  attention_forward(*dev, s, out.data(), lse.data(), q.data(), k.data(), v.data());
+  for (int64_t i = 0; i < S; ++i) {
+    EXPECT_TRUE(std::isnan(out[(i * H + 0) * D])) << "row " << i << " of the NaN head";
+    EXPECT_TRUE(std::isnan(lse[0 * S + i])) << "lse of row " << i;
+    EXPECT_NEAR(out[(i * H + 1) * D], 0.3f, 1e-6) << "row " << i << " of the clean head";
+  }
+}
+
+}  // namespace
+}  // namespace untied

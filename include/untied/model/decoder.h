@@ -21,6 +21,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "untied/attention/attention_block.h"
 #include "untied/kernels/rmsnorm.h"
@@ -83,6 +84,11 @@ class Decoder {
   // other implementations: it allocates an (L, V) buffer). No parameter gradient is touched.
   EvalSums evaluate(ParameterStore& params, const int32_t* tokens, const int32_t* labels, const SequenceMask& mask,
                     double* row_losses = nullptr, float* logits = nullptr);
+  // Collective, for a step whose loss is not finite: runs the forward again, checking each
+  // stage's output on every rank, and names the first that is not finite ("the output of block
+  // 3 (its attention or its MLP)", "the embedding output", "the final norm's output"); "" when
+  // all are finite (then the loss itself overflowed).
+  std::string first_nonfinite_activation(ParameterStore& params, const int32_t* tokens, const SequenceMask& mask);
   // The length the decoder runs: o.seq padded to what the ranks divide (padded_config); rows
   // per rank L = padded_seq() / ranks.
   int64_t padded_seq() const { return rows_ * comm_.size(); }

@@ -4,6 +4,8 @@
 //   nan-grad:step=S[:rank=R][:param=I]   after step S's backward, a NaN in parameter I's gradient
 //                                        shard (default 0) on rank R (default every rank)
 //   nan-loss:step=S[:rank=R]             step S's loss sum becomes NaN on rank R
+//   nan-weight:step=S[:rank=R][:param=I] before step S, a NaN in parameter I's master shard: the
+//                                        forward overflows from that parameter's block on
 //   stall:step=S[:rank=R]                at the start of step S the rank stops making progress
 //                                        (sleeps for ever): what a hung GPU or a lost peer looks like
 //   exit:step=S[:rank=R]                 at the start of step S the process exits with status 3
@@ -25,7 +27,7 @@
 
 namespace untied {
 
-enum class FaultKind { kNone, kNanGradient, kNanLoss, kStall, kExit, kBarrier, kKill };
+enum class FaultKind { kNone, kNanGradient, kNanLoss, kNanWeight, kStall, kExit, kBarrier, kKill };
 
 struct Fault {
   FaultKind kind = FaultKind::kNone;

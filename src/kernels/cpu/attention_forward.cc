@@ -95,8 +95,13 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
           for (int64_t j = lim; j < nk; ++j) srow[j] = neg_inf;
         }
         const float mx = row_max(srow, nk, m[i]);
-        if (mx == neg_inf) {  // nothing visible yet in this row
-          for (int64_t j = 0; j < nk; ++j) srow[j] = 0.0f;
+        if (mx == neg_inf) {  // nothing visible yet in this row (or NaN scores, which max skips)
+          bool nan = false;
+          for (int64_t j = 0; j < nk; ++j) {
+            nan = nan || srow[j] != srow[j];
+            srow[j] = 0.0f;
+          }
+          if (nan) l[i] = std::numeric_limits<float>::quiet_NaN();  // a NaN input gives a NaN output
           continue;
         }
         const float sum = exp2_shift_row(srow, nk, mx);
@@ -113,11 +118,12 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     }
 
     for (int64_t i = 0; i < nq; ++i) {
-      const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+      // l = 0: a row that sees no key (output 0); l NaN: NaN scores, which must not read as masked.
+      const float inv = l[i] > 0.0f ? 1.0f / l[i] : l[i] == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       float* arow = acc + i * a.d;
       for (int64_t c = 0; c < a.d; ++c) arow[c] *= inv;
       store_f32(at(out, a.out_dtype, q0 + i, a.q_rs, h, a.d), a.out_dtype, arow, a.d);
-      lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : neg_inf;
+      lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : l[i] == 0.0f ? neg_inf : l[i];
     }
   }
 }
