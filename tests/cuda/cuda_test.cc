@@ -11,6 +11,7 @@
 #include "common/random_inputs.h"
 #include "untied/core/tensor.h"
 #include "untied/device/cuda.h"
+#include "untied/kernels/attention.h"
 #include "untied/kernels/gemm.h"
 
 namespace untied {
@@ -70,6 +71,42 @@ TEST(Cuda, GemmMatchesTheCpu) {
                                                std::to_string(tb),
                                            test::to_double(y), test::to_double(x), t == DType::kBF16 ? 1.0 / 128 : 1e-5));
       }
+}
+
+// A NaN in attention's input gives NaN where it reaches, never a finite output (the row maximum
+// skips NaN scores; the row must not then read as one that sees no key), on both GPU paths: the
+// tensor-core kernel (bf16, D = 64) and the portable one (f32).
+TEST(Cuda, AttentionNanInputGivesNanOutput) {
+  REQUIRE_GPU();
+  auto gpu = std::move(make_cuda_device({})).value();
+  for (DType t : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t S = 80, H = 2, G = 1, D = 64, es = dtype_size(t);
+    std::vector<float> q(S * H * D, 0.1f), k(S * G * D, 0.2f), v(S * G * D, 0.3f);
+    for (int64_t i = 0; i < S; ++i) q[(i * H + 0) * D] = std::nanf("");  // head 0 only
+    std::vector<char> qb(q.size() * es), kb(k.size() * es), vb(v.size() * es), ob(q.size() * es);
+    store_f32(qb.data(), t, q.data(), static_cast<int64_t>(q.size()));
+    store_f32(kb.data(), t, k.data(), static_cast<int64_t>(k.size()));
+    store_f32(vb.data(), t, v.data(), static_cast<int64_t>(v.size()));
+    Buffer dq = gpu->allocator().allocate(qb.size(), Tag::kOther, "q"), dk = gpu->allocator().allocate(kb.size(), Tag::kOther, "k");
+    Buffer dv = gpu->allocator().allocate(vb.size(), Tag::kOther, "v"), dout = gpu->allocator().allocate(ob.size(), Tag::kOther, "out");
+    Buffer dlse = gpu->allocator().allocate(H * S * 4, Tag::kOther, "lse");
+    gpu->copy(dq.data(), qb.data(), qb.size());
+    gpu->copy(dk.data(), kb.data(), kb.size());
+    gpu->copy(dv.data(), vb.data(), vb.size());
+    attention_forward(*gpu, AttentionShape{.seq_q = S, .seq_k = S, .heads = H, .kv_heads = G, .head_dim = D, .dtype = t},
+                      dout.data(), static_cast<float*>(dlse.data()), dq.data(), dk.data(), dv.data());
+    gpu->synchronize();
+    gpu->copy(ob.data(), dout.data(), ob.size());
+    std::vector<float> out(q.size()), lse(H * S);
+    gpu->copy(lse.data(), dlse.data(), H * S * 4);
+    load_f32(out.data(), ob.data(), t, static_cast<int64_t>(out.size()));
+    for (int64_t i = 0; i < S; ++i) {
+      EXPECT_TRUE(std::isnan(out[(i * H + 0) * D])) << "row " << i << " of the NaN head";
+      EXPECT_TRUE(std::isnan(lse[i])) << "lse of row " << i;
+      EXPECT_NEAR(out[(i * H + 1) * D], 0.3f, 2e-3) << "row " << i << " of the clean head";
+    }
+  }
 }
 
 TEST(Cuda, AllocatorCountsGpuBuffersAndReusesThem) {

@@ -249,7 +249,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
       lt += __shfl_xor_sync(0xffffffffu, lt, 2);
       const int64_t i = q0 + wrow + mt * 16 + g + hf * 8;
       if (i < a.sq) {
-        const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+        // lt = 0: a row that sees no key (output 0); lt NaN: NaN scores, carried (never read as masked).
+        const float inv = lt > 0.0f ? 1.0f / lt : lt == 0.0f ? 0.0f : lt;
         if (p.out_f32) {
           float* orow = out32 + i * a.q_rs + q_col + t2;
 #pragma unroll
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
           for (int dt = 0; dt < kDT; ++dt)
             *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
         }
-        if ((lane & 3) == 0) p.lse[h * a.sq + i] = lt > 0.0f ? (m[mt][hf] + log2f(lt)) * kLn2 : -INFINITY;
+        if ((lane & 3) == 0) p.lse[h * a.sq + i] = lt > 0.0f ? (m[mt][hf] + log2f(lt)) * kLn2 : lt == 0.0f ? -INFINITY : lt;
       }
     }
   }
@@ -385,7 +386,8 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
   for (int rr = 0; rr < kRows; ++rr) {
     const int64_t i = q0 + warp * kRows + rr;
     if (i >= a.sq) continue;
-    const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+    // l = 0: a row that sees no key (output 0); l NaN: NaN scores, carried (never read as masked).
+    const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : l[rr] == 0.0f ? 0.0f : l[rr];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(128) fwd_simt_kernel(const FwdParams p) {
       if (p.out_f32) static_cast<float*>(p.out)[i * a.q_rs + q_col + col] = acc[rr][c] * inv;
       else from_f32(out + i * a.q_rs + q_col + col, acc[rr][c] * inv);
     }
-    if (lane == 0) p.lse[h * a.sq + i] = l[rr] > 0.0f ? (m[rr] + log2f(l[rr])) * kLn2 : -INFINITY;
+    if (lane == 0) p.lse[h * a.sq + i] = l[rr] > 0.0f ? (m[rr] + log2f(l[rr])) * kLn2 : l[rr] == 0.0f ? -INFINITY : l[rr];
   }
 }
 
