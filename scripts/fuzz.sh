@@ -17,7 +17,7 @@ fi
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DUNTIED_CUDA=OFF -DUNTIED_BUILD_TESTS=OFF -DUNTIED_FUZZ=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" >/dev/null
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors token_file checkpoint hf_config tokenizer_json encode flags)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors token_file checkpoint hf_config config_file tokenizer_json encode flags)
 cmake --build build-fuzz -j "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}")
 for t in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$t"

@@ -65,6 +65,8 @@ def main():
                       "merges": [["a", "b"], ["Ġ", "a"], ["Ġa", "b"]], "ignore_merges": False,
                       "byte_fallback": False, "unk_token": None}}
     put("tokenizer_json", "tiny.json", json.dumps(tiny))
+    put("config_file", "lines.conf", "# a comment\nseq = 4096\nlr=0.001\nprogress = false  # trailing\n")
+    put("config_file", "object.json", json.dumps({"seq": 8192, "lr": "3e-4", "progress": True}))
     for s in ("llama3_style", "qwen_style"):
         put("encode", f"{s}.txt", open(f"{FIX}/tokenizers/{s}/sample.txt", "rb").read())
     for i, line in enumerate([["--seq", "4096", "--flag"], ["--seq=8K", "--mem-budget", "2G", "--no-flag"],
