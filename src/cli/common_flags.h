@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cli/args.h"
+#include "untied/core/status.h"
 
 namespace untied::cli {
 
@@ -35,5 +36,15 @@ void add_mem_budget_flag(FlagSet& f, const std::string& help = kMemBudgetHelp);
 // --dtype f32|bf16 (string); read it with parse_dtype. An empty default_dtype: the command
 // chooses one by device (its help says which).
 void add_dtype_flag(FlagSet& f, const std::string& default_dtype, const std::string& help = kDtypeHelp);
+
+// --verify-schedule and --collective-timeout (the watchdog, untied/comm/watchdog.h), and, after
+// parsing, their values handed to run_ranks (launch.h); the message names a bad timeout.
+void add_watchdog_flags(FlagSet& f);
+Status apply_watchdog_flags(const FlagSet& f);
+// --rope-theta (a string flag, empty = the model's): *theta = its value when given; a value that
+// is not a positive number is refused.
+Status rope_theta_from_flags(const FlagSet& f, double* theta);
+// --window (an int flag, 0 = none): *window = its value; a given value below 1 is refused.
+Status window_from_flags(const FlagSet& f, int64_t* window);
 
 }  // namespace untied::cli

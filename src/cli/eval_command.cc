@@ -45,10 +45,7 @@ void add_eval_flags(FlagSet& f) {
   add_device_flag(f);
   add_threads_flag(f);
   add_mem_budget_flag(f);
-  f.add("verify-schedule", FlagKind::kBool, "false",
-        "the ranks check before each collective that they all call the same one (128 bytes each; for debugging)");
-  f.add("collective-timeout", FlagKind::kString, "600",
-        "seconds a collective may take before the watchdog names it on every stuck rank and aborts the job (0 = off)");
+  add_watchdog_flags(f);
   f.add("json", FlagKind::kBool, "false", "print one JSON object (loss, tokens, perplexity, buckets, ...) instead of text");
   f.add("svg", FlagKind::kString, "", "write the loss by position as an SVG plot here");
   f.add("compare", FlagKind::kString, "", "with --svg: also plot the curve of this earlier `eval --json` output");
@@ -81,14 +78,7 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
     if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
     o->seed = static_cast<uint64_t>(f.get_int("seed"));
   }
-  if (!f.get_string("rope-theta").empty()) {
-    char* end = nullptr;
-    const std::string t = f.get_string("rope-theta");
-    const double theta = std::strtod(t.c_str(), &end);
-    if (end == t.c_str() || *end != '\0' || !(theta > 0))
-      return Status::invalid_argument("--rope-theta: '" + t + "' is not a positive number");
-    o->model.rope_theta = theta;
-  }
+  if (Status s = rope_theta_from_flags(f, &o->model.rope_theta); !s.ok()) return s;
   auto st = parse_strategy(f.get_string("strategy"));
   if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());
   auto dev = parse_device_choice(f.get_string("device"));
@@ -101,10 +91,7 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
                               .loss_chunk = f.get_int("loss-chunk")};
   o->samples = f.get_int("samples");
   o->buckets = f.get_int("buckets");
-  if (f.was_set("window") && f.get_int("window") < 1)
-    return Status::invalid_argument("--window " + std::to_string(f.get_int("window")) +
-                                    ": a window holds at least 1 key (the query itself); drop --window for none");
-  o->window = f.get_int("window");
+  if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
   o->doc_mask = f.get_bool("doc-mask");
   o->logits_path = f.get_string("dump-logits");
   *threads = f.get_string("threads").empty() ? default_threads_per_rank(ranks) : static_cast<int>(f.get_int("threads"));
@@ -221,15 +208,8 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     compare = c.value();
   }
 
-  {
-    const std::string v = flags.get_string("collective-timeout");
-    char* end = nullptr;
-    const double seconds = std::strtod(v.c_str(), &end);
-    if (end == v.c_str() || *end != '\0' || !(seconds >= 0))
-      return refuse(Status::invalid_argument("--collective-timeout: '" + v + "' is not a number of seconds >= 0"));
-    set_collective_timeout(seconds);
-    set_verify_schedule(flags.get_bool("verify-schedule"));
-  }
+  st = apply_watchdog_flags(flags);
+  if (!st.ok()) return refuse(st);
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
     RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = threads,

@@ -78,10 +78,7 @@ void add_train_flags(FlagSet& f) {
   add_device_flag(f);
   add_threads_flag(f);
   add_mem_budget_flag(f);
-  f.add("verify-schedule", FlagKind::kBool, "false",
-        "the ranks check before each collective that they all call the same one (128 bytes each; for debugging)");
-  f.add("collective-timeout", FlagKind::kString, "600",
-        "seconds a collective may take before the watchdog names it on every stuck rank and aborts the job (0 = off)");
+  add_watchdog_flags(f);
   f.add("checkpoint-dir", FlagKind::kString, "", "save checkpoints here (per-rank shards)");
   f.add("save-every", FlagKind::kInt, "0", "save every N steps (0 = at the end only)");
   f.add("resume", FlagKind::kBool, "false", "continue from the newest checkpoint in --checkpoint-dir");
@@ -131,13 +128,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
     if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
   }
-  if (!f.get_string("rope-theta").empty()) {
-    float theta = 0;
-    Status s = parse_float(f, "rope-theta", &theta);
-    if (!s.ok()) return s;
-    if (!(theta > 0)) return Status::invalid_argument("--rope-theta must be > 0");
-    o->model.rope_theta = theta;
-  }
+  if (Status s = rope_theta_from_flags(f, &o->model.rope_theta); !s.ok()) return s;
   o->save_hf = f.get_string("save-hf");
   auto hf_dtype = parse_hf_dtype(f.get_string("save-hf-dtype"));
   if (!hf_dtype.ok()) return Status::invalid_argument("--save-hf-dtype: " + hf_dtype.status().message());
@@ -184,10 +175,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   d->kv.num_values = f.get_int("kv-values");
   d->kv.num_pairs = f.get_int("kv-pairs");
   d->kv.fused_pairs = f.get_bool("kv-fused");
-  if (f.was_set("window") && f.get_int("window") < 1)
-    return Status::invalid_argument("--window " + std::to_string(f.get_int("window")) +
-                                    ": a window holds at least 1 key (the query itself); drop --window for none");
-  o->window = f.get_int("window");
+  if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
   o->doc_mask = f.get_bool("doc-mask");
   d->kv.num_docs = f.get_int("kv-docs");
   auto split = parse_document_split(f.get_string("text-split"));
@@ -315,15 +303,8 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     }
   }
 
-  {
-    const std::string v = flags.get_string("collective-timeout");
-    char* end = nullptr;
-    const double seconds = std::strtod(v.c_str(), &end);
-    if (end == v.c_str() || *end != '\0' || !(seconds >= 0))
-      return refuse(Status::invalid_argument("--collective-timeout: '" + v + "' is not a number of seconds >= 0"));
-    set_collective_timeout(seconds);
-    set_verify_schedule(flags.get_bool("verify-schedule"));
-  }
+  st = apply_watchdog_flags(flags);
+  if (!st.ok()) return refuse(st);
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
     // The rank's device and the communicator of its buffers; refusals (no GPU, ...) on every rank.

@@ -2,6 +2,7 @@
 #include "untied/model/decoder.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <vector>
 
@@ -232,6 +233,44 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   }
 }
 
+void Decoder::use_mask(const SequenceMask& mask) {
+  UNTIED_CHECK(mask.seq() == padded_seq(), "decoder: the sequence mask covers ", mask.seq(), " tokens, not the ",
+               padded_seq(), " the decoder runs");
+  mask_ = &mask;
+}
+
+TensorBuffer Decoder::forward_only(ParameterStore& params, const int32_t* tokens,
+                                   const std::function<bool(int64_t, const Tensor&)>& after_stage) {
+  const int64_t L = rows_, E = m_.hidden;
+  const DType t = o_.dtype;
+  Allocator& alloc = dev_.allocator();
+  TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
+  {
+    TensorBuffer ids(alloc, DType::kI32, {L}, Tag::kOther, "token ids");
+    dev_.copy(ids.data(), tokens, ids.view().bytes());
+    const ParamGroup w = params.gather(0);
+    embedding_forward(dev_, EmbeddingShape{.tokens = L, .vocab = m_.vocab, .dim = E, .dtype = t, .table_dtype = t},
+                      h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
+  }
+  if (after_stage && !after_stage(0, h)) return h;
+  for (int l = 0; l < m_.layers; ++l) {  // nothing is kept: each block's input is freed once it has run
+    const ParamGroup w = params.gather(l + 1);
+    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
+    block_forward(bind_block(m_, w), h, y, nullptr);
+    h = std::move(y);
+    if (after_stage && !after_stage(l + 1, h)) break;
+  }
+  return h;
+}
+
+TensorBuffer Decoder::final_norm_forward(const Tensor& h, const Tensor& weight) {
+  const int64_t L = rows_;
+  TensorBuffer hn(dev_.allocator(), o_.dtype, {L, m_.hidden}, Tag::kOther, "final_norm output");
+  TensorBuffer rstd(dev_.allocator(), DType::kF32, {L}, Tag::kOther, "final_norm rstd");
+  rmsnorm_forward(dev_, norm_shape(L), hn.data(), rstd.as<float>(), h.data(), weight.data());
+  return hn;
+}
+
 StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                                    const uint8_t* is_answer, int64_t global_count) {
   const SequenceMask plain = SequenceMask(o_.seq).padded_to(padded_seq());
@@ -240,9 +279,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
 
 StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                                    const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask) {
-  UNTIED_CHECK(mask.seq() == padded_seq(), "decoder: the sequence mask covers ", mask.seq(), " tokens, not the ",
-               padded_seq(), " the decoder runs");
-  mask_ = &mask;
+  use_mask(mask);
   const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
   const int N = static_cast<int>(m_.layers);
   const DType t = o_.dtype;
@@ -354,40 +391,19 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
 
 EvalSums Decoder::evaluate(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                            const SequenceMask& mask, double* row_losses, float* logits) {
-  UNTIED_CHECK(mask.seq() == padded_seq(), "decoder: the sequence mask covers ", mask.seq(), " tokens, not the ",
-               padded_seq(), " the decoder runs");
-  mask_ = &mask;
+  use_mask(mask);
   const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
   const int N = static_cast<int>(m_.layers);
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   alloc.set_phase(Phase::kForward);
-  TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
-  {
-    TensorBuffer ids(alloc, DType::kI32, {L}, Tag::kOther, "token ids");
-    dev_.copy(ids.data(), tokens, ids.view().bytes());
-    const ParamGroup w = params.gather(0);
-    embedding_forward(dev_, EmbeddingShape{.tokens = L, .vocab = V, .dim = E, .dtype = t, .table_dtype = t},
-                      h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
-  }
-  for (int l = 0; l < N; ++l) {  // nothing is kept: each block's input is freed once it has run
-    const ParamGroup w = params.gather(l + 1);
-    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
-    block_forward(bind_block(m_, w), h, y, nullptr);
-    h = std::move(y);
-  }
   EvalSums sums;
   const ParamGroup wg = params.gather(N + 1);
   const HeadWeights w = bind_head(m_, wg);
+  const TensorBuffer hn = final_norm_forward(forward_only(params, tokens), w.final_norm);
   ParamGroup we;
   if (m_.tied_embeddings) we = params.gather(0);
   const Tensor head = m_.tied_embeddings ? bind_embedding(we).embed : w.lm_head;
-  TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
-  {
-    TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
-    rmsnorm_forward(dev_, norm_shape(L), hn.data(), rstd.as<float>(), h.data(), w.final_norm.data());
-  }
-  h.reset();
   TensorBuffer argmax(alloc, DType::kI32, {L}, Tag::kOther, "predictions");
   TensorBuffer targets(alloc, DType::kI32, {L}, Tag::kOther, "labels");
   dev_.copy(targets.data(), labels, targets.view().bytes());
@@ -425,13 +441,8 @@ bool all_finite(Device& dev, const Tensor& t) {
 
 std::string Decoder::first_nonfinite_activation(ParameterStore& params, const int32_t* tokens,
                                                 const SequenceMask& mask) {
-  UNTIED_CHECK(mask.seq() == padded_seq(), "decoder: the sequence mask covers ", mask.seq(), " tokens, not the ",
-               padded_seq(), " the decoder runs");
-  mask_ = &mask;
-  const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
+  use_mask(mask);
   const int N = static_cast<int>(m_.layers);
-  const DType t = o_.dtype;
-  Allocator& alloc = dev_.allocator();
   // The first stage whose output is not finite on some rank: 0 the embedding, 1 + l block l,
   // N + 1 the final norm; N + 2 when all are.
   auto first_over_ranks = [&](int64_t stage, bool finite) {
@@ -444,27 +455,15 @@ std::string Decoder::first_nonfinite_activation(ParameterStore& params, const in
     if (stage <= N) return "the output of block " + std::to_string(stage - 1) + " (its attention or its MLP)";
     return "the final norm's output";
   };
-  TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
-  {
-    TensorBuffer ids(alloc, DType::kI32, {L}, Tag::kOther, "token ids");
-    dev_.copy(ids.data(), tokens, ids.view().bytes());
-    const ParamGroup w = params.gather(0);
-    embedding_forward(dev_, EmbeddingShape{.tokens = L, .vocab = V, .dim = E, .dtype = t, .table_dtype = t},
-                      h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
-  }
-  if (const int64_t bad = first_over_ranks(0, all_finite(dev_, h)); bad <= N + 1) return name(bad);
-  for (int l = 0; l < N; ++l) {
-    const ParamGroup w = params.gather(l + 1);
-    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
-    block_forward(bind_block(m_, w), h, y, nullptr);
-    h = std::move(y);
-    if (const int64_t bad = first_over_ranks(l + 1, all_finite(dev_, h)); bad <= N + 1) return name(bad);
-  }
+  int64_t bad = N + 2;
+  const TensorBuffer h = forward_only(params, tokens, [&](int64_t stage, const Tensor& out) {
+    bad = first_over_ranks(stage, all_finite(dev_, out));
+    return bad > N + 1;
+  });
+  if (bad <= N + 1) return name(bad);
   const ParamGroup wg = params.gather(N + 1);
-  TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
-  TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
-  rmsnorm_forward(dev_, norm_shape(L), hn.data(), rstd.as<float>(), h.data(), bind_head(m_, wg).final_norm.data());
-  const int64_t bad = first_over_ranks(N + 1, all_finite(dev_, hn));
+  const TensorBuffer hn = final_norm_forward(h, bind_head(m_, wg).final_norm);
+  bad = first_over_ranks(N + 1, all_finite(dev_, hn));
   return bad <= N + 1 ? name(bad) : std::string();
 }
 

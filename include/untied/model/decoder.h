@@ -20,6 +20,7 @@
 // block's own buffers as attention_block.h says.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -97,6 +98,15 @@ class Decoder {
   struct BlockActs;
   struct MlpTile;
   RmsNormShape norm_shape(int64_t rows) const;  // the block norms over (rows, E)
+  // Checks that mask covers padded_seq() tokens and makes it the mask of the step in progress.
+  void use_mask(const SequenceMask& mask);
+  // The forward with nothing kept for a backward: returns the final norm's input (L, E), each
+  // block's input freed once the block has run. after_stage(stage, out) (0: the embedding's
+  // output, 1 + l: block l's), when given, ends it early by returning false (out is returned).
+  TensorBuffer forward_only(ParameterStore& params, const int32_t* tokens,
+                            const std::function<bool(int64_t, const Tensor&)>& after_stage = {});
+  // final_norm(h) (L, E), for the forward-only paths (no rstd kept).
+  TensorBuffer final_norm_forward(const Tensor& h, const Tensor& weight);
   MlpTile mlp_tile_inputs(const BlockWeights& w, const Tensor& hm_tile);
   // y (L, E) = block(x). With acts, keeps what backward needs.
   void block_forward(const BlockWeights& w, const Tensor& x, const Tensor& y, BlockActs* acts);
