@@ -11,6 +11,7 @@
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
+#include "untied/core/file_io.h"
 #include "untied/core/json.h"
 #include "untied/model/hf_config.h"
 #include "untied/train/data.h"
@@ -223,12 +224,9 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       std::vector<LossCurve> curves;
       if (!compare.label.empty() || !compare.loss.empty()) curves.push_back(compare);
       curves.push_back(loss_curve(r.value(), label));
-      const std::string path = flags.get_string("svg"), tmp = path + ".tmp";
-      std::ofstream out(tmp, std::ios::trunc);
-      out << position_loss_svg(curves, "loss by position, S = " + std::to_string(opts.decoder.seq));
-      out.close();
-      const bool written = out && std::rename(tmp.c_str(), path.c_str()) == 0;
-      if (!written) std::remove(tmp.c_str());
+      const std::string path = flags.get_string("svg");
+      const bool written = write_file_atomically(
+          path, position_loss_svg(curves, "loss by position, S = " + std::to_string(opts.decoder.seq)));
       UNTIED_CHECK_KIND(ErrorKind::kIo, written, "cannot write ", path, ": choose a writable --svg path");
       if (!flags.get_bool("json")) std::printf("  wrote %s\n", path.c_str());
     }

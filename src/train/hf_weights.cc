@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "untied/core/file_io.h"
 #include "untied/core/json.h"
 #include "untied/model/hf_config.h"
 #include "untied/train/checkpoint.h"
@@ -211,20 +212,8 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
     c["tie_word_embeddings"] = m.tied_embeddings;
     config = c.dump(2) + "\n";
   }
-  const std::string path = dir + "/config.json", tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << config;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return Status::io_error("cannot write " + tmp + ": choose a writable directory");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::io_error("cannot rename " + tmp + " to " + path);
-  }
+  const std::string path = dir + "/config.json";
+  if (!write_file_atomically(path, config)) return Status::io_error("cannot write " + path + ": choose a writable directory");
   return Status::ok_status();
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "untied/comm/watchdog.h"
+#include "untied/core/file_io.h"
 #include "untied/core/json.h"
 #include "untied/kernels/adamw.h"
 #include "untied/train/checkpoint.h"
@@ -75,17 +76,7 @@ Status keep_metrics_through(const std::string& path, int64_t step) {
     if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step) continue;
     kept << line << "\n";
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept.str();
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return Status::io_error("cannot rewrite the metrics file " + path);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::io_error("cannot rewrite the metrics file " + path);
+  if (!write_file_atomically(path, kept.str())) return Status::io_error("cannot rewrite the metrics file " + path);
   return Status::ok_status();
 }
 
@@ -408,11 +399,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       watchdog_note(1, "checkpoint save");
       Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
       if (cs.ok() && comm.rank() == 0) {  // the schedule's settings, for a resume to compare with
-        const std::string run = o.checkpoint_dir + "/run.json", tmp = run + ".tmp";
-        std::ofstream f(tmp, std::ios::trunc);
-        f << run_settings(o).dump(2) << "\n";
-        f.close();
-        if (!f || std::rename(tmp.c_str(), run.c_str()) != 0) cs = Status::io_error("cannot write " + run);
+        const std::string run = o.checkpoint_dir + "/run.json";
+        if (!write_file_atomically(run, run_settings(o).dump(2) + "\n")) cs = Status::io_error("cannot write " + run);
       }
       if (cs.ok() && o.keep > 0 && comm.rank() == 0) cs = remove_old_checkpoints(o.checkpoint_dir, o.keep);
       cs = first_failure(comm, cs);
