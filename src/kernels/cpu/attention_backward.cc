@@ -6,7 +6,9 @@
 //    that can see the key tile, recompute P = exp(S - lse) and accumulate
 //        dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dK += scale dS^T Q,
 //        dQ += scale dS K.
-//    dK and dV of the tile stay in per-thread fp32 accumulators and are written once.
+//    dK and dV of the tile stay in per-thread fp32 accumulators and are written once. K^T and
+//    V^T of the tile are packed once per item, so that every product is a tile_gemm (our own
+//    register-blocked kernel, no BLAS) with B read row by row.
 // 3. dQ is accumulated in fp32: thread 0 writes to the main accumulator (dq itself when it is
 //    f32, else a workspace), other threads to private ones that are added in thread order at
 //    the end. Work is assigned statically, so results are deterministic for a given thread
@@ -21,14 +23,17 @@
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/fast_exp2.h"
-#include "kernels/cpu/sgemm.h"
+#include "kernels/cpu/tile_gemm.h"
 
 namespace untied::cpu {
 
 namespace {
 
-// Per thread: k, v tiles; dk, dv accumulators; q, dO tiles; S/P, dP.
-int64_t backward_tile_floats(const AttnGeom& a) { return 4 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk; }
+// Per thread: k, v tiles; K^T, V^T; dk, dv accumulators; q, dO tiles; S/P, dP. Rounded up to
+// 64 bytes, so that threads share no cache line.
+int64_t backward_tile_floats(const AttnGeom& a) {
+  return (6 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk + 15) / 16 * 16;
+}
 // dQ accumulators beyond dq itself: one per thread but the first, plus the first's when dq is bf16.
 int extra_dq_accumulators(const AttnGeom& a, int threads) { return threads - 1 + (a.out_dtype == DType::kF32 ? 0 : 1); }
 enum BackwardScratch { kDelta, kDqAccs, kTiles };
@@ -105,7 +110,9 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
     float* base = scratch.as<float>(kTiles) + per_thread * t;
     float* kt = base;
     float* vt = kt + a.bk * a.d;
-    float* dkt = vt + a.bk * a.d;
+    float* ktt = vt + a.bk * a.d;  // (D, nk)
+    float* vtt = ktt + a.bk * a.d;  // (D, nk)
+    float* dkt = vtt + a.bk * a.d;
     float* dvt = dkt + a.bk * a.d;
     float* qt = dvt + a.bk * a.d;
     float* dot = qt + a.bq * a.d;
@@ -120,6 +127,8 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
       const int64_t nk = std::min(a.bk, a.sk - k0);
       const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
       const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
+      transpose_tile(ktt, nk, kr.ptr, kr.ld, nk, a.d);
+      transpose_tile(vtt, nk, vr.ptr, vr.ld, nk, a.d);
       std::fill(dkt, dkt + nk * a.d, 0.0f);
       std::fill(dvt, dvt + nk * a.d, 0.0f);
 
@@ -134,7 +143,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, qt);
           const F32Rows dor = f32_rows(at(dout, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, dot);
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
-          sgemm(false, true, nq, nk, a.d, s2, qr.ptr, qr.ld, kr.ptr, kr.ld, 0.0f, pt, nk);
+          tile_gemm(false, nq, nk, a.d, s2, qr.ptr, qr.ld, ktt, nk, 0.0f, pt, nk);
           const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
                                   (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
           for (int64_t i = 0; i < nq; ++i) {
@@ -153,9 +162,9 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             for (int64_t j = lim; j < nk; ++j) prow[j] = 0.0f;
           }
           // dV (nk, D) += P^T dO.
-          sgemm(true, false, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
+          tile_gemm(true, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
           // dP (nq, nk) = dO V^T; dS = P * (dP - D).
-          sgemm(false, true, nq, nk, a.d, 1.0f, dor.ptr, dor.ld, vr.ptr, vr.ld, 0.0f, dpt, nk);
+          tile_gemm(false, nq, nk, a.d, 1.0f, dor.ptr, dor.ld, vtt, nk, 0.0f, dpt, nk);
           for (int64_t i = 0; i < nq; ++i) {
             const float di = delta[hq * a.sq + q0 + i];
             float* prow = pt + i * nk;
@@ -164,8 +173,8 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             for (int64_t j = 0; j < nk; ++j) prow[j] = prow[j] * (dprow[j] - di);
           }
           // dK (nk, D) += scale dS^T Q;  dQ part (nq, D) = scale dS K.
-          sgemm(true, false, nk, a.d, nq, a.scale, pt, nk, qr.ptr, qr.ld, 1.0f, dkt, a.d);
-          sgemm(false, false, nq, a.d, nk, a.scale, pt, nk, kr.ptr, kr.ld, 1.0f,
+          tile_gemm(true, nk, a.d, nq, a.scale, pt, nk, qr.ptr, qr.ld, 1.0f, dkt, a.d);
+          tile_gemm(false, nq, a.d, nk, a.scale, pt, nk, kr.ptr, kr.ld, 1.0f,
                 dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
         }
       }

@@ -2,9 +2,12 @@
 //
 // Work item = (query head h, query tile). Each item keeps an fp32 accumulator for its tile and
 // walks the key tiles it may see, with an online softmax in base 2: the query tile is
-// pre-scaled by scale*log2(e), so p = exp2(s - m). Tile products are BLAS sgemm calls on
-// fp32 tiles; items are spread over the device's OpenMP threads, inside which OpenBLAS runs
-// single-threaded. Per-thread scratch is independent of the sequence length.
+// pre-scaled by scale*log2(e), so p = exp2(s - m). The scores are held transposed, S^T (keys,
+// queries) = K Q^T, so that the query tile is transposed once per item rather than each key
+// tile once per query tile, and the softmax statistics of all query rows advance together in
+// vector lanes; O += P V is then a GEMM with A = (S^T)^T. Tile products are tile_gemm (our own
+// register-blocked kernel, no BLAS); items are spread over the device's OpenMP threads.
+// Per-thread scratch is independent of the sequence length.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,15 +17,19 @@
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/fast_exp2.h"
-#include "kernels/cpu/sgemm.h"
+#include "kernels/cpu/tile_gemm.h"
 
 namespace untied::cpu {
 
 namespace {
 
-// Per thread: q tile, k and v tiles (bf16 widening), scores, accumulator, m and l.
+// Per thread: the visible key range [lo, lim) of each query row (two int64 each, first, so
+// they are aligned), Q^T tile, k and v tiles (bf16 widening; the q tile's widening reuses
+// acc), S^T, accumulator, and per query row m, l, the new max, the rescale factor and what
+// exp2 subtracts. Rounded up to 64 bytes, so that threads share no cache line.
 int64_t forward_tile_floats(const AttnGeom& a) {
-  return a.bq * a.d + 2 * a.bk * a.d + a.bq * a.bk + a.bq * a.d + 2 * a.bq;
+  const int64_t n = 4 * a.bq + a.d * a.bq + 2 * a.bk * a.d + a.bk * a.bq + a.bq * a.d + 5 * a.bq;
+  return (n + 15) / 16 * 16;
 }
 enum ForwardScratch { kTiles };
 
@@ -59,22 +66,30 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     const int64_t nq = std::min(a.bq, a.sq - q0);
 
     float* base = scratch.as<float>(kTiles) + per_thread * omp_get_thread_num();
-    float* qt = base;
-    float* kt = qt + a.bq * a.d;
-    float* vt = kt + a.bk * a.d;
-    float* st = vt + a.bk * a.d;
-    float* acc = st + a.bq * a.bk;
-    float* m = acc + a.bq * a.d;
-    float* l = m + a.bq;
+    int64_t* lo = reinterpret_cast<int64_t*>(base);  // visible keys [lo, lim) per query row
+    int64_t* lim = lo + a.bq;
+    float* qt = base + 4 * a.bq;      // (D, nq): Q^T, scaled
+    float* kt = qt + a.d * a.bq;      // (nk, D), bf16 widened
+    float* vt = kt + a.bk * a.d;      // (nk, D), bf16 widened
+    float* st = vt + a.bk * a.d;      // (nk, nq): S^T, then P^T
+    float* acc = st + a.bk * a.bq;    // (nq, D)
+    float* m = acc + a.bq * a.d;      // running max per query row
+    float* l = m + a.bq;              // running sum
+    float* mnew = l + a.bq;
+    float* alpha = mnew + a.bq;
+    float* sub = alpha + a.bq;        // what exp2 subtracts: mnew, or 0 for a row with nothing visible
 
-    // Scaled query tile in fp32.
-    for (int64_t i = 0; i < nq; ++i) {
-      load_f32(qt + i * a.d, at(q, a.dtype, q0 + i, a.q_rs, h, a.d), a.dtype, a.d);
-      for (int64_t c = 0; c < a.d; ++c) qt[i * a.d + c] *= qscale;
-    }
+    // Scaled query tile, transposed (the widening of bf16 rows borrows acc).
+    const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, h, a.d), a.dtype, nq, a.d, a.q_rs, acc);
+    transpose_tile(qt, nq, qr.ptr, qr.ld, nq, a.d);
+    for (int64_t x = 0; x < a.d * nq; ++x) qt[x] *= qscale;
     std::fill(acc, acc + nq * a.d, 0.0f);
     std::fill(m, m + nq, neg_inf);
     std::fill(l, l + nq, 0.0f);
+    for (int64_t i = 0; i < nq; ++i) {
+      lo[i] = first_visible_key(a, q0 + i);
+      lim[i] = visible_keys(a, q0 + i);
+    }
 
     // Keys [k_begin, k_end): from the first row's first key to the last row's last one.
     const int64_t k_begin = first_visible_key(a, q0), k_end = visible_keys(a, q0 + nq - 1);
@@ -82,46 +97,72 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
       const int64_t nk = std::min(a.bk, a.sk - k0);
       const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
       const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
-      // st (nq, nk) = qt kt^T, in log2 units.
-      sgemm(false, true, nq, nk, a.d, 1.0f, qt, a.d, kr.ptr, kr.ld, 0.0f, st, nk);
+      // st (nk, nq) = K Q^T, in log2 units.
+      tile_gemm(false, nk, nq, a.d, 1.0f, kr.ptr, kr.ld, qt, nq, 0.0f, st, nq);
       const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
                               (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
-      for (int64_t i = 0; i < nq; ++i) {
-        float* srow = st + i * nk;
-        if (needs_mask) {  // keys [lo, lim) of this tile
-          const int64_t lo = std::clamp<int64_t>(first_visible_key(a, q0 + i) - k0, 0, nk);
-          const int64_t lim = std::clamp<int64_t>(visible_keys(a, q0 + i) - k0, lo, nk);
-          for (int64_t j = 0; j < lo; ++j) srow[j] = neg_inf;
-          for (int64_t j = lim; j < nk; ++j) srow[j] = neg_inf;
-        }
-        const float mx = row_max(srow, nk, m[i]);
-        if (mx == neg_inf) {  // nothing visible yet in this row (or NaN scores, which max skips)
-          bool nan = false;
-          for (int64_t j = 0; j < nk; ++j) {
-            nan = nan || srow[j] != srow[j];
-            srow[j] = 0.0f;
-          }
-          if (nan) l[i] = std::numeric_limits<float>::quiet_NaN();  // a NaN input gives a NaN output
-          continue;
-        }
-        const float sum = exp2_shift_row(srow, nk, mx);
-        const float alpha = fast_exp2(m[i] - mx);
-        l[i] = l[i] * alpha + sum;
-        m[i] = mx;
-        if (alpha != 1.0f) {
-          float* arow = acc + i * a.d;
-          for (int64_t c = 0; c < a.d; ++c) arow[c] *= alpha;
+      if (needs_mask) {
+        for (int64_t j = 0; j < nk; ++j) {
+          float* srow = st + j * nq;
+          const int64_t key = k0 + j;
+#pragma omp simd
+          for (int64_t i = 0; i < nq; ++i) srow[i] = key >= lo[i] && key < lim[i] ? srow[i] : neg_inf;
         }
       }
-      // acc (nq, D) += P (nq, nk) V (nk, D).
-      sgemm(false, false, nq, a.d, nk, 1.0f, st, nk, vr.ptr, vr.ld, 1.0f, acc, a.d);
+      // New row maxima (max skips NaN scores).
+      std::copy(m, m + nq, mnew);
+      for (int64_t j = 0; j < nk; ++j) {
+        const float* srow = st + j * nq;
+#pragma omp simd
+        for (int64_t i = 0; i < nq; ++i) mnew[i] = srow[i] > mnew[i] ? srow[i] : mnew[i];
+      }
+      // A row that has seen nothing yet has only -inf or NaN scores: a NaN input must give a
+      // NaN output, so l becomes NaN, and the scores become -inf (p = 0).
+      bool empty_row = false;
+      for (int64_t i = 0; i < nq; ++i) empty_row = empty_row || mnew[i] == neg_inf;
+      if (empty_row) {
+        for (int64_t i = 0; i < nq; ++i) {
+          if (mnew[i] != neg_inf) continue;
+          for (int64_t j = 0; j < nk; ++j) {
+            float& s = st[j * nq + i];
+            if (s != s) l[i] = std::numeric_limits<float>::quiet_NaN();
+            s = neg_inf;
+          }
+        }
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < nq; ++i) {
+        const bool none = mnew[i] == neg_inf;
+        sub[i] = none ? 0.0f : mnew[i];
+        alpha[i] = none ? 1.0f : fast_exp2(m[i] - mnew[i]);
+        l[i] *= alpha[i];
+        m[i] = mnew[i];
+      }
+      // P^T = exp2(S^T - m), and l += its column sums (keys in increasing order).
+      for (int64_t j = 0; j < nk; ++j) {
+        float* srow = st + j * nq;
+#pragma omp simd
+        for (int64_t i = 0; i < nq; ++i) {
+          const float p = fast_exp2(srow[i] - sub[i]);
+          srow[i] = p;
+          l[i] += p;
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        if (alpha[i] == 1.0f) continue;
+        float* arow = acc + i * a.d;
+#pragma omp simd
+        for (int64_t x = 0; x < a.d; ++x) arow[x] *= alpha[i];
+      }
+      // acc (nq, D) += P (nq, nk) V (nk, D), with P = (P^T)^T.
+      tile_gemm(true, nq, a.d, nk, 1.0f, st, nq, vr.ptr, vr.ld, 1.0f, acc, a.d);
     }
 
     for (int64_t i = 0; i < nq; ++i) {
       // l = 0: a row that sees no key (output 0); l NaN: NaN scores, which must not read as masked.
       const float inv = l[i] > 0.0f ? 1.0f / l[i] : l[i] == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       float* arow = acc + i * a.d;
-      for (int64_t c = 0; c < a.d; ++c) arow[c] *= inv;
+      for (int64_t x = 0; x < a.d; ++x) arow[x] *= inv;
       store_f32(at(out, a.out_dtype, q0 + i, a.q_rs, h, a.d), a.out_dtype, arow, a.d);
       lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : l[i] == 0.0f ? neg_inf : l[i];
     }

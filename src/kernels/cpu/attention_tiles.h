@@ -69,16 +69,18 @@ inline int64_t first_visible_key(const AttnGeom& a, int64_t i) {
 }
 inline bool has_lower_bound(const AttnGeom& a) { return a.doc_starts != nullptr || a.window > 0; }
 
-// An fp32 view of `rows` rows of `cols` elements at `src` (row stride `ld` elements, storage
-// `t`): f32 storage is used in place; bf16 is widened into `scratch` (rows*cols floats).
+// `rows` rows of `cols` elements at `src` (row stride `ld` elements, storage `t`) as a dense
+// fp32 tile in `scratch` (rows*cols floats): bf16 is widened, f32 copied. Dense, because the
+// rows of one head lie H*D apart in a token-major tensor, a power-of-two stride at which a
+// GEMM's rows fall into one cache set.
 struct F32Rows {
   const float* ptr;
   int64_t ld;
 };
 inline F32Rows f32_rows(const void* src, DType t, int64_t rows, int64_t cols, int64_t ld, float* scratch) {
-  if (t == DType::kF32) return {static_cast<const float*>(src), ld};
-  const uint16_t* p = static_cast<const uint16_t*>(src);
-  for (int64_t r = 0; r < rows; ++r) load_f32(scratch + r * cols, p + r * ld, t, cols);
+  const char* p = static_cast<const char*>(src);
+  const int64_t es = dtype_size(t);
+  for (int64_t r = 0; r < rows; ++r) load_f32(scratch + r * cols, p + r * ld * es, t, cols);
   return {scratch, cols};
 }
 

@@ -2,8 +2,9 @@
 // Each takes its op's call struct (kernels/backend.h), already checked by the entry point, and
 // the scratch its *_scratch function asked for; none runs in rehearsal. Data-dependent checks
 // (ids, labels) are done here, before anything is written, since only the backend reads data.
-// Kernels run on the device's OpenMP threads (dev.threads()); OpenBLAS is single-threaded
-// inside them.
+// Kernels run on the device's OpenMP threads (dev.threads()). None calls BLAS inside a
+// parallel region (the attention's tiles use tile_gemm), so BLAS runs only at the top level,
+// on its own threads, and a BLAS with a pthread pool cannot oversubscribe the cores.
 #pragma once
 
 #include "kernels/backend.h"
