@@ -209,6 +209,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                 std::string(strategy_name(cfg.strategy)).c_str(), ring.c_str(), (long long)U, (long long)(cfg.heads / U),
                 where.c_str(), std::string(dtype_name(cfg.dtype)).c_str(), (long long)cfg.seq, (long long)cfg.hidden,
                 (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, note);
+    if (!opts.rehearsal) std::fputs(cpu_kernels_lines(opts.device).c_str(), stdout);
     if (!opts.doc_lens.empty() || opts.window > 0 || r.padded_seq != cfg.seq) {
       std::string docs = opts.doc_lens.empty() ? "one document" : std::to_string(opts.doc_lens.size()) + " documents (";
       for (size_t i = 0; i < opts.doc_lens.size() && i < 8; ++i) docs += (i ? "," : "") + std::to_string(opts.doc_lens[i]);

@@ -273,6 +273,7 @@ void print_rows_table(const std::vector<BenchRow>& rows, const BenchAttnOptions&
     if (r.strategy == "ulysses") base[r.preset + "/" + std::to_string(r.seq) + "/" + r.mode] = &r;
   std::printf("untied bench attn | %s | %s storage | per-rank figures, max over ranks\n", where.c_str(),
               std::string(dtype_name(o.dtype)).c_str());
+  std::fputs(cpu_kernels_lines(o.device).c_str(), stdout);
   std::printf("%-10s %-11s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
               "mode", "fwd_ms", "bwd_ms", "t/uly", "inter_fwd", "inter_bwd", "m/uly", "peak", "formula_mha",
               "formula_gqa");

@@ -27,6 +27,7 @@
 #include "untied/device/device.h"
 #include "untied/attention/sequence_mask.h"
 #include "untied/kernels/attention.h"
+#include "untied/kernels/cpu_kernels_info.h"
 #include "untied/kernels/gemm.h"
 
 namespace untied::cli {
@@ -448,7 +449,7 @@ std::string table_header(Device& dev, Communicator& comm, const KernelBenchOptio
   const std::string storage(dtype_name(o.dtype));
   if (!o.gpu())
     return "untied bench kernels | " + dev.name() + " x " + ranks_text + " | " + storage +
-           " storage, fp32 compute | " + blas_description() + " | median of " + std::to_string(o.repeat) +
+           " storage, fp32 compute | " + cpu_kernels_description() + " | median of " + std::to_string(o.repeat) +
            " runs, slowest rank";
   const std::string gemm_type(dtype_name(o.gemm_dtype()));
   units->tflops = true;

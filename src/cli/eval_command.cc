@@ -219,7 +219,10 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
     if (comm.rank() != 0) return;
     if (flags.get_bool("json")) std::printf("%s\n", result_json(r.value(), opts, label, comm.size()).dump(2).c_str());
-    else print_text(r.value(), opts, label, comm.size());
+    else {
+      print_text(r.value(), opts, label, comm.size());
+      std::fputs(cpu_kernels_lines(device).c_str(), stdout);
+    }
     if (!flags.get_string("svg").empty()) {
       std::vector<LossCurve> curves;
       if (!compare.label.empty() || !compare.loss.empty()) curves.push_back(compare);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "untied/kernels/cpu_kernels_info.h"
 
 namespace {
 
@@ -34,6 +35,8 @@ int main(int argc, char** argv) {
   // A file size limit (RLIMIT_FSIZE) then fails the write with EFBIG, which is reported like a
   // full disk, instead of killing the process in the middle of a checkpoint.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Before anything starts a thread or uses BLAS: may restart the program with better kernels.
+  untied::choose_cpu_kernels(argv);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/launch.h"
+#include "untied/kernels/cpu_kernels_info.h"
 #include "untied/comm/nccl.h"
 #include "untied/comm/watchdog.h"
 #include "untied/core/random.h"
@@ -152,6 +153,14 @@ std::vector<float> host_f32(Device& dev, const Tensor& t) {
   dev.copy(raw.data(), t.data(), t.bytes());
   load_f32(v.data(), raw.data(), t.dtype(), t.numel());
   return v;
+}
+
+std::string cpu_kernels_lines(DeviceChoice device) {
+  if (device != DeviceChoice::kCpu) return "";
+  const CpuKernelsInfo info = cpu_kernels_info();
+  std::string s = "kernels: " + cpu_kernels_description() + "\n";
+  if (!info.warning.empty()) s += "warning: " + info.warning + "\n";
+  return s;
 }
 
 }  // namespace untied::cli

@@ -320,6 +320,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                    (long long)opts.decoder.seq, pad_note(opts, comm.size()).c_str(),
                    (long long)(padded_config(attention_config(opts.model, opts.decoder), comm.size()).seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),
                    flags.get_string("data").c_str(), rd.dev().name().c_str());
+    if (comm.rank() == 0 && opts.progress) std::fputs(cpu_kernels_lines(device).c_str(), stderr);
     auto r = train(rd.dev(), rd.comm(), comm, *data.value(), opts);
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
     if (comm.rank() != 0) return;

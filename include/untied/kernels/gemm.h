@@ -37,7 +37,4 @@ struct GemmParams {
 
 void gemm(Device& dev, const GemmParams& p);
 
-// The BLAS library behind the CPU GEMM, for benchmark headers ("OpenBLAS 0.3.21 ...").
-std::string blas_description();
-
 }  // namespace untied

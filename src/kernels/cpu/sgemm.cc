@@ -27,12 +27,3 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 }
 
 }  // namespace untied::cpu
-
-namespace untied {
-
-std::string blas_description() {
-  const char* cfg = openblas_get_config();
-  return cfg ? cfg : "OpenBLAS";
-}
-
-}  // namespace untied
