@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from untied_binary import default_untied
+
 
 def parse_len(s):
     s = s.strip().upper()
@@ -55,11 +57,7 @@ def time_torch(torch, S, H, G, D, dtype, causal, warmup, repeat):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    here = os.path.dirname(os.path.abspath(__file__))
-    default_untied = next((c for c in (os.path.join(here, "..", "build", "untied"),
-                                       os.path.join(here, "..", "build-cpu", "untied")) if os.path.exists(c)),
-                          "untied")
-    p.add_argument("--untied", default=default_untied)
+    p.add_argument("--untied", default=default_untied())
     p.add_argument("--seqs", default="1K,2K,4K")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from untied_binary import default_untied
+
 PRESETS = {"llama3-8b": dict(E=4096, H=32, G=8, D=128), "qwen3-32b": dict(E=5120, H=64, G=8, D=128)}
 
 
@@ -153,11 +155,7 @@ def run_untied(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    here = os.path.dirname(os.path.abspath(__file__))
-    default_untied = next((c for c in (os.path.join(here, "..", "build", "untied"),
-                                       os.path.join(here, "..", "build-cpu", "untied")) if os.path.exists(c)),
-                          "untied")
-    p.add_argument("--untied", default=default_untied)
+    p.add_argument("--untied", default=default_untied())
     p.add_argument("--heads-like", default="llama3-8b", choices=sorted(PRESETS))
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--ranks", type=int, default=2)

@@ -158,7 +158,7 @@ std::vector<float> host_f32(Device& dev, const Tensor& t) {
 std::string cpu_kernels_lines(DeviceChoice device) {
   if (device != DeviceChoice::kCpu) return "";
   const CpuKernelsInfo info = cpu_kernels_info();
-  std::string s = "kernels: " + cpu_kernels_description() + "\n";
+  std::string s = "kernels: " + cpu_kernels_description(info) + "\n";
   if (!info.warning.empty()) s += "warning: " + info.warning + "\n";
   return s;
 }

@@ -25,8 +25,9 @@ struct CpuKernelsInfo {
 // Reads the state above (cheap; after choose_cpu_kernels, or without it in tests).
 CpuKernelsInfo cpu_kernels_info();
 
-// One line for banners: "OpenBLAS 0.3.21 SkylakeX kernels (OpenMP), attention tiles avx512 12x32".
-std::string cpu_kernels_description();
+// One line for banners: "OpenBLAS 0.3.21 SkylakeX kernels (OpenMP threads), attention tiles
+// avx512 12x32".
+std::string cpu_kernels_description(const CpuKernelsInfo& info = cpu_kernels_info());
 
 // Called first thing in main(), before threads or MPI exist. If OpenBLAS fell back to SSE
 // kernels on a CPU with AVX or wider, sets OPENBLAS_CORETYPE and re-executes the program

@@ -38,24 +38,4 @@ inline float fast_exp2(float x) {
   return p * scale;
 }
 
-// s[j] = exp2(s[j] - sub) for j < n; returns the sum of the results.
-inline float exp2_shift_row(float* s, int64_t n, float sub) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    const float p = fast_exp2(s[j] - sub);
-    s[j] = p;
-    sum += p;
-  }
-  return sum;
-}
-
-// Largest of s[0..n) and `init`.
-inline float row_max(const float* s, int64_t n, float init) {
-  float mx = init;
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
-  return mx;
-}
-
 }  // namespace untied::cpu

@@ -5,7 +5,6 @@
 #include <climits>
 
 #include "untied/core/check.h"
-#include "untied/kernels/gemm.h"
 
 namespace untied::cpu {
 
