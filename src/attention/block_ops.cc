@@ -128,6 +128,31 @@ void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int
   comm.all_to_all(send, recv, block_bytes);
 }
 
+Exchanges::~Exchanges() {
+  try {
+    wait();
+  } catch (...) {  // dropped: the caller that wants the error calls wait()
+  }
+}
+
+void Exchanges::start(TensorBuffer send, void* recv, int64_t block_bytes) {
+  if (!overlap_) return exchange(*dev_, *comm_, send.data(), recv, block_bytes);  // `send` is freed here
+  start(static_cast<const void*>(send.data()), recv, block_bytes);
+  sends_.push_back(std::move(send));
+}
+
+void Exchanges::start(const void* send, void* recv, int64_t block_bytes) {
+  if (!overlap_) return exchange(*dev_, *comm_, send, recv, block_bytes);
+  pending_.push_back(dev_->backed() ? comm_->all_to_all_start(send, recv, block_bytes) : nullptr);
+}
+
+void Exchanges::wait() {
+  for (std::unique_ptr<PendingExchange>& p : pending_)
+    if (p != nullptr) p->wait();
+  pending_.clear();
+  sends_.clear();
+}
+
 QkNorm::QkNorm(Device& dev, const AttentionConfig& c, QkGrads grads)
     : dev_(dev), on_(c.qk_norm), d_(c.head_dim), eps_(c.norm_eps), t_(c.dtype) {
   if (!on_ || grads == QkGrads::kNone) return;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "untied/attention/attention_block.h"
@@ -76,6 +77,35 @@ void check_mask(const AttentionConfig& cfg, const SequenceMask& mask);
 
 // all_to_all of equal blocks; skipped in rehearsal (unbacked buffers).
 void exchange(Device& dev, Communicator& comm, const void* send, void* recv, int64_t block_bytes);
+
+// A group of all-to-alls of equal blocks (one stage's q, or its k and v, ...), each holding its
+// send buffer until the group is waited for. Overlapped (UPipe's --overlap): start() leaves the
+// exchange in flight (Communicator::all_to_all_start) and wait() completes the group in start
+// order, then frees the send buffers; the receive buffers are the caller's and hold the data
+// once wait() returns. Not overlapped: start() exchanges at once and frees the send buffer, and
+// wait() has nothing to do. In rehearsal nothing moves but the buffers are held as in a real
+// run, so the allocator counts what overlap costs.
+class Exchanges {
+ public:
+  Exchanges() = default;
+  Exchanges(Device& dev, Communicator& comm, bool overlap) : dev_(&dev), comm_(&comm), overlap_(overlap) {}
+  Exchanges(Exchanges&&) = default;
+  Exchanges& operator=(Exchanges&&) = default;
+  ~Exchanges();  // waits for what is still in flight (errors dropped: call wait() to see them)
+  // recv (C blocks of block_bytes) = all_to_all(send); `send` belongs to the group from now on.
+  void start(TensorBuffer send, void* recv, int64_t block_bytes);
+  // The same from a send buffer the caller keeps alive, unchanged, until wait() returns.
+  void start(const void* send, void* recv, int64_t block_bytes);
+  void wait();
+  bool in_flight() const { return !pending_.empty(); }
+
+ private:
+  Device* dev_ = nullptr;
+  Communicator* comm_ = nullptr;
+  bool overlap_ = false;
+  std::vector<TensorBuffer> sends_;
+  std::vector<std::unique_ptr<PendingExchange>> pending_;  // null entries: rehearsal
+};
 
 
 // Qwen3's per-head RMSNorm of q and k (cfg.qk_norm): forward into a new buffer, backward from

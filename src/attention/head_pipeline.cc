@@ -44,7 +44,7 @@ void normalise(Device& dev, const AttentionConfig& cfg, TensorBuffer& send, cons
 }  // namespace
 
 HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfig& cfg, Saving saving)
-    : dev_(dev), cfg_(cfg), saving_(saving), layout_(token_layout(cfg, comm.size())), ulysses_(&comm) {
+    : dev_(dev), cfg_(cfg), saving_(saving), overlap_(false), layout_(token_layout(cfg, comm.size())), ulysses_(&comm) {
   const int R = layout_.ring(), C = layout_.group(), r = comm.rank();
   if (R > 1) {  // collective: every rank splits the same way
     group_comm_ = comm.split(/*color=*/r / C, /*key=*/r % C);
@@ -52,6 +52,7 @@ HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfi
     ulysses_ = group_comm_.get();
   }
   sched_ = make_head_schedule(cfg.heads, cfg.kv_heads, C, stage_heads_of(cfg, comm.size())).value();
+  overlap_ = cfg.overlap && sched_.stages > 1;
   rows_ = layout_.local_tokens();
   seq_group_ = layout_.group_tokens();
   positions_ = layout_.rank_segments(r);
@@ -78,7 +79,8 @@ RowPositions HeadPipeline::group_rows() const {
   return {.segments = &group_positions_, .table = mask_->rope_group.as<int64_t>()};
 }
 
-void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep) {
+void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep,
+                             Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   TensorBuffer send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
@@ -89,11 +91,11 @@ void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
   rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
   st.q = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
-  exchange(dev_, *ulysses_, send.data(), st.q.data(), L * u * D * dtype_size(t));
+  ex.start(std::move(send), st.q.data(), L * u * D * dtype_size(t));
 }
 
 void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_t round, SavedRound& rd,
-                              KeepNorm keep) {
+                              KeepNorm keep, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
   // k is normed (qk_norm) and rotated like q; v is neither.
@@ -119,16 +121,21 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_
       rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
     }
     part.recv = TensorBuffer(dev_.allocator(), t, {C * L, nkv, D}, Tag::kCommunication, part.recv_what);
-    exchange(dev_, *ulysses_, send.data(), part.recv.data(), L * nkv * D * dtype_size(t));
+    ex.start(std::move(send), part.recv.data(), L * nkv * D * dtype_size(t));
   }
 }
 
-void HeadPipeline::return_output(int64_t s, const Tensor& o, const Tensor& attn_out) {
+TensorBuffer HeadPipeline::start_output(const Tensor& o, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
-  const int64_t es = dtype_size(t);
   TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "attention output all-to-all receive");
-  exchange(dev_, *ulysses_, o.data(), recv.data(), L * u * D * es);
+  ex.start(o.data(), recv.data(), L * u * D * dtype_size(t));
+  return recv;
+}
+
+void HeadPipeline::place_output(int64_t s, const Tensor& recv, const Tensor& attn_out) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
+  const int64_t es = dtype_size(cfg_.dtype);
   const PackedHeads from = packed(recv.data(), u), out = packed(attn_out.data(), cfg_.heads);
   for (int64_t p = 0; p < C; ++p)  // o_recv[p][:, j] -> attn_out[:, h(s, p, j)]
     for (int64_t j = 0; j < u; ++j)
@@ -139,32 +146,59 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
                            AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, y);
   check_mask(cfg_, mask);
-  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, u = sched_.q_per_rank;
+  const int64_t L = rows_, D = cfg_.head_dim, H = cfg_.heads, u = sched_.q_per_rank, stages = sched_.stages;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
   const KeepNorm keep = saving_ == Saving::kKeepStages ? KeepNorm::kYes : KeepNorm::kNo;
+  const bool recompute = saving_ == Saving::kRecompute;
   saved.reset();
   keep_mask(dev_, mask, positions_, group_positions_, saved.mask);
   mask_ = &saved.mask;
   saved.attn_out = TensorBuffer(alloc, t, {L, H, D}, Tag::kActivations, "attention output (saved)");
-  for (int64_t s = 0; s < sched_.stages; ++s) {
-    SavedStage& st = saved.stages.emplace_back();
-    project_q(w, x, s, st, keep);
-    if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), keep);
-    SavedRound& rd = saved.rounds.back();
-    st.o = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "attention output (head-sharded)");
-    st.lse = TensorBuffer(alloc, DType::kF32, {u, C * L}, Tag::kActivations, "attention LSE (saved)");
+  // Stage s+1 is sent off while stage s is in progress: no reallocation may move stage s.
+  saved.stages.reserve(static_cast<size_t>(stages));
+  saved.rounds.reserve(static_cast<size_t>(stages / sched_.stages_per_round));
+  // Stage s's q, and at a round's first stage its k and v, projected and sent off.
+  auto send_inputs = [&](int64_t s, Exchanges& ex) {
+    project_q(w, x, s, saved.stages.emplace_back(), keep, ex);
+    if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), keep, ex);
+  };
+  // Stage s's output, once its exchange is done, into attn_out; its buffers freed unless kept.
+  TensorBuffer o_recv;
+  auto place = [&](int64_t s, Exchanges& ex) {
+    ex.wait();
+    place_output(s, o_recv, saved.attn_out);
+    o_recv.reset();
+    if (recompute) saved.stages[s].o.reset();
+  };
+  // With overlap, stage s+1's projection and exchange run while stage s is attended to, and
+  // stage s's output goes back while stage s+1 is projected (one more stage of inputs is live).
+  Exchanges in(dev_, *ulysses_, overlap_), out(dev_, *ulysses_, overlap_);
+  send_inputs(0, in);
+  for (int64_t s = 0; s < stages; ++s) {
+    in.wait();
+    if (s + 1 < stages && overlap_) send_inputs(s + 1, in);
+    if (s > 0 && overlap_) place(s - 1, out);
+    SavedStage& st = saved.stages[s];
+    SavedRound& rd = saved.rounds[sched_.round(s)];
+    st.o = TensorBuffer(alloc, t, {sched_.ranks * L, u, D}, Tag::kAttnWorkspace, "attention output (head-sharded)");
+    st.lse = TensorBuffer(alloc, DType::kF32, {u, sched_.ranks * L}, Tag::kActivations, "attention LSE (saved)");
     if (ring_ != nullptr)
       ring_->forward(*mask_, st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     else
       attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
-    return_output(s, st.o, saved.attn_out);
-    if (saving_ == Saving::kRecompute) {  // only the LSE stays; backward recomputes the rest
+    if (recompute) {  // only the LSE stays; backward recomputes the rest
       st.q.reset();
-      st.o.reset();
-      if (sched_.last_of_round(s)) saved.rounds.pop_back();
+      if (sched_.last_of_round(s)) rd = SavedRound{};
+    }
+    o_recv = start_output(st.o, out);
+    if (!overlap_) {
+      place(s, out);
+      if (s + 1 < stages) send_inputs(s + 1, in);
     }
   }
+  if (overlap_) place(stages - 1, out);
+  if (recompute) saved.rounds.clear();
   // y (L, E) = attn_out (L, H*D) wo^T
   gemm(dev_, GemmParams{.trans_b = true, .m = L, .n = cfg_.hidden, .k = H * D, .a = saved.attn_out.data(),
                         .lda = H * D, .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(),
@@ -172,9 +206,10 @@ void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeig
   mask_ = nullptr;
 }
 
-// dO (S, u, D) of one stage, head-sharded, and D = rowsum(dO * O) in the kernel's (u, S) layout.
+// dO (S, u, D) of one stage, head-sharded, and D = rowsum(dO * O) in the kernel's (u, S) layout
+// (delta), received as [C][u][L] (delta_recv) and put in place by finish_dout.
 struct HeadPipeline::DoutStage {
-  TensorBuffer dout, delta;
+  TensorBuffer dout, delta, delta_recv;
 };
 
 // The fp32 sums of one round's dk and dv (S, w, D) over its stages.
@@ -182,8 +217,8 @@ struct HeadPipeline::RoundGrads {
   TensorBuffer dk, dv;
 };
 
-HeadPipeline::DoutStage HeadPipeline::exchange_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
-                                                    const Tensor& attn_out) {
+HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
+                                                 const Tensor& attn_out, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   const int64_t es = dtype_size(t);
@@ -194,7 +229,7 @@ HeadPipeline::DoutStage HeadPipeline::exchange_dout(int64_t s, const Tensor& dy,
   TensorBuffer do_send(alloc, t, {C, L, u, D}, Tag::kAttnWorkspace, "dO projection (send layout)");
   // D in send layout [C][u][L]: row j of block p is head slot j's L values.
   TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
-  TensorBuffer delta_recv(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
+  d.delta_recv = TensorBuffer(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
   const PackedHeads dout = packed(do_send.data(), u), out = packed(attn_out.data(), cfg_.heads);
   for (int64_t p = 0; p < C; ++p)
     for (int64_t j = 0; j < u; ++j)
@@ -205,21 +240,31 @@ HeadPipeline::DoutStage HeadPipeline::exchange_dout(int64_t s, const Tensor& dy,
     for (int64_t j = 0; j < u; ++j)
       row_dot(dev_, L, D, t, out.slot(0, sched_.q_head(s, p, j)), out.ld(), dout.slot(p, j), dout.ld(),
               delta_send.as<float>() + (p * u + j) * L, 1);
-  exchange(dev_, *ulysses_, do_send.data(), d.dout.data(), L * u * D * es);
-  exchange(dev_, *ulysses_, delta_send.data(), delta_recv.data(), L * u * 4);
-  // delta_recv [src][j][i] -> delta [j][src*L + i] (the kernel's (heads, seq) layout)
-  for (int64_t src = 0; src < C; ++src)
-    dev_.copy_2d(d.delta.as<float>() + src * L, C * L * 4, delta_recv.as<float>() + src * u * L, L * 4, L * 4, u);
+  ex.start(std::move(do_send), d.dout.data(), L * u * D * es);
+  ex.start(std::move(delta_send), d.delta_recv.data(), L * u * 4);
   return d;
 }
 
-void HeadPipeline::return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const AttentionWeights& w,
-                             const Tensor& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+void HeadPipeline::finish_dout(DoutStage& d) {
+  const int64_t C = sched_.ranks, L = rows_, u = sched_.q_per_rank;
+  // delta_recv [src][j][i] -> delta [j][src*L + i] (the kernel's (heads, seq) layout)
+  for (int64_t src = 0; src < C; ++src)
+    dev_.copy_2d(d.delta.as<float>() + src * L, C * L * 4, d.delta_recv.as<float>() + src * u * L, L * 4, L * 4, u);
+  d.delta_recv.reset();
+}
+
+TensorBuffer HeadPipeline::start_dq(TensorBuffer dq, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   TensorBuffer recv(dev_.allocator(), t, {C, L, u, D}, Tag::kCommunication, "dq all-to-all receive");
-  exchange(dev_, *ulysses_, dq.data(), recv.data(), L * u * D * dtype_size(t));
-  dq.reset();
+  ex.start(std::move(dq), recv.data(), L * u * D * dtype_size(t));
+  return recv;
+}
+
+void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, const AttentionWeights& w,
+                             const Tensor& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+  const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
+  const DType t = cfg_.dtype;
   rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kInverse);
   if (qk.on()) {  // through the per-head q norm
     recv = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, recv);
@@ -231,6 +276,7 @@ void HeadPipeline::return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const 
     for (int64_t j = 0; j < u; ++j)
       project_head_backward(dev_, dx_acc, dq_seq.slot(p, j), dq_seq.ld(), t, x.data(), x.dtype(), L, w.wq, g.dwq,
                             sched_.q_head(s, p, j), D, Write::kOverwrite);
+  recv.reset();
 }
 
 void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w,
@@ -238,8 +284,6 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
-  rd.k.reset();
-  rd.v.reset();
   // k's sum goes back through RoPE and the k norm; v's straight into the projection backward.
   struct Part {
     TensorBuffer& sum;
@@ -287,14 +331,15 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   check_tensors(cfg_, rows_, x, w, dy);
   check_grads(cfg_, rows_, dx, g);
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden;
-  const int64_t u = sched_.q_per_rank, nkv = sched_.kv_per_rank;
+  const int64_t u = sched_.q_per_rank, nkv = sched_.kv_per_rank, stages = sched_.stages;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
-  const int64_t rounds = sched_.stages / sched_.stages_per_round;
-  const size_t kept_rounds = saving_ == Saving::kKeepStages ? static_cast<size_t>(rounds) : 0;
-  UNTIED_CHECK(static_cast<int64_t>(saved.stages.size()) == sched_.stages && saved.rounds.size() == kept_rounds,
+  const bool recompute = saving_ == Saving::kRecompute;
+  const int64_t rounds = stages / sched_.stages_per_round;
+  const size_t kept_rounds = recompute ? 0 : static_cast<size_t>(rounds);
+  UNTIED_CHECK(static_cast<int64_t>(saved.stages.size()) == stages && saved.rounds.size() == kept_rounds,
                "attention backward without a matching forward (", saved.stages.size(), " saved stages and ",
-               saved.rounds.size(), " rounds, expected ", sched_.stages, " and ", kept_rounds, ")");
+               saved.rounds.size(), " rounds, expected ", stages, " and ", kept_rounds, ")");
   mask_ = &saved.mask;
 
   // dwo (E, H*D) = dy^T attn_out
@@ -313,14 +358,36 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   dev_.fill_zero(g.dwv.data(), g.dwv.bytes());
 
   QkNorm qk(dev_, cfg_, QkGrads::kAccumulate);
-  RoundGrads acc;
-  for (int64_t s = 0; s < sched_.stages; ++s) {
-    const int64_t round = sched_.round(s);
-    SavedStage& st = saved.stages[s];
-    if (saving_ == Saving::kRecompute) {  // the forward's projections again, keeping the norms' inputs
-      project_q(w, x, s, st, KeepNorm::kYes);
-      if (sched_.first_of_round(s)) project_kv(w, x, round, saved.rounds.emplace_back(), KeepNorm::kYes);
+  saved.rounds.reserve(static_cast<size_t>(rounds));  // stage s+1's round is added while stage s runs
+  // Stage s's inputs sent off: recomputed (upipe) q, and a round's k and v, and dO with D.
+  auto send_inputs = [&](int64_t s, Exchanges& ex) {
+    if (recompute) {  // the forward's projections again, keeping the norms' inputs
+      project_q(w, x, s, saved.stages[s], KeepNorm::kYes, ex);
+      if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), KeepNorm::kYes, ex);
     }
+    return start_dout(s, dy, w, saved.attn_out, ex);
+  };
+  // Stage s's dq, once back in sequence layout, into dx and dwq; after a round's last stage, the
+  // round's dk and dv sums back the same way. The order of these sums into dx is the stages'
+  // order with or without overlap, so both give the same bits.
+  RoundGrads acc;
+  TensorBuffer dq_recv;
+  auto finish = [&](int64_t s, Exchanges& ex) {
+    ex.wait();
+    finish_dq(s, dq_recv, saved.stages[s], w, x, dx_acc, g, qk);
+    if (sched_.last_of_round(s)) return_round_dkv(sched_.round(s), acc, saved.rounds[sched_.round(s)], w, x, dx_acc, g, qk);
+  };
+  // With overlap, stage s+1's inputs are projected and exchanged, and stage s-1's dq returned,
+  // while stage s's attention backward runs (one more stage of inputs is live).
+  Exchanges in(dev_, *ulysses_, overlap_), out(dev_, *ulysses_, overlap_);
+  DoutStage d = send_inputs(0, in), next;
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t round = sched_.round(s);
+    in.wait();
+    finish_dout(d);
+    if (s + 1 < stages && overlap_) next = send_inputs(s + 1, in);
+    if (s > 0 && overlap_) finish(s - 1, out);
+    SavedStage& st = saved.stages[s];
     SavedRound& rd = saved.rounds[round];
     if (sched_.first_of_round(s)) {
       acc.dk = TensorBuffer(alloc, DType::kF32, {C * L, nkv, D}, Tag::kAttnWorkspace, "dk accumulator (round)");
@@ -328,7 +395,6 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       dev_.fill_zero(acc.dk.data(), acc.dk.view().bytes());
       dev_.fill_zero(acc.dv.data(), acc.dv.view().bytes());
     }
-    DoutStage d = exchange_dout(s, dy, w, saved.attn_out);
     TensorBuffer dq(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
     if (ring_ != nullptr) {  // dk, dv of this rank's block, summed over the ring, straight into the round's sums
       ring_->backward(*mask_, dq.data(), acc.dk.as<float>(), acc.dv.as<float>(), st.q.data(), rd.k.data(), rd.v.data(),
@@ -341,16 +407,25 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       TensorBuffer dv(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dv (head-sharded, stage)");
       attention_backward_with_delta(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q.data(), rd.k.data(),
                                     rd.v.data(), d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
-      d.dout.reset();
-      d.delta.reset();
+      d = DoutStage{};
       st.q.reset();
       st.o.reset();
       add_into(dev_, acc.dk.data(), DType::kF32, dk.data(), t, C * L * nkv * D);
       add_into(dev_, acc.dv.data(), DType::kF32, dv.data(), t, C * L * nkv * D);
     }
-    return_dq(s, dq, st, w, x, dx_acc, g, qk);
-    if (sched_.last_of_round(s)) return_round_dkv(round, acc, rd, w, x, dx_acc, g, qk);
+    if (sched_.last_of_round(s)) {  // the round's k and v are done with (its norm inputs stay for dk)
+      rd.k.reset();
+      rd.v.reset();
+    }
+    dq_recv = start_dq(std::move(dq), out);
+    if (overlap_) {
+      d = std::move(next);
+    } else {
+      finish(s, out);
+      if (s + 1 < stages) d = send_inputs(s + 1, in);
+    }
   }
+  if (overlap_) finish(stages - 1, out);
   if (dx.dtype() != DType::kF32) convert(dev_, dx.data(), dx.dtype(), dx_acc, DType::kF32, L * E);
   qk.store_grads(g);
   mask_ = nullptr;

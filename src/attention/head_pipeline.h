@@ -42,19 +42,30 @@ class HeadPipeline final : public AttentionBlock {
 
   // ---- forward steps (backward's recompute runs the first two again) ----
   // st.q (S, u, D) = all_to_all(RoPE(norm(x wq[stage s heads]^T)))     sequence -> heads
-  void project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep);
+  // Each step that exchanges starts its all-to-alls in `ex` (block_ops.h): they are complete
+  // once ex.wait() returns (at once without overlap).
+  void project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep,
+                 Exchanges& ex);
   // rd.k, rd.v (S, w, D) the same for the KV heads of round t (k normed and rotated)
-  void project_kv(const AttentionWeights& w, const Tensor& x, int64_t t, SavedRound& rd, KeepNorm keep);
-  // attn_out[:, heads of stage s] = all_to_all(o)                       heads -> sequence
-  void return_output(int64_t s, const Tensor& o, const Tensor& attn_out);
+  void project_kv(const AttentionWeights& w, const Tensor& x, int64_t t, SavedRound& rd, KeepNorm keep,
+                  Exchanges& ex);
+  // the receive [C][L][u][D] of all_to_all(o)                          heads -> sequence
+  TensorBuffer start_output(const Tensor& o, Exchanges& ex);
+  // attn_out[:, heads of stage s] = recv
+  void place_output(int64_t s, const Tensor& recv, const Tensor& attn_out);
 
   // ---- backward steps, the forward's in reverse ----
-  // dO (S, u, D) and D = rowsum(dO * O) (u, S) for stage s, from dy:  sequence -> heads
-  DoutStage exchange_dout(int64_t s, const Tensor& dy, const AttentionWeights& w, const Tensor& attn_out);
-  // dq back to the sequence (heads -> sequence), through RoPE and the q norm, into dx and dwq.
-  void return_dq(int64_t s, TensorBuffer& dq, SavedStage& st, const AttentionWeights& w, const Tensor& x,
+  // dO (S, u, D) and D = rowsum(dO * O) for stage s, from dy:           sequence -> heads
+  DoutStage start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w, const Tensor& attn_out, Exchanges& ex);
+  // After the exchange: D into the kernel's (u, S) layout.
+  void finish_dout(DoutStage& d);
+  // the receive [C][L][u][D] of all_to_all(dq)                          heads -> sequence
+  TensorBuffer start_dq(TensorBuffer dq, Exchanges& ex);
+  // After the exchange: dq through RoPE and the q norm, into dx and dwq; frees recv.
+  void finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, const AttentionWeights& w, const Tensor& x,
                  float* dx_acc, AttentionGrads& g, QkNorm& qk);
-  // The round's dk/dv sums back to the sequence, through RoPE and the k norm, into dx, dwk, dwv.
+  // The round's dk/dv sums back to the sequence, through RoPE and the k norm, into dx, dwk, dwv
+  // (blocking: once per round).
   void return_round_dkv(int64_t t, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w, const Tensor& x,
                         float* dx_acc, AttentionGrads& g, QkNorm& qk);
 
@@ -67,6 +78,7 @@ class HeadPipeline final : public AttentionBlock {
   Device& dev_;
   AttentionConfig cfg_;
   Saving saving_;
+  bool overlap_;                          // cfg.overlap with more than one stage
   TokenLayout layout_;
   // With a ring (R > 1): this rank's Ulysses group (C consecutive ranks) and its ring (the ranks
   // of the same place in every group). Without, the all-to-all runs over the whole communicator.

@@ -34,11 +34,40 @@ class DeferredExchange final : public PendingExchange {
   int dest_, src_;
   bool done_ = false;
 };
+
+// The default all_to_all in flight: the blocking call, run when it is waited for.
+class DeferredAllToAll final : public PendingExchange {
+ public:
+  DeferredAllToAll(Communicator& c, const void* send, void* recv, int64_t block_bytes)
+      : c_(c), send_(send), recv_(recv), block_bytes_(block_bytes) {}
+  ~DeferredAllToAll() override {
+    try {
+      wait();
+    } catch (...) {  // dropped: a caller that wants the error calls wait()
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    c_.all_to_all(send_, recv_, block_bytes_);
+  }
+
+ private:
+  Communicator& c_;
+  const void* send_;
+  void* recv_;
+  int64_t block_bytes_;
+  bool done_ = false;
+};
 }  // namespace
 
 std::unique_ptr<PendingExchange> Communicator::sendrecv_start(const void* send, int64_t send_bytes, int dest,
                                                               void* recv, int64_t recv_bytes, int src) {
   return std::make_unique<DeferredExchange>(*this, send, send_bytes, dest, recv, recv_bytes, src);
+}
+
+std::unique_ptr<PendingExchange> Communicator::all_to_all_start(const void* send, void* recv, int64_t block_bytes) {
+  return std::make_unique<DeferredAllToAll>(*this, send, recv, block_bytes);
 }
 
 // One int64 min-reduction: 1 survives only if every rank passed 1.

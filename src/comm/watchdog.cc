@@ -170,6 +170,11 @@ class Watched final : public Communicator {
     agree("all_to_all", block_bytes);
     inner_->all_to_all(send, recv, block_bytes);
   }
+  std::unique_ptr<PendingExchange> all_to_all_start(const void* send, void* recv, int64_t block_bytes) override {
+    auto scope = std::make_unique<Scope>(*this, call("all_to_all (in flight)", block_bytes, " per block"));
+    agree("all_to_all", block_bytes);
+    return std::make_unique<WatchedExchange>(inner_->all_to_all_start(send, recv, block_bytes), std::move(scope));
+  }
   void all_gather(const void* send, void* recv, int64_t block_bytes) override {
     Scope s(*this, call("all_gather", block_bytes, " per block"));
     agree("all_gather", block_bytes);

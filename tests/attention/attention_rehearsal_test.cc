@@ -6,6 +6,7 @@
 // allocations. This is what lets a budget be checked before a long run starts (STYLE.md habit 3).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ std::vector<RehearsalCase> rehearsal_cases() {
     c.push_back({d(8, 1), {.strategy = Strategy::kUPipe, .ranks = 8, .upipe_heads = 8, .dtype = t}});
     c.push_back({d(16, 4), {.strategy = Strategy::kUPipe, .ranks = 4, .upipe_heads = 8, .dtype = t}});
     c.push_back({d(6, 3), {.strategy = Strategy::kUPipe, .ranks = 3, .upipe_heads = 3, .dtype = t}});
+    c.push_back({d(8, 2), {.strategy = Strategy::kUPipe, .ranks = 4, .upipe_heads = 4, .dtype = t, .overlap = true}});
+    c.push_back({d(16, 4), {.strategy = Strategy::kUPipe, .ranks = 4, .upipe_heads = 8, .dtype = t, .overlap = true}});
+    c.push_back({d(6, 3), {.strategy = Strategy::kUPipe, .ranks = 3, .upipe_heads = 3, .dtype = t, .overlap = true}});
   }
   return c;
 }
@@ -95,6 +99,41 @@ TEST(AttentionRehearsal, CountsExactlyWhatTheRealRunAllocates) {
                 tag_list(counted.stats[0].peak).c_str(), static_cast<long long>(counted.stats[0].peak_total),
                 static_cast<long long>(counted.stats[0].num_allocations));
   }
+}
+
+// What --overlap costs: the next stage's exchange buffers, live beside the stage in progress. At
+// most one stage's worth, and only in the phases that hold a stage: the backward's inputs (q
+// send and receive, dO send and receive in the block's dtype, D send and receive in fp32, and at
+// a round's start k and v send and receive) bound what any phase may grow by.
+TEST(AttentionRehearsal, OverlapCostsAtMostOneMoreStage) {
+  auto d = [](int64_t H, int64_t G) {
+    return BlockDims{.seq = 48, .hidden = 32, .heads = H, .kv_heads = G, .head_dim = 16, .theta = 10000.0};
+  };
+  struct Case {
+    BlockDims d;
+    int C;
+    int64_t U;
+  };
+  for (DType t : {DType::kF32, DType::kBF16})
+    for (const Case& c : {Case{d(8, 2), 4, 4}, Case{d(16, 4), 4, 8}, Case{d(6, 3), 3, 3}, Case{d(8, 8), 2, 2}}) {
+      const BlockInputs in = random_inputs(c.d, 3, t);
+      RunSpec spec{.strategy = Strategy::kUPipe, .ranks = c.C, .upipe_heads = c.U, .dtype = t, .rehearsal = true};
+      const BlockRun plain = run_block(in, spec);
+      spec.overlap = true;
+      const BlockRun over = run_block(in, spec);
+      const int64_t S = c.d.seq, D = c.d.head_dim, es = dtype_size(t);
+      const int64_t u = over.stage_heads / c.C;                  // query heads per rank and stage
+      const int64_t w = std::max<int64_t>(1, c.d.kv_heads / c.C);  // KV heads per rank (at most)
+      const int64_t stage = 2 * (S * u * D * es) * 2 + 2 * (u * S * 4) + 2 * 2 * (S * w * D * es);
+      const int64_t grow = over.stats[0].peak_total - plain.stats[0].peak_total;
+      EXPECT_GT(grow, 0) << spec.name() << ": overlap holds more buffers, so the peak must grow";
+      EXPECT_LE(grow, stage) << spec.name() << ": overlap grew the peak by " << grow << " B, more than one stage ("
+                             << stage << " B)";
+      std::printf("  H=%lld G=%lld %-28s peak %lld -> %lld B (+%lld; one stage's inputs %lld B)\n",
+                  static_cast<long long>(c.d.heads), static_cast<long long>(c.d.kv_heads), spec.name().c_str(),
+                  static_cast<long long>(plain.stats[0].peak_total), static_cast<long long>(over.stats[0].peak_total),
+                  static_cast<long long>(grow), static_cast<long long>(stage));
+    }
 }
 
 }  // namespace

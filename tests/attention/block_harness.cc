@@ -117,7 +117,7 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
   const DType t = spec.dtype;
   const AttentionConfig cfg{.seq = S, .hidden = E, .heads = H, .kv_heads = G, .head_dim = D,
                             .rope_theta = d.theta, .dtype = t, .strategy = spec.strategy,
-                            .upipe_heads = spec.upipe_heads, .ring = spec.ring};
+                            .upipe_heads = spec.upipe_heads, .ring = spec.ring, .overlap = spec.overlap};
   const TokenLayout layout = token_layout(cfg, C);
   // Each rank's rows of x and dy, at its positions.
   const std::vector<double> x_by_rank = rows_by_rank(in.x, layout, E, /*gather=*/false),

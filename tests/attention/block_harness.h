@@ -99,10 +99,11 @@ struct RunSpec {
   int64_t upipe_heads = 0;  // U; 0 = C
   int64_t ring = 1;         // R: ulysses/upipe across R ring groups (strategy kRing: R = ranks)
   DType dtype = DType::kF32;
+  bool overlap = false;     // AttentionConfig::overlap (upipe: the next stage in flight)
   bool rehearsal = false;   // counting devices; every tensor passed with nullptr data
   bool gpu = false;         // every rank on its own CUDA device on GPU 0 (the in-process ranks
                             // share it); inputs copied there, outputs copied back
-  std::string name() const;  // "upipe C=4 U=8 f32 gpu"
+  std::string name() const;  // "upipe C=4 U=8 f32 overlap gpu"
   // The ranks of one Ulysses group (1 for the ring strategy; ranks / ring otherwise).
   int group() const { return strategy == Strategy::kRing ? 1 : static_cast<int>(ranks / ring); }
 };

@@ -122,6 +122,48 @@ int64_t check_all_to_all(Communicator& comm) {
   return t.wrong();
 }
 
+// Two all_to_all in flight with a blocking collective between them, waited for in reverse
+// order of starting, then one dropped without wait() (its destructor completes it).
+int64_t check_all_to_all_start(Communicator& comm) {
+  const int n = comm.size(), me = comm.rank();
+  Tally t(comm);
+  const int64_t big = (int64_t{1} << 20) + 5, small = 3;
+  auto fill = [&](std::vector<uint8_t>& send, std::vector<uint8_t>& recv, int64_t bb, int salt) {
+    send.assign(n * bb, 0);
+    recv.assign(n * bb, 0);
+    for (int p = 0; p < n; ++p)
+      for (int64_t i = 0; i < bb; ++i) {
+        send[p * bb + i] = pattern(me, p, i + salt);
+        recv[p * bb + i] = ~pattern(p, me, i + salt);
+      }
+  };
+  auto expect = [&](const std::vector<uint8_t>& recv, int64_t bb, int salt, const char* what) {
+    for (int p = 0; p < n; ++p)
+      for (int64_t i = 0; i < bb; ++i)
+        t.expect(recv[p * bb + i], pattern(p, me, i + salt),
+                 [&] { return str_cat("all_to_all_start ", what, " block_bytes=", bb, " from rank ", p, " [", i, "]"); });
+  };
+  std::vector<uint8_t> s1, r1, s2, r2;
+  fill(s1, r1, big, 0);
+  fill(s2, r2, small, 7);
+  auto a = comm.all_to_all_start(s1.data(), r1.data(), big);
+  int64_t sum = me;  // a blocking collective while `a` is in flight
+  comm.all_reduce(&sum, &sum, 1, DType::kI64, ReduceOp::kSum);
+  t.expect(sum, static_cast<int64_t>(n) * (n - 1) / 2, [] { return std::string("all_reduce between all_to_all_start"); });
+  auto b = comm.all_to_all_start(s2.data(), r2.data(), small);
+  b->wait();
+  a->wait();
+  a->wait();  // a second wait() returns at once
+  expect(r1, big, 0, "first");
+  expect(r2, small, 7, "second");
+  fill(s1, r1, 4096, 3);
+  { auto dropped = comm.all_to_all_start(s1.data(), r1.data(), 4096); }
+  expect(r1, 4096, 3, "dropped");
+  auto empty = comm.all_to_all_start(nullptr, nullptr, 0);
+  empty->wait();
+  return t.wrong();
+}
+
 int64_t check_all_gather(Communicator& comm) {
   const int n = comm.size(), me = comm.rank();
   Tally t(comm);
@@ -460,6 +502,7 @@ int64_t check_argument_errors(Communicator& comm) {
 const std::vector<CommCheck>& comm_checks() {
   static const std::vector<CommCheck> checks = {
       {"all_to_all", check_all_to_all},
+      {"all_to_all_start", check_all_to_all_start},
       {"all_gather", check_all_gather},
       {"reduce_scatter", check_reduce_scatter},
       {"all_reduce", check_all_reduce},

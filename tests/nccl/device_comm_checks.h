@@ -17,6 +17,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -293,6 +294,40 @@ inline int64_t check_sendrecv_start(Communicator& comm, Device& gpu) {
   return t.wrong();
 }
 
+// all_to_all_start on GPU buffers: two in flight (the second queued behind the first on the
+// communication stream), a blocking all_reduce between them, waited for in reverse order.
+inline int64_t check_all_to_all_start(Communicator& comm, Device& gpu) {
+  const int n = comm.size(), me = comm.rank();
+  Tally t(comm);
+  const int64_t big = (int64_t{1} << 20) + 5, small = 3;
+  auto sent = [&](int64_t bb, int salt) {
+    std::vector<uint8_t> v(n * bb);
+    for (int p = 0; p < n; ++p)
+      for (int64_t i = 0; i < bb; ++i) v[p * bb + i] = pattern(me, p, i + salt);
+    return v;
+  };
+  std::vector<uint8_t> zero_big(n * big, 0), zero_small(n * small, 0);
+  Buffer s1 = upload(gpu, sent(big, 0), "s1"), r1 = upload(gpu, zero_big, "r1");
+  Buffer s2 = upload(gpu, sent(small, 7), "s2"), r2 = upload(gpu, zero_small, "r2");
+  auto a = comm.all_to_all_start(s1.data(), r1.data(), big);
+  std::vector<int64_t> one = {me};
+  Buffer sum = upload(gpu, one, "sum");
+  comm.all_reduce(sum.data(), sum.data(), 1, DType::kI64, ReduceOp::kSum);
+  auto b = comm.all_to_all_start(s2.data(), r2.data(), small);
+  b->wait();
+  a->wait();
+  t.expect(download<int64_t>(gpu, sum, 1)[0], static_cast<int64_t>(n) * (n - 1) / 2,
+           [] { return std::string("all_reduce between all_to_all_start"); });
+  for (auto [buf, bb, salt] : {std::tuple{&r1, big, 0}, std::tuple{&r2, small, 7}}) {
+    std::vector<uint8_t> got = download<uint8_t>(gpu, *buf, n * bb);
+    for (int p = 0; p < n; ++p)
+      for (int64_t i = 0; i < bb; ++i)
+        t.expect(got[p * bb + i], pattern(p, me, i + salt),
+                 [&] { return str_cat("all_to_all_start block_bytes=", bb, " from rank ", p, " [", i, "]"); });
+  }
+  return t.wrong();
+}
+
 // The collective reads what the device's compute stream wrote just before: the compute stream
 // is kept busy (fill, then copy, many times over) so a collective that did not wait for it
 // would read zeros.
@@ -398,6 +433,7 @@ inline const std::vector<DeviceCommCheck>& device_comm_checks() {
       {"broadcast", check_broadcast},
       {"sendrecv", check_sendrecv},
       {"sendrecv_start", check_sendrecv_start},
+      {"all_to_all_start", check_all_to_all_start},
       {"waits_for_compute_stream", check_waits_for_compute_stream},
       {"split", check_split},
       {"errors", check_errors},

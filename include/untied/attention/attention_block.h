@@ -76,6 +76,11 @@ struct AttentionConfig {
   // exchanges waited for at once instead of overlapped with compute (the unhidden cost).
   RingOrder ring_order = RingOrder::kZigzag;
   bool ring_overlap = true;
+  // UPipe (more than one stage): stage s+1's projections and all-to-alls run while stage s is
+  // attended to, forward and backward, and stage s's result goes back meanwhile. Costs one more
+  // stage of exchange buffers (counted by the allocator, so rehearsal sees it); the arithmetic,
+  // and so every result bit, is the same either way.
+  bool overlap = false;
   // Qwen3: RMSNorm over each head's D values of q and of k (weights q_norm, k_norm (D)),
   // after the projection and before RoPE.
   bool qk_norm = false;

@@ -32,7 +32,7 @@ namespace untied {
 
 enum class ReduceOp { kSum, kMax, kMin };
 
-// A sendrecv in flight (Communicator::sendrecv_start). Its buffers belong to the transfer until
+// A sendrecv or all_to_all in flight (Communicator::sendrecv_start, all_to_all_start). Its buffers belong to the transfer until
 // wait() returns: then the receive buffer holds the data (on a GPU, for work issued on the bound
 // device's stream after the call) and the send buffer may be reused. Destroying it without
 // wait() waits (errors are then dropped: call wait() to see them).
@@ -80,6 +80,13 @@ class Communicator {
   // backend without its own) runs the blocking sendrecv in wait().
   virtual std::unique_ptr<PendingExchange> sendrecv_start(const void* send, int64_t send_bytes, int dest,
                                                           void* recv, int64_t recv_bytes, int src);
+  // all_to_all, started and left in flight (UPipe's next stage exchanged while this one is
+  // attended to): MPI_Ialltoall, a communication stream on a GPU. A collective like the others:
+  // every rank of the group starts it in the same order relative to every other collective of
+  // the group, and waits for it before its buffers are touched. The default (a backend without
+  // its own, and the in-process one, whose ranks copy with the cores that compute) runs the
+  // blocking all_to_all in wait().
+  virtual std::unique_ptr<PendingExchange> all_to_all_start(const void* send, void* recv, int64_t block_bytes);
   virtual void barrier() = 0;
   // Stops every rank of the job (MPI_Abort; in-process: marks the world failed). Does not return
   // for MPI.

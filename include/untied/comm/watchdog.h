@@ -11,8 +11,9 @@
 // and then end the process with exit status 124 (under mpirun the other processes are then
 // stopped by mpirun; their own watchdogs name their calls first when they are stuck too).
 // timeout_s 0 turns the watchdog off (watch returns `inner` unwrapped unless verify_schedule).
-// split() of a watched communicator is watched; sendrecv_start's exchange is watched until its
-// wait() returns.
+// split() of a watched communicator is watched; the exchange of sendrecv_start and of
+// all_to_all_start is watched until its wait() returns (so the compute it overlaps counts
+// towards the timeout).
 //
 // Thread safety: as Communicator (one rank, one thread); the monitor only reads the records.
 #pragma once

@@ -139,6 +139,34 @@ class MpiCommunicator final : public Communicator {
     UNTIED_MPI_CHECK(MPI_Alltoall(send, t.count(), t.type(), recv, t.count(), t.type(), comm_));
   }
 
+  // MPI_Ialltoall, completed by wait(). Open MPI moves the bytes as the call and later MPI calls
+  // (wait() included) progress it; the caller computes meanwhile.
+  class MpiAllToAll final : public PendingExchange {
+   public:
+    MpiAllToAll(MPI_Comm comm, const void* send, void* recv, int64_t block_bytes)
+        : type_(std::make_unique<ByteType>(block_bytes)) {
+      UNTIED_MPI_CHECK(
+          MPI_Ialltoall(send, type_->count(), type_->type(), recv, type_->count(), type_->type(), comm, &req_));
+    }
+    ~MpiAllToAll() override {
+      if (!done_) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
+    void wait() override {
+      if (done_) return;
+      done_ = true;
+      UNTIED_MPI_CHECK(MPI_Wait(&req_, MPI_STATUS_IGNORE));
+    }
+
+   private:
+    std::unique_ptr<ByteType> type_;  // the datatype lives as long as the request
+    MPI_Request req_ = MPI_REQUEST_NULL;
+    bool done_ = false;
+  };
+
+  std::unique_ptr<PendingExchange> all_to_all_start(const void* send, void* recv, int64_t block_bytes) override {
+    return std::make_unique<MpiAllToAll>(comm_, send, recv, block_bytes);
+  }
+
   void all_gather(const void* send, void* recv, int64_t block_bytes) override {
     ByteType t(block_bytes);
     UNTIED_MPI_CHECK(MPI_Allgather(send, t.count(), t.type(), recv, t.count(), t.type(), comm_));

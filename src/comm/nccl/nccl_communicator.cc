@@ -171,21 +171,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_to_all(const void* send, void* recv, int64_t block_bytes) override {
-    UNTIED_CHECK(block_bytes >= 0, "all_to_all: negative block size ", block_bytes);
-    if (block_bytes == 0) return;
-    const int64_t total = block_bytes * size_;
-    Call call(*this, "all_to_all");
-    const char* s = static_cast<const char*>(call.in(send, total));
-    char* r = static_cast<char*>(call.out(recv, total));
-    const size_t bb = static_cast<size_t>(block_bytes);
-    NcclGroup group;
-    for (int p = 0; p < size_; ++p) {
-      const size_t off = static_cast<size_t>(p) * bb;
-      UNTIED_NCCL_CHECK(ncclSend(s + off, bb, ncclChar, p, comm_, stream_));
-      UNTIED_NCCL_CHECK(ncclRecv(r + off, bb, ncclChar, p, comm_, stream_));
-    }
-    group.end();
-    call.finish();
+    std::unique_ptr<Call> call = start_all_to_all(send, recv, block_bytes);
+    if (call != nullptr) call->finish();
+  }
+
+  std::unique_ptr<PendingExchange> all_to_all_start(const void* send, void* recv, int64_t block_bytes) override {
+    std::unique_ptr<Call> call = start_all_to_all(send, recv, block_bytes);
+    if (call != nullptr) call->record_done();  // wait() then waits for this call, not later ones
+    return std::make_unique<NcclExchange>(std::move(call));
   }
 
   void all_gather(const void* send, void* recv, int64_t block_bytes) override {
@@ -300,6 +293,26 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // all_to_all up to its NCCL calls (one fused group of sends and receives), queued on the
+  // communication stream; null for zero-byte blocks.
+  std::unique_ptr<Call> start_all_to_all(const void* send, void* recv, int64_t block_bytes) {
+    UNTIED_CHECK(block_bytes >= 0, "all_to_all: negative block size ", block_bytes);
+    if (block_bytes == 0) return nullptr;
+    const int64_t total = block_bytes * size_;
+    auto call = std::make_unique<Call>(*this, "all_to_all");
+    const char* s = static_cast<const char*>(call->in(send, total));
+    char* r = static_cast<char*>(call->out(recv, total));
+    const size_t bb = static_cast<size_t>(block_bytes);
+    NcclGroup group;
+    for (int p = 0; p < size_; ++p) {
+      const size_t off = static_cast<size_t>(p) * bb;
+      UNTIED_NCCL_CHECK(ncclSend(s + off, bb, ncclChar, p, comm_, stream_));
+      UNTIED_NCCL_CHECK(ncclRecv(r + off, bb, ncclChar, p, comm_, stream_));
+    }
+    group.end();
+    return call;
+  }
+
   // sendrecv up to its NCCL calls, queued on the communication stream; null when there is nothing
   // to wait for (zero bytes both ways).
   std::unique_ptr<Call> start_sendrecv(const void* send, int64_t send_bytes, int dest, void* recv,
@@ -351,9 +364,11 @@ class NcclCommunicator final : public Communicator {
     // call queues nothing (NCCL discards a group with an error) and an aborted communicator's
     // kernels stop, so the wait is short. Errors are ignored: the first one is already thrown.
     ~Call() {
-      if (finished_) return;
-      cudaStreamSynchronize(c_.stream_);
-      cudaGetLastError();
+      if (!finished_) {
+        cudaStreamSynchronize(c_.stream_);
+        cudaGetLastError();
+      }
+      if (done_ != nullptr) cudaEventDestroy(done_);
     }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
@@ -380,14 +395,22 @@ class NcclCommunicator final : public Communicator {
       return scratch_.back().data();
     }
 
+    // For a call left in flight while later ones are queued behind it: an event after its work,
+    // so that finish() waits for this call only (otherwise it waits for the whole stream).
+    void record_done() {
+      UNTIED_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      UNTIED_CUDA_CHECK(cudaEventRecord(done_, c_.stream_));
+    }
+
     void finish() {
       // Waiting before the copies back keeps the wait a poll: a copy into pageable memory blocks
       // the host until the NCCL call before it is done.
-      if (!back_.empty()) c_.wait(op_);
+      if (!back_.empty()) c_.wait(op_, done_);
       for (const CopyBack& b : back_)
         UNTIED_CUDA_CHECK(cudaMemcpyAsync(b.host, b.dev, static_cast<size_t>(b.bytes),
                                           cudaMemcpyDefault, c_.stream_));
-      c_.wait(op_);
+      if (done_ != nullptr && !back_.empty()) UNTIED_CUDA_CHECK(cudaEventRecord(done_, c_.stream_));
+      c_.wait(op_, done_);
       finished_ = true;
     }
 
@@ -402,6 +425,7 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard guard_;
     std::vector<Buffer> scratch_;
     std::vector<CopyBack> back_;
+    cudaEvent_t done_ = nullptr;  // record_done(): the end of this call's work on the stream
     bool finished_ = false;  // finish() returned: the stream's work for this call is done
   };
 
@@ -426,18 +450,20 @@ class NcclCommunicator final : public Communicator {
     return a.type == cudaMemoryTypeManaged;  // else cudaMemoryTypeHost or cudaMemoryTypeUnregistered
   }
 
-  // Returns when the communication stream's work is done. Polls, so that an asynchronous NCCL
-  // error (a peer that failed, a network error) throws instead of waiting forever; the NCCL
-  // communicator is then aborted, as NCCL requires after such an error.
-  void wait(const char* op) {
+  // Returns when the communication stream's work is done (with `until`: the work before that
+  // event). Polls, so that an asynchronous NCCL error (a peer that failed, a network error)
+  // throws instead of waiting forever; the NCCL communicator is then aborted, as NCCL requires
+  // after such an error.
+  void wait(const char* op, cudaEvent_t until = nullptr) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point start = Clock::now();
     for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream_);
+      const cudaError_t e = until != nullptr ? cudaEventQuery(until) : cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady)
-        fail(ErrorKind::kInternal, error_prefix(__FILE__, __LINE__) + "nccl " + op +
-                                       ": cudaStreamQuery(stream_) -> " + cudaGetErrorString(e));
+        fail(ErrorKind::kInternal, error_prefix(__FILE__, __LINE__) + "nccl " + op + ": " +
+                                       (until != nullptr ? "cudaEventQuery" : "cudaStreamQuery") + " -> " +
+                                       cudaGetErrorString(e));
       cudaGetLastError();  // "not ready" is no error: keep it from the next launch check
       ncclResult_t async = ncclSuccess;
       UNTIED_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
