@@ -36,6 +36,7 @@ void add_attention_flags(FlagSet& f) {
         "ring layout: zigzag (causal balance), or contiguous (to measure the imbalance zigzag removes)");
   f.add("ring-overlap", FlagKind::kBool, "true",
         "overlap each ring exchange with compute (--no-ring-overlap waits at once: the exchanges' whole cost)");
+  add_overlap_flag(f);
   add_dtype_flag(f, "f32");
   f.add("seed", FlagKind::kInt, "1", "seed of the random inputs and weights");
   add_ranks_flag(f, 1, "in-process ranks (threads) when not launched by mpirun");
@@ -100,6 +101,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (st.ok() && !li.mpi && (ranks < 1 || ranks > 1024)) st = Status::invalid_argument("--ranks must be in [1, 1024]");
   StatusOr<DeviceChoice> device = parse_device_choice(st.ok() ? flags.get_string("device") : "cpu");
   if (st.ok() && !device.ok()) st = Status::invalid_argument("--device: " + device.status().message());
+  if (st.ok()) st = overlap_from_flags(flags, device.value() == DeviceChoice::kCuda, &cfg.overlap);
   if (st.ok() && !flags.get_string("dump").empty()) st = prepare_dump_dir(flags.get_string("dump"));
   if (st.ok() && li.mpi && flags.was_set("ranks"))
     st = Status::invalid_argument("--ranks is for in-process runs; under mpirun the ranks are mpirun's -np");
@@ -171,6 +173,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       j["upipe_heads"] = U;
       j["ring"] = ring_degree(cfg, comm.size());
       j["stages"] = cfg.heads / U;
+      j["overlap"] = cfg.overlap && cfg.heads / U > 1;
       j["threads"] = threads;
       j["rehearsal"] = opts.rehearsal;
       j["fwd_ms"] = as_printed("%.3f", r.fwd_ms);
@@ -205,8 +208,10 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     const std::string ring = R > 1 && cfg.strategy != Strategy::kRing
                                  ? " x ring " + std::to_string(R) + " (" + std::to_string(comm.size() / R) + " ranks per group)"
                                  : "";
-    std::printf("untied attn | %s%s, U=%lld (%lld stages) | %s | %s | S=%lld E=%lld H=%lld G=%lld D=%lld%s\n",
+    const bool overlapped = cfg.overlap && cfg.heads / U > 1;
+    std::printf("untied attn | %s%s, U=%lld (%lld stages%s) | %s | %s | S=%lld E=%lld H=%lld G=%lld D=%lld%s\n",
                 std::string(strategy_name(cfg.strategy)).c_str(), ring.c_str(), (long long)U, (long long)(cfg.heads / U),
+                overlapped ? ", overlapped" : "",
                 where.c_str(), std::string(dtype_name(cfg.dtype)).c_str(), (long long)cfg.seq, (long long)cfg.hidden,
                 (long long)cfg.heads, (long long)cfg.kv_heads, (long long)cfg.head_dim, note);
     if (!opts.rehearsal) std::fputs(cpu_kernels_lines(opts.device).c_str(), stdout);

@@ -38,6 +38,7 @@ struct BenchAttnOptions {
   int warmup = 1;
   bool json = false;
   bool fit = false;
+  std::vector<bool> overlaps = {false};  // upipe rows without and/or with --overlap
   int64_t fit_step = 0, fit_max = 0, fit_run_max = 0;
   int fit_headroom = 0;
   bool gpu() const { return device == DeviceChoice::kCuda; }
@@ -54,12 +55,15 @@ struct Spec {
   Strategy strategy;
   int64_t upipe_heads;  // 0 for ulysses
   int64_t ring = 1;     // R: ulysses/upipe across R ring groups (ring: R = ranks)
+  bool overlap = false; // upipe: AttentionConfig::overlap
 };
 
-// "ulysses", "upipe", "ring", or with a ring degree: "ulysses+r2", "upipe+r2".
+// "ulysses", "upipe", "ring", or with a ring degree: "ulysses+r2", "upipe+r2"; overlapped
+// upipe: "upipe+overlap".
 std::string spec_name(const Spec& s) {
   std::string n(strategy_name(s.strategy));
   if (s.strategy != Strategy::kRing && s.ring > 1) n += "+r" + std::to_string(s.ring);
+  if (s.overlap) n += "+overlap";
   return n;
 }
 
@@ -87,6 +91,7 @@ AttentionConfig make_config(const std::string& preset, DType dtype, Spec spec, i
   cfg.strategy = spec.strategy;
   cfg.upipe_heads = spec.upipe_heads;
   cfg.ring = spec.strategy == Strategy::kRing ? 1 : spec.ring;
+  cfg.overlap = spec.overlap;
   apply_heads_preset(preset, &cfg);
   return cfg;
 }
@@ -107,6 +112,9 @@ void add_bench_attn_flags(FlagSet& flags) {
   flags.add("multiples", FlagKind::kIntList, "1,2,4", "UPipe stage sizes U as multiples of the ranks C per ring group");
   flags.add("rings", FlagKind::kIntList, "1",
             "ring degrees R: each adds ulysses and upipe across R ring groups of ranks/R (R = ranks: the ring strategy)");
+  flags.add("overlap", FlagKind::kString, "auto",
+            "upipe rows with the next stage's exchanges overlapped: on, off, both (a row of each), or auto (on with "
+            "--device cuda, off on the CPU)");
   add_dtype_flag(flags, "bf16");
   add_ranks_flag(flags, 8);
   add_device_flag(flags, std::string(kDeviceHelp) + ". Rehearsal rows are counted on the CPU as GPU ranks");
@@ -151,6 +159,14 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
   if (!device.ok()) return Status::invalid_argument("--device: " + device.status().message());
   o->dtype = dt.value();
   o->device = device.value();
+  if (flags.get_string("overlap") == "both") {
+    o->overlaps = {false, true};
+  } else {
+    bool on = false;
+    Status ov = overlap_from_flags(flags, o->device == DeviceChoice::kCuda, &on);
+    if (!ov.ok()) return Status::invalid_argument(ov.message() + " (or both)");
+    o->overlaps = {on};
+  }
   o->ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
   if (!li.mpi && (o->ranks < 1 || o->ranks > 1024)) return Status::invalid_argument("--ranks must be in [1, 1024]");
   if (flags.get_int("warmup") < 0) return Status::invalid_argument("--warmup must be >= 0");
@@ -205,7 +221,8 @@ std::vector<Spec> strategy_specs(const BenchAttnOptions& o, int ranks) {
     if (R < 1 || ranks % R != 0) continue;  // not a layout of these ranks
     const int64_t C = ranks / R;
     specs.push_back({R == ranks && R > 1 ? Strategy::kRing : Strategy::kUlysses, 0, R});
-    for (int64_t m : o.multiples) specs.push_back({Strategy::kUPipe, m * C, R});
+    for (int64_t m : o.multiples)
+      for (bool ov : o.overlaps) specs.push_back({Strategy::kUPipe, m * C, R, ov});
   }
   return specs;
 }
@@ -274,7 +291,7 @@ void print_rows_table(const std::vector<BenchRow>& rows, const BenchAttnOptions&
   std::printf("untied bench attn | %s | %s storage | per-rank figures, max over ranks\n", where.c_str(),
               std::string(dtype_name(o.dtype)).c_str());
   std::fputs(cpu_kernels_lines(o.device).c_str(), stdout);
-  std::printf("%-10s %-11s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
+  std::printf("%-10s %-18s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
               "mode", "fwd_ms", "bwd_ms", "t/uly", "inter_fwd", "inter_bwd", "m/uly", "peak", "formula_mha",
               "formula_gqa");
   for (const BenchRow& r : rows) {
@@ -282,7 +299,7 @@ void print_rows_table(const std::vector<BenchRow>& rows, const BenchAttnOptions&
     char tr[16] = "-", mr[16] = "-";
     if (b && r.mode == "run") std::snprintf(tr, sizeof tr, "%.3f", (r.r.fwd_ms + r.r.bwd_ms) / (b->r.fwd_ms + b->r.bwd_ms));
     if (b) std::snprintf(mr, sizeof mr, "%.3f", double(r.r.intermediates_fwd) / double(b->r.intermediates_fwd));
-    std::printf("%-10s %-11s %4lld %8lld %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
+    std::printf("%-10s %-18s %4lld %8lld %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
                 r.strategy.c_str(), (long long)r.U, (long long)r.seq, r.mode.c_str(),
                 r.mode == "run" ? std::to_string(r.r.fwd_ms).substr(0, 9).c_str() : "-",
                 r.mode == "run" ? std::to_string(r.r.bwd_ms).substr(0, 9).c_str() : "-", tr,
@@ -424,7 +441,7 @@ void print_fit_table(const std::vector<FitRow>& rows, const BenchAttnOptions& o,
     target_text += " (--mem-budget)";
   std::printf("untied bench attn --fit | %s | %s storage | memory to fit in: %s\n", where.c_str(),
               std::string(dtype_name(o.dtype)).c_str(), target_text.c_str());
-  std::printf("%-10s %-11s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
+  std::printf("%-10s %-18s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
               "max_seq", "peak@max", "run_seq", "fwd_ms", "bwd_ms", "t/uly", "peak_run", "inter_fwd", "inter_bwd",
               gpu ? "  gpu_reserved" : "");
   std::map<std::string, const FitRow*> base;
@@ -437,7 +454,7 @@ void print_fit_table(const std::vector<FitRow>& rows, const BenchAttnOptions& o,
     if (ran && b && b->run_seq > 0)
       std::snprintf(tr, sizeof tr, "%.3f", (r.run.fwd_ms + r.run.bwd_ms) / (b->run.fwd_ms + b->run.bwd_ms));
     const std::string reserved = gpu ? "  " + (ran ? format_bytes(r.run.reserved_peak) : std::string("-")) : "";
-    std::printf("%-10s %-11s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", r.preset.c_str(),
+    std::printf("%-10s %-18s %4lld %9lld %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", r.preset.c_str(),
                 r.strategy.c_str(), (long long)r.U, (long long)r.max_seq, bytes_or_dash(r.peak_at_max).c_str(),
                 ran ? std::to_string(r.run_seq).c_str() : "-", ms_or_dash(ran, r.run.fwd_ms).c_str(),
                 ms_or_dash(ran, r.run.bwd_ms).c_str(), tr, ran ? format_bytes(r.run.mem.peak_total).c_str() : "-",

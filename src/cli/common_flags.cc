@@ -32,6 +32,20 @@ double number_of(const std::string& text, bool* ok) {
 }
 }  // namespace
 
+void add_overlap_flag(FlagSet& f) {
+  f.add("overlap", FlagKind::kString, "auto",
+        "upipe: the next stage's projections and all-to-alls run while this stage computes, for one more stage of "
+        "buffers: on, off, or auto (on with --device cuda, off on the CPU)");
+}
+
+Status overlap_from_flags(const FlagSet& f, bool cuda, bool* overlap) {
+  const std::string v = f.get_string("overlap");
+  if (v != "auto" && v != "on" && v != "off")
+    return Status::invalid_argument("--overlap: '" + v + "': use on, off or auto");
+  *overlap = v == "on" || (v == "auto" && cuda);
+  return Status::ok_status();
+}
+
 void add_watchdog_flags(FlagSet& f) {
   f.add("verify-schedule", FlagKind::kBool, "false",
         "the ranks check before each collective that they all call the same one (128 bytes each; for debugging)");

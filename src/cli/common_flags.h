@@ -37,6 +37,14 @@ void add_mem_budget_flag(FlagSet& f, const std::string& help = kMemBudgetHelp);
 // chooses one by device (its help says which).
 void add_dtype_flag(FlagSet& f, const std::string& default_dtype, const std::string& help = kDtypeHelp);
 
+// --overlap auto|on|off (string, default auto): UPipe runs stage s+1's projections and
+// all-to-alls while stage s computes (AttentionConfig::overlap), for one more stage of exchange
+// buffers. auto is on for --device cuda (NCCL moves the bytes on its own stream while kernels
+// run) and off on the CPU (the cores that compute also move the bytes; see the README).
+void add_overlap_flag(FlagSet& f);
+// *overlap from --overlap on the device the command runs on; a bad value is refused.
+Status overlap_from_flags(const FlagSet& f, bool cuda, bool* overlap);
+
 // --verify-schedule and --collective-timeout (the watchdog, untied/comm/watchdog.h), and, after
 // parsing, their values handed to run_ranks (launch.h); the message names a bad timeout.
 void add_watchdog_flags(FlagSet& f);

@@ -38,6 +38,7 @@ void add_eval_flags(FlagSet& f) {
   f.add("doc-mask", FlagKind::kBool, "true", "attend only inside each document (--no-doc-mask: across them)");
   f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses, upipe or ring");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
+  add_overlap_flag(f);
   f.add("ring", FlagKind::kInt, "1", "ring degree R of ulysses/upipe");
   add_dtype_flag(f, "f32", "activation and compute-weight storage: f32 or bf16");
   f.add("mlp-tile", FlagKind::kInt, "0", "tokens per MLP tile (0 = automatic)");
@@ -90,6 +91,8 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
   o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
                               .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"),
                               .loss_chunk = f.get_int("loss-chunk")};
+  Status ov = overlap_from_flags(f, *device == DeviceChoice::kCuda, &o->decoder.overlap);
+  if (!ov.ok()) return ov;
   o->samples = f.get_int("samples");
   o->buckets = f.get_int("buckets");
   if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;

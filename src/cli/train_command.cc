@@ -61,6 +61,7 @@ void add_train_flags(FlagSet& f) {
         "each attends only to itself");
   f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses, upipe or ring");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
+  add_overlap_flag(f);
   f.add("ring", FlagKind::kInt, "1",
         "ring degree R of ulysses/upipe: R groups of ranks/R consecutive ranks, zig-zag ring attention across them");
   add_dtype_flag(f, "f32", "activation and compute-weight storage: f32 or bf16");
@@ -150,6 +151,8 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
   o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
                               .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"), .loss_chunk = f.get_int("loss-chunk")};
+  Status ov = overlap_from_flags(f, *device == DeviceChoice::kCuda, &o->decoder.overlap);
+  if (!ov.ok()) return ov;
   o->steps = f.get_int("steps");
   o->batch = f.get_int("batch");
   o->warmup = f.get_int("warmup");
@@ -194,9 +197,10 @@ std::string ring_note(const AttentionConfig& c, int ranks) {
 void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t host_peak) {
   const AttentionConfig ac = attention_config(o.model, o.decoder);
   const std::string ring = ring_note(ac, ranks);
-  std::printf("one training step, rehearsal | %s, %lld layers | %s%s U=%lld on %d ranks | S=%lld | %s\n",
+  const int64_t U = stage_heads_of(ac, ranks);
+  std::printf("one training step, rehearsal | %s, %lld layers | %s%s U=%lld%s on %d ranks | S=%lld | %s\n",
               o.model.name.c_str(), (long long)o.model.layers, std::string(strategy_name(o.decoder.strategy)).c_str(),
-              ring.c_str(), (long long)stage_heads_of(ac, ranks), ranks, (long long)o.decoder.seq,
+              ring.c_str(), (long long)U, ac.overlap && ac.heads / U > 1 ? " overlapped" : "", ranks, (long long)o.decoder.seq,
               std::string(dtype_name(o.decoder.dtype)).c_str());
   std::printf("peak memory per rank (max over ranks):\n");
   for (int t = 0; t < kNumTags; ++t)

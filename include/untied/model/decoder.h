@@ -36,6 +36,7 @@ struct DecoderOptions {
   Strategy strategy = Strategy::kUPipe;
   int64_t upipe_heads = 0;  // 0 = C
   int64_t ring = 1;         // R (attention_block.h): ulysses/upipe across R ring groups
+  bool overlap = false;     // upipe: the next stage's exchanges beside this one's compute (AttentionConfig)
   DType dtype = DType::kF32;  // activations and gathered weights
   int64_t mlp_tile = 0;       // tokens per MLP tile; 0 = min(L, max(E, 256))
   int64_t loss_chunk = 0;     // tokens per LM-head loss chunk; 0 = the kernel's default
