@@ -109,6 +109,13 @@ row "rank 1 stalls at step 3 (mpirun -np 4, --collective-timeout 10)" - -- env U
 row "rank 1 stalls at step 3 (in process, --collective-timeout 10)" - -- env UNTIED_FAULT=stall:step=3:rank=1 "$u" "${small[@]}" --ranks 2 --collective-timeout 10
 row "rank 1 exits at step 3 (mpirun -np 4)" - -- env UNTIED_FAULT=exit:step=3:rank=1 "${mpi[@]}" 4 "$u" "${small[@]}"
 row "rank 1 calls another collective (mpirun -np 4, --verify-schedule)" - -- env UNTIED_FAULT=barrier:step=3:rank=1 "${mpi[@]}" 4 "$u" "${small[@]}" --verify-schedule
+# On GPUs (NCCL), run on emulated GPUs here when the CUDA build's untied_emu exists.
+emu=build/emu/untied_emu
+if [ -x "$emu" ]; then
+  emu=$(realpath "$emu")
+  row "rank 1 stalls before step 3's forward, NCCL (emulated GPUs, mpirun -np 2, --collective-timeout 10)" - -- env UNTIED_EMU_GPUS=2 UNTIED_FAULT=stall:step=3:rank=1:at=forward "${mpi[@]}" 2 "$emu" "${small[@]}" --device cuda --collective-timeout 10
+  row "rank 1 calls another NCCL collective (emulated GPUs, mpirun -np 2, --verify-schedule)" - -- env UNTIED_EMU_GPUS=2 UNTIED_FAULT=barrier:step=3:rank=1:at=forward "${mpi[@]}" 2 "$emu" "${small[@]}" --device cuda --verify-schedule
+fi
 for point in save-begin save-rank-file save-before-latest save-latest-tmp; do
   rm -rf "$d/k"
   row "kill -9 during a save ($point)" "test \$(cat $d/k/latest) = step_00000002 && resumes $d/k" -- env UNTIED_FAULT=kill:at=$point:step=4 "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/k" --save-every 2

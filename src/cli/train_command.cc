@@ -194,7 +194,8 @@ std::string ring_note(const AttentionConfig& c, int ranks) {
   return " x ring " + std::to_string(R) + " (" + std::to_string(ranks / R) + " ranks per group)";
 }
 
-void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t host_peak) {
+void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t host_peak,
+                 const std::vector<LiveBuffers>& live) {
   const AttentionConfig ac = attention_config(o.model, o.decoder);
   const std::string ring = ring_note(ac, ranks);
   const int64_t U = stage_heads_of(ac, ranks);
@@ -207,10 +208,27 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
     std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
   if (o.offload_inputs) std::printf("  %-16s %14s  (offloaded block inputs, outside the budget)\n", "host", format_bytes(host_peak).c_str());
+  if (live.empty()) return;
+  // What rank 0 held at its peak, largest first: the buffers a longer sequence has to shrink.
+  int64_t total = 0;
+  for (const LiveBuffers& b : live) total += b.bytes;
+  std::printf("live at rank 0's peak (%s), largest first:\n", format_bytes(total).c_str());
+  const size_t shown = std::min<size_t>(live.size(), 14);
+  int64_t rest = total;
+  for (size_t i = 0; i < shown; ++i) {
+    const LiveBuffers& b = live[i];
+    rest -= b.bytes;
+    std::printf("  %-44s %-15s %12s%s\n", b.what.c_str(), std::string(tag_name(b.tag)).c_str(),
+                format_bytes(b.bytes).c_str(), b.count > 1 ? (" (" + std::to_string(b.count) + " buffers)").c_str() : "");
+  }
+  if (shown < live.size())
+    std::printf("  %-44s %-15s %12s\n", ("(" + std::to_string(live.size() - shown) + " more)").c_str(), "",
+                format_bytes(rest).c_str());
 }
 
 // One rehearsed step at `seq` on `ranks` in-process ranks; true when it fits the budget.
-bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak, int64_t* host) {
+bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak, int64_t* host,
+          std::vector<LiveBuffers>* live) {
   o.decoder.seq = seq;
   if (!validate(o, ranks).ok()) return false;
   try {
@@ -219,7 +237,7 @@ bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, Memory
       auto r = train(comm, data, o);
       UNTIED_CHECK(r.ok(), r.status().message());
       std::lock_guard<std::mutex> lock(mu);
-      if (comm.rank() == 0) *peak = r.value().peak, *host = r.value().host_peak;
+      if (comm.rank() == 0) *peak = r.value().peak, *host = r.value().host_peak, *live = r.value().live_at_peak;
     });
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kOutOfBudget) return false;
@@ -233,9 +251,10 @@ int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   const int64_t grain = static_cast<int64_t>(ranks) * 1024;
   MemoryStats peak, best_peak;
   int64_t host = 0, best_host = 0;
+  std::vector<LiveBuffers> live, best_live;
   int64_t lo = 0, hi = 0;  // lo fits (0 = none yet), hi does not (0 = not found yet)
   for (int64_t k = 1; hi == 0 && k <= (int64_t{1} << 24); k *= 2) {
-    if (fits(o, data, ranks, k * grain, &peak, &host)) lo = k, best_peak = peak, best_host = host;
+    if (fits(o, data, ranks, k * grain, &peak, &host, &live)) lo = k, best_peak = peak, best_host = host, best_live = live;
     else hi = k;
   }
   if (lo == 0) {
@@ -245,14 +264,14 @@ int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   }
   while (hi != 0 && hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
-    if (fits(o, data, ranks, mid * grain, &peak, &host)) lo = mid, best_peak = peak, best_host = host;
+    if (fits(o, data, ranks, mid * grain, &peak, &host, &live)) lo = mid, best_peak = peak, best_host = host, best_live = live;
     else hi = mid;
   }
   TrainOptions best = o;
   best.decoder.seq = lo * grain;
   std::printf("longest sequence whose training step fits %s per rank: S = %lld (%lld tokens per rank)\n",
               format_bytes(o.budget_bytes).c_str(), (long long)(lo * grain), (long long)(lo * 1024));
-  print_peaks(best, ranks, best_peak, best_host);
+  print_peaks(best, ranks, best_peak, best_host, best_live);
   return 0;
 }
 
@@ -330,7 +349,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     if (comm.rank() != 0) return;
     const TrainSummary& s = r.value();
     if (opts.rehearsal) {
-      print_peaks(opts, comm.size(), s.peak, s.host_peak);
+      print_peaks(opts, comm.size(), s.peak, s.host_peak, s.live_at_peak);
       return;
     }
     std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,

@@ -37,6 +37,7 @@ struct InFlight {
   int rank = 0, size = 0;
   std::string backend;
   double timeout_s = 0;
+  Communicator* comm = nullptr;  // the watched communicator (cancel_in_flight before the end)
 };
 
 // Every call in flight in this process, and the monitor thread that looks at them.
@@ -75,6 +76,13 @@ class Monitor {
                              "(--collective-timeout %.0f)\n",
                      f.rank, f.size, f.backend.c_str(), t - f.since, f.what.c_str(), f.note.empty() ? "" : ", ",
                      f.note.c_str(), f.timeout_s);
+      std::fflush(stderr);
+      // Device work in flight is cancelled (NCCL: ncclCommAbort) so that no collective kernel
+      // outlives the process; host transports end with it.
+      for (const InFlight& f : calls_) {
+        const std::string done = f.comm->cancel_in_flight();
+        if (!done.empty()) std::fprintf(stderr, "untied: watchdog: %s\n", done.c_str());
+      }
       std::fflush(stderr);
       std::_Exit(124);
     }
@@ -150,16 +158,12 @@ bool same_call(const ScheduleRecord& a, const ScheduleRecord& b) {
 class Watched final : public Communicator {
  public:
   Watched(std::unique_ptr<Communicator> owned, const WatchdogOptions& o)
-      : owned_(std::move(owned)), inner_(owned_.get()), o_(o), host_buffers_(inner_->backend() != "nccl") {}
-  Watched(Communicator& inner, const WatchdogOptions& o)
-      : inner_(&inner), o_(o), host_buffers_(inner_->backend() != "nccl") {}
+      : owned_(std::move(owned)), inner_(owned_.get()), o_(o) {}
+  Watched(Communicator& inner, const WatchdogOptions& o) : inner_(&inner), o_(o) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
-  void bind_device(Device& dev) override {
-    inner_->bind_device(dev);
-    host_buffers_ = dev.kind() == DeviceKind::kCpu;  // the records live in host memory
-  }
+  void bind_device(Device& dev) override { inner_->bind_device(dev); }
   std::unique_ptr<Communicator> split(int color, int key) override {
     Scope s(*this, call("split", -1));
     agree("split", 0);
@@ -213,16 +217,19 @@ class Watched final : public Communicator {
     inner_->barrier();
   }
   void abort(int code) noexcept override { inner_->abort(code); }
+  std::string cancel_in_flight() noexcept override { return inner_->cancel_in_flight(); }
 
   double timeout_s() const { return o_.timeout_s; }
+  Communicator* inner() const { return inner_; }
 
  private:
   // --verify-schedule: every rank's record of this collective, gathered; any that differs from
-  // this rank's stops the job, naming both sides. Host memory only (off on a GPU-bound
-  // communicator). Point-to-point exchanges are not checked: a record sent between a pair would
-  // overtake, or be overtaken by, the exchanges that pair has in flight.
+  // this rank's stops the job, naming both sides. The records are host memory, which every
+  // backend takes (NCCL and a GPU-bound in-process communicator stage it through the device).
+  // Point-to-point exchanges are not checked: a record sent between a pair would overtake, or be
+  // overtaken by, the exchanges that pair has in flight.
   void agree(const char* op, int64_t bytes) {
-    if (!o_.verify_schedule || !host_buffers_) return;
+    if (!o_.verify_schedule) return;
     const ScheduleRecord mine = make_record(op, bytes, calls_, current_note());
     std::vector<ScheduleRecord> all(static_cast<size_t>(size()));
     inner_->all_gather(&mine, all.data(), sizeof mine);
@@ -243,13 +250,13 @@ class Watched final : public Communicator {
   Communicator* inner_;
   WatchdogOptions o_;
   int64_t calls_ = 0;
-  bool host_buffers_;  // the records can be exchanged (not NCCL, not bound to a GPU)
 };
 
 Scope::Scope(const Watched& c, const std::string& what) : active_(c.timeout_s() > 0) {
   if (active_)
     it_ = Monitor::get().begin(InFlight{.what = what, .note = current_note(), .since = now_s(), .rank = c.rank(),
-                                        .size = c.size(), .backend = c.backend(), .timeout_s = c.timeout_s()});
+                                        .size = c.size(), .backend = c.backend(), .timeout_s = c.timeout_s(),
+                                        .comm = c.inner()});
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <map>
+#include <utility>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -77,19 +80,22 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     owner_ = o.owner_;
     data_ = o.data_;
     bytes_ = o.bytes_;
+    id_ = o.id_;
     tag_ = o.tag_;
     o.owner_ = nullptr;
     o.data_ = nullptr;
     o.bytes_ = 0;
+    o.id_ = -1;
   }
   return *this;
 }
 
 void Buffer::reset() noexcept {
-  if (owner_ != nullptr) owner_->release(data_, bytes_, tag_);
+  if (owner_ != nullptr) owner_->release(data_, bytes_, tag_, id_);
   owner_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
+  id_ = -1;
 }
 
 Allocator::Allocator(std::unique_ptr<MemorySource> source, Options opts)
@@ -127,12 +133,17 @@ Buffer Allocator::allocate(int64_t bytes, Tag tag, std::string_view what) {
   if (s_.live[t] > s_.peak[t]) s_.peak[t] = s_.live[t];
   if (s_.live[t] > s_.phase_peak[ph][t]) s_.phase_peak[ph][t] = s_.live[t];
   if (s_.live_total > s_.phase_peak_total[ph]) s_.phase_peak_total[ph] = s_.live_total;
+  Buffer b;
+  if (opts_.track_buffers) {
+    b.id_ = next_id_++;
+    live_buffers_.emplace(b.id_, LiveBuffers{.what = std::string(what), .tag = tag, .bytes = bytes, .count = 1});
+  }
   if (s_.live_total > s_.peak_total) {
     s_.peak_total = s_.live_total;
     s_.at_total_peak = s_.live;
+    if (opts_.track_buffers) snapshot_buffers_locked();
   }
   if (watched_[t]) update_watch_locked();
-  Buffer b;
   b.owner_ = this;
   b.data_ = p;
   b.bytes_ = bytes;
@@ -140,8 +151,30 @@ Buffer Allocator::allocate(int64_t bytes, Tag tag, std::string_view what) {
   return b;
 }
 
-void Allocator::release(void* ptr, int64_t bytes, Tag tag) noexcept {
+void Allocator::snapshot_buffers_locked() {
+  std::map<std::pair<std::string, Tag>, LiveBuffers> groups;
+  for (const auto& [id, lb] : live_buffers_) {
+    LiveBuffers& g = groups[{lb.what, lb.tag}];
+    g.what = lb.what;
+    g.tag = lb.tag;
+    g.bytes += lb.bytes;
+    g.count += 1;
+  }
+  at_peak_.clear();
+  for (auto& [key, g] : groups) at_peak_.push_back(std::move(g));
+  std::sort(at_peak_.begin(), at_peak_.end(), [](const LiveBuffers& a, const LiveBuffers& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.what < b.what;
+  });
+}
+
+std::vector<LiveBuffers> Allocator::live_at_peak() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return at_peak_;
+}
+
+void Allocator::release(void* ptr, int64_t bytes, Tag tag, int64_t id) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id >= 0) live_buffers_.erase(id);
   if (ptr != nullptr) source_->release(ptr, bytes);
   s_.live[static_cast<int>(tag)] -= bytes;
   s_.live_total -= bytes;
@@ -188,6 +221,7 @@ void Allocator::reset_peaks() {
   s_.peak = s_.live;
   s_.at_total_peak = s_.live;
   s_.peak_total = s_.live_total;
+  if (opts_.track_buffers) snapshot_buffers_locked();
   for (int ph = 0; ph < kNumPhases; ++ph) {
     s_.phase_peak[ph] = {};
     s_.phase_peak_total[ph] = 0;

@@ -172,8 +172,8 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor
   mlp_forward(w, A.hm, y);
 }
 
-void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& x, TensorBuffer& dh,
-                             BlockActs& A) {
+void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const std::function<Tensor()>& input,
+                             TensorBuffer& dh, BlockActs& A) {
   const Tensor& dy = dh;  // in: the gradient of the block's output; out (dx): of its input
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
@@ -216,8 +216,10 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
     for (size_t k = 0; k < attn_grads.size(); ++k) add_inplace(dev_, *attn_grads[k].full, tmp[k]);
   tmp.clear();
   A.a.reset();
-  // dx = dhm + attn_norm'(da), tile by tile (da is narrowed to the block dtype per tile).
-  dh = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "dh");
+  // dx = dhm + attn_norm'(da), tile by tile (da is narrowed to the block dtype per tile), into
+  // dhm's own rows: the block's input gradient takes dhm's buffer.
+  const Tensor x = input();  // the block input, only now (an offloaded one is fetched again here)
+  TensorBuffer dxt(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "d block input (tile)");
   for (int64_t r0 = 0; r0 < L; r0 += tile_) {
     const int64_t n = std::min(tile_, L - r0);
     const Tensor dat = rows_of(da, r0, n);
@@ -226,11 +228,12 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
       dat_t = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "d attn_norm output (tile)");
       convert(dev_, dat_t.data(), t, dat.data(), DType::kF32, n * E);
     }
-    const Tensor dxt = rows_of(dh, r0, n);
-    rmsnorm_backward(dev_, norm_shape(n), dxt.data(), g.attn_norm.as<float>(), rows_of(x, r0, n).data(),
+    const Tensor dx_n = rows_of(dxt, 0, n), dhm_n = rows_of(dhm, r0, n);
+    rmsnorm_backward(dev_, norm_shape(n), dx_n.data(), g.attn_norm.as<float>(), rows_of(x, r0, n).data(),
                      A.rstd1.as<float>() + r0, w.attn_norm.data(), t != DType::kF32 ? dat_t.data() : dat.data());
-    add_inplace(dev_, dxt, rows_of(dhm, r0, n));
+    add_inplace(dev_, dhm_n, dx_n);  // dhm + norm'(da): the same sum, in the same order, as dx_n += dhm_n
   }
+  dh = std::move(dhm);
 }
 
 void Decoder::use_mask(const SequenceMask& mask) {
@@ -376,7 +379,19 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     const Tensor& x = host_ != nullptr ? fetched.view() : inputs[l].view();
     BlockActs acts;
     block_forward(w, x, Tensor(), &acts);
-    block_backward(w, g, x, dh, acts);  // dh: d output in, d input out
+    // The block's input is needed again only by the attn_norm backward at the end: an offloaded
+    // one is dropped from the device for the attention's backward (the step's peak) and fetched
+    // once more then (o_.refetch_inputs).
+    std::function<Tensor()> input = [&] { return x; };
+    if (host_ != nullptr && o_.refetch_inputs) {
+      fetched.reset();
+      input = [&] {
+        fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched again)");
+        dev_.copy(fetched.data(), inputs[l].data(), inputs[l].view().bytes());
+        return fetched.view();
+      };
+    }
+    block_backward(w, g, input, dh, acts);  // dh: d output in, d input out
     params.reduce_grads(gg);
     inputs[l].reset();
   }

@@ -46,6 +46,10 @@ Fault parse(const std::string& spec) {
     else UNTIED_CHECK(false, "UNTIED_FAULT='", spec, "': unknown key '", key, "' (step, rank, param, at)");
   }
   UNTIED_CHECK(f.kind != FaultKind::kKill || !f.at.empty(), "UNTIED_FAULT='", spec, "': kill needs at=POINT");
+  UNTIED_CHECK(!(f.kind == FaultKind::kStall || f.kind == FaultKind::kBarrier) || f.at.empty() || f.at == "forward",
+               "UNTIED_FAULT='", spec, "': stall and barrier take at=forward or no at");
+  UNTIED_CHECK(f.kind == FaultKind::kKill || f.kind == FaultKind::kStall || f.kind == FaultKind::kBarrier ||
+                   f.at.empty(), "UNTIED_FAULT='", spec, "': only kill, stall and barrier take at=");
   return f;
 }
 
@@ -63,8 +67,15 @@ Fault fault_from_environment(int rank) {
 }
 
 void fault_at_step_start(const Fault& f, int64_t step) {
-  if (f.step != step) return;
+  if (f.step != step || (f.kind == FaultKind::kStall && !f.at.empty())) return;
   if (f.kind == FaultKind::kExit) std::_Exit(3);
+  if (f.kind == FaultKind::kStall)
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+void fault_before_forward(const Fault& f, int64_t step, Communicator& dev_comm) {
+  if (f.step != step || f.at != "forward") return;
+  if (f.kind == FaultKind::kBarrier) dev_comm.barrier();
   if (f.kind == FaultKind::kStall)
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }

@@ -248,7 +248,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       const int i = std::min(fault.param, params.num_params() - 1);
       if (params.owned_elems(i) > 0) dev.copy(params.master(i), &nan, sizeof nan);
     }
-    if (fault.kind == FaultKind::kBarrier && fault.step == s + 1) comm.barrier();  // tests only
+    if (fault.kind == FaultKind::kBarrier && fault.step == s + 1 && fault.at.empty()) comm.barrier();  // tests only
     const double t0 = now_s();
     Status ds;
     std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));
@@ -268,6 +268,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     StepSums st;
     int64_t nan_sample = -1;  // the first micro-batch whose loss is not finite on this rank
     watchdog_note(1, "forward and backward");
+    fault_before_forward(fault, s + 1, dev_comm);  // tests only
     for (int64_t b = 0; b < B; ++b) {
       const StepSums one =
           decoder.forward_backward(params, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L, count,
@@ -362,6 +363,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     for (auto& p : mem.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
     comm.all_reduce(&mem.peak_total, &mem.peak_total, 1, DType::kI64, ReduceOp::kMax);
     sum.peak = mem;
+    sum.live_at_peak = alloc.live_at_peak();
     sum.host_peak = host.stats().peak_total;
     comm.all_reduce(&sum.host_peak, &sum.host_peak, 1, DType::kI64, ReduceOp::kMax);
     double step_s = t3 - t0;

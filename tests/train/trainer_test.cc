@@ -118,6 +118,41 @@ TEST(Trainer, OffloadedInputsChangeMemoryNotResults) {
   EXPECT_LT(off.value().peak.peak[act], kept.value().peak.peak[act]);
 }
 
+// Offloaded inputs fetched again for the attn_norm backward (DecoderOptions::refetch_inputs)
+// instead of held through the attention's backward: the same bits, and in a rehearsal whose peak
+// is the attention's backward (a long S for the tiny model) one (L, E) buffer less at the peak.
+TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
+  for (Strategy st : {Strategy::kUPipe, Strategy::kUlysses}) {
+    TrainOptions o = small_run(st);
+    o.offload_inputs = true;
+    o.decoder.refetch_inputs = false;
+    auto held = run(o, 2);
+    o.decoder.refetch_inputs = true;
+    auto refetched = run(o, 2);
+    ASSERT_TRUE(held.ok() && refetched.ok());
+    EXPECT_EQ(held.value().losses, refetched.value().losses) << strategy_name(st);
+
+    o.rehearsal = true;
+    o.steps = 1, o.warmup = 0;
+    o.decoder.seq = 1 << 14;
+    o.decoder.refetch_inputs = false;
+    auto r_held = run(o, 2);
+    o.decoder.refetch_inputs = true;
+    auto r_refetched = run(o, 2);
+    ASSERT_TRUE(r_held.ok() && r_refetched.ok());
+    const int64_t L = o.decoder.seq / 2, E = o.model.hidden;
+    EXPECT_EQ(r_held.value().peak.peak_total - r_refetched.value().peak.peak_total, L * E * 4) << strategy_name(st);
+    // The allocator's list of what was live at the peak names the fetched input only without.
+    auto names = [](const TrainSummary& s) {
+      std::string all;
+      for (const LiveBuffers& b : s.live_at_peak) all += b.what + ";";
+      return all;
+    };
+    EXPECT_NE(names(r_held.value()).find("block input (fetched);"), std::string::npos) << names(r_held.value());
+    EXPECT_EQ(names(r_refetched.value()).find("block input (fetched"), std::string::npos) << names(r_refetched.value());
+  }
+}
+
 TEST(Trainer, LearningRateWarmsUpThenDecays) {
   TrainOptions o = small_run(Strategy::kLocal);
   o.steps = 100, o.warmup = 10, o.lr = 1.0f, o.min_lr_ratio = 0.1f;

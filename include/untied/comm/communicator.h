@@ -91,6 +91,13 @@ class Communicator {
   // Stops every rank of the job (MPI_Abort; in-process: marks the world failed). Does not return
   // for MPI.
   virtual void abort(int code) noexcept = 0;
+  // Called from another thread (the watchdog's) when this rank's call is stuck and the process is
+  // about to end: cancels the device work this communicator has in flight (NCCL: ncclCommAbort),
+  // so that no collective kernel outlives the job. The communicator is unusable afterwards, and
+  // the rank's own thread, still inside the stuck call, is parked rather than woken. Returns a
+  // line saying what was done, or "" when nothing was (the default: host transports end with
+  // the process).
+  virtual std::string cancel_in_flight() noexcept { return ""; }
 };
 
 // Result of an agreement over ranks: true on every rank iff `ok` is true on every rank.

@@ -6,7 +6,9 @@
 // own, ordered after the device's compute stream with an event, and the call returns when they
 // are complete (the Communicator contract: blocking). Buffers are GPU memory of the bound
 // device; host buffers (small agreements such as all_ranks_ok) are staged through the device.
-// split() uses ncclCommSplit. abort() aborts the NCCL communicator and then the bootstrap's job.
+// split() uses ncclCommSplit. abort() aborts the NCCL communicator and then the bootstrap's job;
+// cancel_in_flight() (the watchdog's thread, for a stuck call) parks the rank's polling thread
+// and aborts the NCCL communicator under it.
 //
 // Refusals (a Status every rank returns alike, before any NCCL call): a build without NCCL; a
 // device that is not CUDA; more ranks on one host than GPUs visible ("N ranks share M GPUs:

@@ -8,8 +8,10 @@
 // every rank of this process that is stuck, one line saying what it is stuck in, e.g.
 //   untied: watchdog: rank 2 of 4 (mpi) stuck 600.0 s in all_to_all #1817 (2.00 MiB per block),
 //     step 3, backward, layer 5; the job is aborted (--collective-timeout 600)
-// and then end the process with exit status 124 (under mpirun the other processes are then
-// stopped by mpirun; their own watchdogs name their calls first when they are stuck too).
+// and then cancel the device work of the stuck communicators (Communicator::cancel_in_flight:
+// ncclCommAbort on NCCL, saying so) and end the process with exit status 124 (under mpirun the
+// other processes are then stopped by mpirun; their own watchdogs name their calls first when
+// they are stuck too).
 // timeout_s 0 turns the watchdog off (watch returns `inner` unwrapped unless verify_schedule).
 // split() of a watched communicator is watched; the exchange of sendrecv_start and of
 // all_to_all_start is watched until its wait() returns (so the compute it overlaps counts
@@ -29,8 +31,9 @@ struct WatchdogOptions {
   double timeout_s = 600;  // 0: off
   // Before each collective (not the point-to-point sendrecv), the ranks exchange what they are
   // about to call (op, bytes, call number, note: 128 bytes) and stop with an error naming both
-  // sides when they differ, instead of hanging or mixing buffers. Host memory: a communicator
-  // bound to a GPU (or NCCL) skips it.
+  // sides when they differ, instead of hanging or mixing buffers. On every backend: NCCL and a
+  // GPU-bound in-process communicator stage the records through the device, and on NCCL each
+  // check waits for the exchanges queued before it (so it serialises UPipe's overlap).
   bool verify_schedule = false;
 };
 

@@ -24,6 +24,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "untied/core/status.h"
 
@@ -89,7 +91,17 @@ class Buffer {
   Allocator* owner_ = nullptr;
   void* data_ = nullptr;
   int64_t bytes_ = 0;
+  int64_t id_ = -1;  // the allocator's tracking key (-1: not tracked)
   Tag tag_ = Tag::kOther;
+};
+
+// Buffers of one purpose live together (Allocator::live_at_peak): their name, tag, bytes in all
+// and how many.
+struct LiveBuffers {
+  std::string what;
+  Tag tag = Tag::kOther;
+  int64_t bytes = 0;
+  int64_t count = 0;
 };
 
 // A copy of the allocator's counters.
@@ -115,6 +127,9 @@ class Allocator {
   struct Options {
     int64_t budget_bytes = 0;  // 0 = unlimited
     std::string name = "host";
+    // Keep every live buffer's name, and at each new total peak what was live (live_at_peak):
+    // a map update per allocation, for rehearsals and diagnostics.
+    bool track_buffers = false;
   };
   Allocator(std::unique_ptr<MemorySource> source, Options opts);
   Allocator() : Allocator(make_host_memory(), Options{}) {}
@@ -143,9 +158,13 @@ class Allocator {
   // "live 1.50 GiB of budget 2.00 GiB: parameters 1.00 GiB, activations 512.00 MiB"
   std::string describe_live() const;
 
+  // With Options::track_buffers, what was live when the total last peaked (since construction
+  // or reset_peaks), grouped by (name, tag), largest first; empty without.
+  std::vector<LiveBuffers> live_at_peak() const;
+
  private:
   friend class Buffer;
-  void release(void* ptr, int64_t bytes, Tag tag) noexcept;
+  void release(void* ptr, int64_t bytes, Tag tag, int64_t id) noexcept;
   std::string describe_live_locked() const;
 
   std::unique_ptr<MemorySource> source_;
@@ -153,8 +172,13 @@ class Allocator {
   mutable std::mutex mu_;
   void update_watch_locked();
 
+  void snapshot_buffers_locked();
+
   MemoryStats s_;
   Phase phase_ = Phase::kSetup;
+  int64_t next_id_ = 0;
+  std::unordered_map<int64_t, LiveBuffers> live_buffers_;  // by Buffer id, while tracking
+  std::vector<LiveBuffers> at_peak_;                        // grouped, when the total peaked
   std::array<bool, kNumTags> watched_{};
 };
 

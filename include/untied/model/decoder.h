@@ -40,6 +40,11 @@ struct DecoderOptions {
   DType dtype = DType::kF32;  // activations and gathered weights
   int64_t mlp_tile = 0;       // tokens per MLP tile; 0 = min(L, max(E, 256))
   int64_t loss_chunk = 0;     // tokens per LM-head loss chunk; 0 = the kernel's default
+  // With offloaded block inputs (the Decoder's host allocator): in each block's backward the
+  // fetched input is dropped after the recompute and fetched again for the attn_norm backward at
+  // the end, so it is not on the device during the attention's backward (one more copy of (L, E)
+  // from the host per block). Results are the same bits either way.
+  bool refetch_inputs = true;
 };
 
 // Validates model + options for `ranks` ranks (including the attention block's rules).
@@ -114,7 +119,9 @@ class Decoder {
   // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:
   // the old one is freed as soon as it is folded in, before the attention backward). Block
   // weight gradients (fp32, full local) into g (+=).
-  void block_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& x, TensorBuffer& dh, BlockActs& acts);
+  // input() gives the block's input x (L, E), called once, after the attention's backward.
+  void block_backward(const BlockWeights& w, const BlockWeights& g, const std::function<Tensor()>& input,
+                      TensorBuffer& dh, BlockActs& acts);
   // out_add (L, E) += mlp(mlp_norm(hm)), norm and MLP tile by tile.
   void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
   // dhm (L, E) = dy + mlp_norm'(mlp'(dy)), tile by tile; MLP and mlp_norm gradients into g (+=).

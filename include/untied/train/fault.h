@@ -6,11 +6,16 @@
 //   nan-loss:step=S[:rank=R]             step S's loss sum becomes NaN on rank R
 //   nan-weight:step=S[:rank=R][:param=I] before step S, a NaN in parameter I's master shard: the
 //                                        forward overflows from that parameter's block on
-//   stall:step=S[:rank=R]                at the start of step S the rank stops making progress
-//                                        (sleeps for ever): what a hung GPU or a lost peer looks like
+//   stall:step=S[:rank=R][:at=forward]   at the start of step S (at=forward: after its data
+//                                        phase, so that the others wait in the device
+//                                        communicator's collective, NCCL on GPUs) the rank stops
+//                                        making progress (sleeps for ever): what a hung GPU or a
+//                                        lost peer looks like
 //   exit:step=S[:rank=R]                 at the start of step S the process exits with status 3
-//   barrier:step=S[:rank=R]              at the start of step S the rank calls a barrier the others
-//                                        do not (a schedule bug: --verify-schedule names it)
+//   barrier:step=S[:rank=R][:at=forward] at the start of step S (at=forward: on the device
+//                                        communicator, before the forward) the rank calls a
+//                                        barrier the others do not (a schedule bug:
+//                                        --verify-schedule names it)
 //   kill:at=POINT[:step=S][:rank=R]      the process kills itself (SIGKILL, as `kill -9` would) on
 //                                        reaching POINT (of the save of step S, when given):
 //                                          save-begin        before anything of the save is written
@@ -24,6 +29,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "untied/comm/communicator.h"
 
 namespace untied {
 
@@ -42,6 +49,9 @@ Fault fault_from_environment(int rank);
 
 // kStall and kExit, when `f` is one of them for this step: stalls or exits here.
 void fault_at_step_start(const Fault& f, int64_t step);
+
+// kStall and kBarrier with at=forward, for this step: stalls here, or calls dev_comm.barrier().
+void fault_before_forward(const Fault& f, int64_t step, Communicator& dev_comm);
 
 // Kills this process when UNTIED_FAULT is kill:at=`point` for this rank and step (-1: any).
 void fault_point(const char* point, int64_t step, int rank);

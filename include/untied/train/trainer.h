@@ -69,6 +69,7 @@ struct TrainSummary {
   std::vector<double> losses;              // every step run, in order
   MemoryStats peak;                        // peaks over the run, max over ranks (per tag, total)
   int64_t host_peak = 0;                   // offloaded block inputs, max over ranks
+  std::vector<LiveBuffers> live_at_peak;   // this rank's buffers when its total peaked (rehearsal)
 };
 
 // Checks the options for `ranks` ranks (model, decoder, optimizer settings); the message says

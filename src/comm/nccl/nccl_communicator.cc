@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -292,6 +293,25 @@ class NcclCommunicator final : public Communicator {
     bootstrap_.abort(code);
   }
 
+  // The watchdog's thread, while this rank's thread is stuck in a call: the rank's thread is
+  // told to stop polling (wait() parks it), given a moment to do so, and the NCCL communicator
+  // is aborted under it, which ends its kernels. comm_ is left set: the rank's thread may still
+  // be inside an NCCL call, and the process ends next.
+  std::string cancel_in_flight() noexcept override {
+    if (cancelled_.exchange(true, std::memory_order_acq_rel)) return "";  // once per communicator
+    for (int i = 0; i < 200 && !parked_.load(std::memory_order_acquire); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (comm_ == nullptr) return "";
+    cudaSetDevice(index_);
+    const ncclResult_t r = ncclCommAbort(comm_);
+    try {
+      return str_cat("rank ", rank_, " of ", size_, " (nccl): ncclCommAbort -> ", ncclGetErrorString(r),
+                     parked_.load() ? "" : " (the rank's thread was inside an NCCL call)");
+    } catch (...) {
+      return "";
+    }
+  }
+
  private:
   // all_to_all up to its NCCL calls (one fused group of sends and receives), queued on the
   // communication stream; null for zero-byte blocks.
@@ -458,6 +478,7 @@ class NcclCommunicator final : public Communicator {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point start = Clock::now();
     for (;;) {
+      if (cancelled_.load(std::memory_order_acquire)) park();
       const cudaError_t e = until != nullptr ? cudaEventQuery(until) : cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady)
@@ -482,6 +503,13 @@ class NcclCommunicator final : public Communicator {
       else
         std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+  }
+
+  // cancel_in_flight() was called: this thread stops touching the NCCL communicator, which is
+  // being aborted, and waits for the process to end (the watchdog ends it).
+  [[noreturn]] void park() {
+    parked_.store(true, std::memory_order_release);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 
   // Frees what this object owns; never throws.
@@ -515,6 +543,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;  // the communication stream
   cudaEvent_t ready_ = nullptr;    // recorded on the compute stream before each call
   ncclComm_t comm_ = nullptr;
+  std::atomic<bool> cancelled_{false};  // cancel_in_flight() was called (the watchdog's thread)
+  std::atomic<bool> parked_{false};     // this rank's thread has stopped in park()
   int rank_ = 0;
   int size_ = 0;
 };

@@ -16,7 +16,8 @@ class CpuDevice final : public Device {
       : threads_(opts.threads),
         alloc_(opts.rehearsal ? make_counting_memory() : make_host_memory(),
                Allocator::Options{.budget_bytes = opts.budget_bytes,
-                                  .name = opts.rehearsal ? "cpu-rehearsal" : "cpu"}) {
+                                  .name = opts.rehearsal ? "cpu-rehearsal" : "cpu",
+                                  .track_buffers = opts.rehearsal}) {
     UNTIED_CHECK(opts.threads >= 1, "CPU threads must be >= 1, got ", opts.threads);
     omp_set_num_threads(threads_);
     openblas_set_num_threads(threads_);
