@@ -1,5 +1,6 @@
 #include "attention/block_ops.h"
 
+#include <algorithm>
 #include <string>
 
 #include "untied/kernels/rmsnorm.h"
@@ -53,19 +54,67 @@ void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, 
                        .b_dtype = wo.dtype(), .c = dst, .ldc = ld_dst, .c_dtype = dst_t});
 }
 
-void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, const void* x,
-                           DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
-                           int64_t d, Write dw_write) {
+void InputRows::for_each(const std::function<void(int64_t r0, int64_t n, const void* x)>& fn) const {
+  if (tiled_ == nullptr) {
+    fn(0, whole_->dim(0), whole_->data());
+    return;
+  }
+  UNTIED_CHECK(tiled_->tile >= 1 && tiled_->rows, "attention: a tiled input needs tile >= 1 and a rows function");
+  const int64_t tile = std::min(tiled_->tile, rows_);
+  TensorBuffer buf(dev_->allocator(), t_, {tile, hidden_}, Tag::kAttnWorkspace, "block input (tile)");
+  for (int64_t r0 = 0; r0 < rows_; r0 += tile) {
+    const int64_t n = std::min(tile, rows_ - r0);
+    tiled_->rows(r0, n, buf.data());
+    fn(r0, n, buf.data());
+  }
+}
+
+TensorBuffer whole_input(Device& dev, const TiledInput& x, int64_t rows, int64_t hidden, DType t) {
+  TensorBuffer whole(dev.allocator(), t, {rows, hidden}, Tag::kOther, "block input (whole)");
+  UNTIED_CHECK(x.tile >= 1 && x.rows, "attention: a tiled input needs tile >= 1 and a rows function");
+  const int64_t es = dtype_size(t);
+  for (int64_t r0 = 0; r0 < rows; r0 += x.tile)
+    x.rows(r0, std::min(x.tile, rows - r0), whole.data() == nullptr ? nullptr : whole.as<char>() + r0 * hidden * es);
+  return whole;
+}
+
+void head_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
+                     int64_t head, int64_t d) {
   const int64_t e = w.dim(1);
   const char* wrow = static_cast<const char*>(w.data()) + head * d * e * dtype_size(w.dtype());
-  char* dwrow = static_cast<char*>(dw.data()) + head * d * e * dtype_size(dw.dtype());
-  // dx (rows, E) += g (rows, D) w_head (D, E)
   gemm(dev, GemmParams{.m = rows, .n = e, .k = d, .beta = 1.0f, .a = g, .lda = ld_g, .a_dtype = g_t,
                        .b = wrow, .ldb = e, .b_dtype = w.dtype(), .c = dx, .ldc = e});
-  // dw_head (D, E) = g^T (D, rows) x (rows, E)
-  gemm(dev, GemmParams{.trans_a = true, .m = d, .n = e, .k = rows, .beta = dw_write == Write::kAccumulate ? 1.0f : 0.0f, .a = g,
-                       .lda = ld_g, .a_dtype = g_t, .b = x, .ldb = e, .b_dtype = x_t, .c = dwrow, .ldc = e,
-                       .c_dtype = dw.dtype()});
+}
+
+void head_weight_grads(Device& dev, const std::vector<HeadGrad>& heads, int64_t ld_g, DType g_t, const InputRows& x,
+                       int64_t d, const Tensor& dw, Write dw_write) {
+  const int64_t e = dw.dim(1), es_dw = dtype_size(dw.dtype()), es_g = dtype_size(g_t);
+  const bool scratch = x.tiled() && dw.dtype() != DType::kF32;
+  TensorBuffer acc;
+  if (scratch)
+    acc = TensorBuffer(dev.allocator(), DType::kF32, {static_cast<int64_t>(heads.size()), d, e}, Tag::kAttnWorkspace,
+                       "weight gradient fp32 sums (tiles)");
+  bool first = true;
+  x.for_each([&](int64_t r0, int64_t n, const void* xr) {
+    for (size_t k = 0; k < heads.size(); ++k) {
+      const char* g = static_cast<const char*>(heads[k].g) + r0 * ld_g * es_g;
+      void* c = scratch ? static_cast<void*>(acc.as<float>() == nullptr ? nullptr : acc.as<float>() + k * d * e)
+                        : static_cast<void*>(static_cast<char*>(dw.data()) + heads[k].head * d * e * es_dw);
+      const bool add = scratch ? !first : (!first || dw_write == Write::kAccumulate);
+      // dw_head (D, E) (+)= g^T (D, n) x (n, E)
+      gemm(dev, GemmParams{.trans_a = true, .m = d, .n = e, .k = n, .beta = add ? 1.0f : 0.0f, .a = g, .lda = ld_g,
+                           .a_dtype = g_t, .b = xr, .ldb = e, .b_dtype = x.dtype(), .c = c, .ldc = e,
+                           .c_dtype = scratch ? DType::kF32 : dw.dtype()});
+    }
+    first = false;
+  });
+  if (!scratch) return;
+  for (size_t k = 0; k < heads.size(); ++k) {
+    char* dst = static_cast<char*>(dw.data()) + heads[k].head * d * e * es_dw;
+    const float* src = acc.as<float>() == nullptr ? nullptr : acc.as<float>() + k * d * e;
+    if (dw_write == Write::kAccumulate) add_into(dev, dst, dw.dtype(), src, DType::kF32, d * e);
+    else convert(dev, dst, dw.dtype(), src, DType::kF32, d * e);
+  }
 }
 
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,

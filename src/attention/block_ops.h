@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,11 +47,44 @@ void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const voi
 void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
                            int64_t rows, const Tensor& wo, int64_t head, int64_t d);
 
-// Backward of project_head for one head:
-//   dx (rows, E) (f32 accumulator) += g (rows, D) w_head,      dw_head (D, E) (= or +=) g^T x.
-void project_head_backward(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, const void* x,
-                           DType x_t, int64_t rows, const Tensor& w, const Tensor& dw, int64_t head,
-                           int64_t d, Write dw_write);
+// The block input as the projections read it: whole (an (L, E) tensor), or a tile of rows at a
+// time (TiledInput, attention_block.h), each tile written into a scratch buffer first.
+class InputRows {
+ public:
+  explicit InputRows(const Tensor& whole) : whole_(&whole) {}
+  InputRows(Device& dev, const TiledInput& tiled, int64_t rows, int64_t hidden, DType t)
+      : dev_(&dev), tiled_(&tiled), rows_(rows), hidden_(hidden), t_(t) {}
+  bool tiled() const { return tiled_ != nullptr; }
+  DType dtype() const { return tiled_ != nullptr ? t_ : whole_->dtype(); }
+  // fn(r0, n, x) over consecutive runs of rows covering all of them, x pointing at row r0 of the
+  // input (n rows, E apart): one call with every row when whole, one per tile otherwise.
+  void for_each(const std::function<void(int64_t r0, int64_t n, const void* x)>& fn) const;
+
+ private:
+  const Tensor* whole_ = nullptr;
+  Device* dev_ = nullptr;
+  const TiledInput* tiled_ = nullptr;
+  int64_t rows_ = 0, hidden_ = 0;
+  DType t_ = DType::kF32;
+};
+
+// The tiled input made whole (rows, E): for the strategies that do not tile (local).
+TensorBuffer whole_input(Device& dev, const TiledInput& x, int64_t rows, int64_t hidden, DType t);
+
+// One head's rows of a gradient g (rows, D) at ld_g, for head_weight_grads.
+struct HeadGrad {
+  const void* g;
+  int64_t head;
+};
+// The backward of project_head: the weight side for a set of heads: dw_head (D, E) (= or +=, per
+// dw_write) g^T x for each entry, x read by `x`'s runs of rows. Tiled, the sums over tiles run
+// in fp32 (in dw itself, or, for a dw in another dtype, in an fp32 scratch written into dw once
+// per head), so a bf16 dw is rounded once per call as when whole.
+void head_weight_grads(Device& dev, const std::vector<HeadGrad>& heads, int64_t ld_g, DType g_t, const InputRows& x,
+                       int64_t d, const Tensor& dw, Write dw_write);
+// The input side: dx (rows, E) (f32 accumulator) += g (rows, D) w_head.
+void head_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
+                     int64_t head, int64_t d);
 
 // The RoPE positions of a run of rows: the segments of global positions they hold
 // (token_layout.h: one or two runs), or, with packed documents, a device table of one position per

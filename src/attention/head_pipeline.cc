@@ -79,22 +79,25 @@ RowPositions HeadPipeline::group_rows() const {
   return {.segments = &group_positions_, .table = mask_->rope_group.as<int64_t>()};
 }
 
-void HeadPipeline::project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep,
+void HeadPipeline::project_q(const AttentionWeights& w, const InputRows& x, int64_t s, SavedStage& st, KeepNorm keep,
                              Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   TensorBuffer send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
   const PackedHeads q = packed(send.data(), u);
-  for (int64_t p = 0; p < C; ++p)
-    for (int64_t j = 0; j < u; ++j)
-      project_head(dev_, q.slot(p, j), q.ld(), t, x.data(), x.dtype(), L, w.wq, sched_.q_head(s, p, j), D);
+  const int64_t es = dtype_size(t);
+  x.for_each([&](int64_t r0, int64_t n, const void* xr) {
+    for (int64_t p = 0; p < C; ++p)
+      for (int64_t j = 0; j < u; ++j)
+        project_head(dev_, q.slot(p, j) + r0 * q.ld() * es, q.ld(), t, xr, x.dtype(), n, w.wq, sched_.q_head(s, p, j), D);
+  });
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
   rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
   st.q = TensorBuffer(dev_.allocator(), t, {C * L, u, D}, Tag::kCommunication, "q all-to-all receive");
   ex.start(std::move(send), st.q.data(), L * u * D * dtype_size(t));
 }
 
-void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_t round, SavedRound& rd,
+void HeadPipeline::project_kv(const AttentionWeights& w, const InputRows& x, int64_t round, SavedRound& rd,
                               KeepNorm keep, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
@@ -110,12 +113,16 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const Tensor& x, int64_
   const Part parts[] = {
       {w.wk, rd.k, &w.k_norm, &rd.k_norm, "k projection (send layout)", "k all-to-all receive (resident)"},
       {w.wv, rd.v, nullptr, nullptr, "v projection (send layout)", "v all-to-all receive (resident)"}};
-  for (const Part& part : parts) {
+  const int64_t es = dtype_size(t);
+  for (const Part& part : parts) {  // one pass over x each (tiled: k's send goes before v's is made)
     TensorBuffer send(dev_.allocator(), t, {C, L, nkv, D}, Tag::kAttnWorkspace, part.send_what);
     const PackedHeads kv = packed(send.data(), nkv);
-    for (int64_t p = 0; p < C; ++p)
-      for (int64_t i = 0; i < nkv; ++i)
-        project_head(dev_, kv.slot(p, i), kv.ld(), t, x.data(), x.dtype(), L, part.w, sched_.kv_head(round, p, i), D);
+    x.for_each([&](int64_t r0, int64_t n, const void* xr) {
+      for (int64_t p = 0; p < C; ++p)
+        for (int64_t i = 0; i < nkv; ++i)
+          project_head(dev_, kv.slot(p, i) + r0 * kv.ld() * es, kv.ld(), t, xr, x.dtype(), n, part.w,
+                       sched_.kv_head(round, p, i), D);
+    });
     if (part.norm_w != nullptr) {
       normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
       rope_blocks(dev_, send.data(), t, C, L, nkv, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
@@ -145,6 +152,17 @@ void HeadPipeline::place_output(int64_t s, const Tensor& recv, const Tensor& att
 void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
                            AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, y);
+  run_forward(y, InputRows(x), w, mask, saved);
+}
+
+void HeadPipeline::forward(const Tensor& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
+                           AttentionSaved& saved) {
+  check_tensors(cfg_, rows_, y, w, y);  // (x has no tensor to check: y has its shape)
+  run_forward(y, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, mask, saved);
+}
+
+void HeadPipeline::run_forward(const Tensor& y, const InputRows& x, const AttentionWeights& w,
+                               const SequenceMask& mask, AttentionSaved& saved) {
   check_mask(cfg_, mask);
   const int64_t L = rows_, D = cfg_.head_dim, H = cfg_.heads, u = sched_.q_per_rank, stages = sched_.stages;
   const DType t = cfg_.dtype;
@@ -218,7 +236,7 @@ struct HeadPipeline::RoundGrads {
 };
 
 HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
-                                                 const Tensor& attn_out, Exchanges& ex) {
+                                                 const Tensor& attn_out, const float* delta_all, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   const int64_t es = dtype_size(t);
@@ -230,16 +248,23 @@ HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, co
   // D in send layout [C][u][L]: row j of block p is head slot j's L values.
   TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
   d.delta_recv = TensorBuffer(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
-  const PackedHeads dout = packed(do_send.data(), u), out = packed(attn_out.data(), cfg_.heads);
+  const PackedHeads dout = packed(do_send.data(), u);
   for (int64_t p = 0; p < C; ++p)
     for (int64_t j = 0; j < u; ++j)
       project_out_grad_head(dev_, dout.slot(p, j), dout.ld(), t, dy.data(), dy.dtype(), L, w.wo,
                             sched_.q_head(s, p, j), D);
-  // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j]
+  // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j], or the row of delta_all for that head
   for (int64_t p = 0; p < C; ++p)
-    for (int64_t j = 0; j < u; ++j)
-      row_dot(dev_, L, D, t, out.slot(0, sched_.q_head(s, p, j)), out.ld(), dout.slot(p, j), dout.ld(),
-              delta_send.as<float>() + (p * u + j) * L, 1);
+    for (int64_t j = 0; j < u; ++j) {
+      float* dst = delta_send.as<float>() + (p * u + j) * L;
+      const int64_t h = sched_.q_head(s, p, j);
+      if (delta_all != nullptr) {
+        dev_.copy(dst, delta_all + h * L, L * 4);
+      } else {
+        const PackedHeads out = packed(attn_out.data(), cfg_.heads);
+        row_dot(dev_, L, D, t, out.slot(0, h), out.ld(), dout.slot(p, j), dout.ld(), dst, 1);
+      }
+    }
   ex.start(std::move(do_send), d.dout.data(), L * u * D * es);
   ex.start(std::move(delta_send), d.delta_recv.data(), L * u * 4);
   return d;
@@ -262,7 +287,7 @@ TensorBuffer HeadPipeline::start_dq(TensorBuffer dq, Exchanges& ex) {
 }
 
 void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, const AttentionWeights& w,
-                             const Tensor& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+                             const InputRows& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kInverse);
@@ -272,15 +297,18 @@ void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, cons
   }
   // Every query head is in exactly one slot of one stage: its dwq rows are written once.
   const PackedHeads dq_seq = packed(recv.data(), u);
+  std::vector<HeadGrad> heads;
   for (int64_t p = 0; p < C; ++p)
-    for (int64_t j = 0; j < u; ++j)
-      project_head_backward(dev_, dx_acc, dq_seq.slot(p, j), dq_seq.ld(), t, x.data(), x.dtype(), L, w.wq, g.dwq,
-                            sched_.q_head(s, p, j), D, Write::kOverwrite);
+    for (int64_t j = 0; j < u; ++j) {
+      head_input_grad(dev_, dx_acc, dq_seq.slot(p, j), dq_seq.ld(), t, L, w.wq, sched_.q_head(s, p, j), D);
+      heads.push_back({.g = dq_seq.slot(p, j), .head = sched_.q_head(s, p, j)});
+    }
+  head_weight_grads(dev_, heads, dq_seq.ld(), t, x, D, g.dwq, Write::kOverwrite);
   recv.reset();
 }
 
 void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w,
-                                    const Tensor& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+                                    const InputRows& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -319,16 +347,30 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
     }
     // A KV head replicated over ranks (G < C) appears in several slots: its dw rows add up.
     const PackedHeads grad = packed((through_norm ? dk_pre : recv).data(), nkv);
+    std::vector<HeadGrad> heads;
     for (int64_t p = 0; p < C; ++p)
-      for (int64_t i = 0; i < nkv; ++i)
-        project_head_backward(dev_, dx_acc, grad.slot(p, i), grad.ld(), t, x.data(), x.dtype(), L, part.w, part.dw,
-                              sched_.kv_head(round, p, i), D, Write::kAccumulate);
+      for (int64_t i = 0; i < nkv; ++i) {
+        head_input_grad(dev_, dx_acc, grad.slot(p, i), grad.ld(), t, L, part.w, sched_.kv_head(round, p, i), D);
+        heads.push_back({.g = grad.slot(p, i), .head = sched_.kv_head(round, p, i)});
+      }
+    head_weight_grads(dev_, heads, grad.ld(), t, x, D, part.dw, Write::kAccumulate);
   }
 }
 
 void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, dy);
+  run_backward(dx, g, dy, InputRows(x), w, saved);
+}
+
+void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x,
+                            const AttentionWeights& w, AttentionSaved& saved) {
+  check_tensors(cfg_, rows_, dy, w, dy);  // (x has no tensor to check: dy has its shape)
+  run_backward(dx, g, dy, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
+}
+
+void HeadPipeline::run_backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const InputRows& x,
+                                const AttentionWeights& w, AttentionSaved& saved) {
   check_grads(cfg_, rows_, dx, g);
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden;
   const int64_t u = sched_.q_per_rank, nkv = sched_.kv_per_rank, stages = sched_.stages;
@@ -346,6 +388,19 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
   gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = L, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(),
                         .b = saved.attn_out.data(), .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D,
                         .c_dtype = g.dwo.dtype()});
+  // early_delta: D = rowsum(dO * O) of every head now, each head's dO (L, D) projected as each
+  // stage does it, so that the saved output can go before the stages' buffers come.
+  TensorBuffer delta_all;
+  if (cfg_.early_delta) {
+    delta_all = TensorBuffer(alloc, DType::kF32, {H, L}, Tag::kAttnWorkspace, "attention D (every head)");
+    TensorBuffer dout_h(alloc, t, {L, D}, Tag::kAttnWorkspace, "dO projection (one head)");
+    const PackedHeads out = packed(saved.attn_out.data(), H);
+    for (int64_t h = 0; h < H; ++h) {
+      project_out_grad_head(dev_, dout_h.data(), D, t, dy.data(), dy.dtype(), L, w.wo, h, D);
+      row_dot(dev_, L, D, t, out.slot(0, h), out.ld(), dout_h.data(), D, delta_all.as<float>() + h * L, 1);
+    }
+    saved.attn_out.reset();
+  }
   // dx accumulates in fp32; dwk/dwv accumulate over KV replicas.
   Buffer dx_acc_buf;
   float* dx_acc = dx.as<float>();
@@ -365,7 +420,7 @@ void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& d
       project_q(w, x, s, saved.stages[s], KeepNorm::kYes, ex);
       if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), KeepNorm::kYes, ex);
     }
-    return start_dout(s, dy, w, saved.attn_out, ex);
+    return start_dout(s, dy, w, saved.attn_out, cfg_.early_delta ? delta_all.as<float>() : nullptr, ex);
   };
   // Stage s's dq, once back in sequence layout, into dx and dwq; after a round's last stage, the
   // round's dk and dv sums back the same way. The order of these sums into dx is the stages'

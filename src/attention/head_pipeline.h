@@ -28,6 +28,10 @@ class HeadPipeline final : public AttentionBlock {
                AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
+  void forward(const Tensor& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
+               AttentionSaved& saved) override;
+  void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
+                AttentionSaved& saved) override;
   const AttentionConfig& config() const override { return cfg_; }
   int64_t stage_heads() const override { return sched_.stage_heads; }
   RingStats ring_stats() const override { return ring_ != nullptr ? ring_->stats() : RingStats{}; }
@@ -35,6 +39,12 @@ class HeadPipeline final : public AttentionBlock {
  private:
   struct DoutStage;
   struct RoundGrads;
+
+  // forward and backward over either kind of input.
+  void run_forward(const Tensor& y, const InputRows& x, const AttentionWeights& w, const SequenceMask& mask,
+                   AttentionSaved& saved);
+  void run_backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const InputRows& x,
+                    const AttentionWeights& w, AttentionSaved& saved);
 
   // Send layouts on this rank: per destination rank p, L rows of `heads` heads.
   PackedHeads packed(void* base, int64_t heads, int64_t elem_bytes) const;
@@ -44,10 +54,10 @@ class HeadPipeline final : public AttentionBlock {
   // st.q (S, u, D) = all_to_all(RoPE(norm(x wq[stage s heads]^T)))     sequence -> heads
   // Each step that exchanges starts its all-to-alls in `ex` (block_ops.h): they are complete
   // once ex.wait() returns (at once without overlap).
-  void project_q(const AttentionWeights& w, const Tensor& x, int64_t s, SavedStage& st, KeepNorm keep,
+  void project_q(const AttentionWeights& w, const InputRows& x, int64_t s, SavedStage& st, KeepNorm keep,
                  Exchanges& ex);
   // rd.k, rd.v (S, w, D) the same for the KV heads of round t (k normed and rotated)
-  void project_kv(const AttentionWeights& w, const Tensor& x, int64_t t, SavedRound& rd, KeepNorm keep,
+  void project_kv(const AttentionWeights& w, const InputRows& x, int64_t t, SavedRound& rd, KeepNorm keep,
                   Exchanges& ex);
   // the receive [C][L][u][D] of all_to_all(o)                          heads -> sequence
   TensorBuffer start_output(const Tensor& o, Exchanges& ex);
@@ -56,17 +66,19 @@ class HeadPipeline final : public AttentionBlock {
 
   // ---- backward steps, the forward's in reverse ----
   // dO (S, u, D) and D = rowsum(dO * O) for stage s, from dy:           sequence -> heads
-  DoutStage start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w, const Tensor& attn_out, Exchanges& ex);
+  // delta_all: D of every head, (H, L) fp32 (early_delta), else null and D from attn_out.
+  DoutStage start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w, const Tensor& attn_out,
+                       const float* delta_all, Exchanges& ex);
   // After the exchange: D into the kernel's (u, S) layout.
   void finish_dout(DoutStage& d);
   // the receive [C][L][u][D] of all_to_all(dq)                          heads -> sequence
   TensorBuffer start_dq(TensorBuffer dq, Exchanges& ex);
   // After the exchange: dq through RoPE and the q norm, into dx and dwq; frees recv.
-  void finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, const AttentionWeights& w, const Tensor& x,
+  void finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, const AttentionWeights& w, const InputRows& x,
                  float* dx_acc, AttentionGrads& g, QkNorm& qk);
   // The round's dk/dv sums back to the sequence, through RoPE and the k norm, into dx, dwk, dwv
   // (blocking: once per round).
-  void return_round_dkv(int64_t t, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w, const Tensor& x,
+  void return_round_dkv(int64_t t, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w, const InputRows& x,
                         float* dx_acc, AttentionGrads& g, QkNorm& qk);
 
   // The kernels' shape and the RoPE positions of this rank's rows and of its group sequence, under

@@ -16,6 +16,15 @@ class LocalAttention final : public AttentionBlock {
                AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
+  // x made whole, then the above.
+  void forward(const Tensor& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
+               AttentionSaved& saved) override {
+    forward(y, whole_input(dev_, x, cfg_.seq, cfg_.hidden, cfg_.dtype), w, mask, saved);
+  }
+  void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
+                AttentionSaved& saved) override {
+    backward(dx, g, dy, whole_input(dev_, x, cfg_.seq, cfg_.hidden, cfg_.dtype), w, saved);
+  }
   const AttentionConfig& config() const override { return cfg_; }
   int64_t stage_heads() const override { return cfg_.heads; }
 

@@ -37,6 +37,9 @@ void add_attention_flags(FlagSet& f) {
   f.add("ring-overlap", FlagKind::kBool, "true",
         "overlap each ring exchange with compute (--no-ring-overlap waits at once: the exchanges' whole cost)");
   add_overlap_flag(f);
+  f.add("early-delta", FlagKind::kBool, "true",
+        "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the backward and free the saved output "
+        "(--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
   add_dtype_flag(f, "f32");
   f.add("seed", FlagKind::kInt, "1", "seed of the random inputs and weights");
   add_ranks_flag(f, 1, "in-process ranks (threads) when not launched by mpirun");
@@ -82,6 +85,7 @@ Status attention_config_from_flags(const FlagSet& f, AttentionConfig* cfg) {
     return Status::invalid_argument("--ring-order: '" + order + "': use zigzag or contiguous");
   cfg->ring_order = order == "contiguous" ? RingOrder::kContiguous : RingOrder::kZigzag;
   cfg->ring_overlap = f.get_bool("ring-overlap");
+  cfg->early_delta = f.get_bool("early-delta");
   if (cfg->upipe_heads != 0 && cfg->strategy != Strategy::kUPipe)
     return Status::invalid_argument("--upipe-heads applies to --strategy upipe only");
   return Status::ok_status();

@@ -90,6 +90,15 @@ void add_train_flags(FlagSet& f) {
   f.add("metrics", FlagKind::kString, "", "append one JSON line per step to this file");
   f.add("progress", FlagKind::kBool, "true", "progress bar on rank 0 (--no-progress to turn off)");
   f.add("offload-inputs", FlagKind::kBool, "false", "keep each block's saved input in host memory, outside --mem-budget");
+  f.add("refetch-inputs", FlagKind::kBool, "true",
+        "with --offload-inputs: fetch a block's input again for its last step instead of holding it through the "
+        "attention's backward (--no-refetch-inputs holds it: one (L, E) buffer more at the peak, one host copy less)");
+  f.add("attn-tile", FlagKind::kInt, "0",
+        "rows per tile of the attention's input attn_norm(x), computed as the projections read it and never whole "
+        "(0 = the MLP tile, -1 = off: made whole)");
+  f.add("early-delta", FlagKind::kBool, "true",
+        "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the attention's backward and free the saved "
+        "output (--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
   f.add("rehearsal", FlagKind::kBool, "false", "run one step with every allocation counted, none backed, compute skipped; print peaks");
   f.add("fit-seq", FlagKind::kBool, "false", "with --rehearsal and --mem-budget: find the longest --seq whose step fits the budget");
 }
@@ -153,6 +162,9 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
                               .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"), .loss_chunk = f.get_int("loss-chunk")};
   Status ov = overlap_from_flags(f, *device == DeviceChoice::kCuda, &o->decoder.overlap);
   if (!ov.ok()) return ov;
+  o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
+  o->decoder.early_delta = f.get_bool("early-delta");
+  o->decoder.attn_tile = f.get_int("attn-tile");
   o->steps = f.get_int("steps");
   o->batch = f.get_int("batch");
   o->warmup = f.get_int("warmup");

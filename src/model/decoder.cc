@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <cmath>
 #include <vector>
 
@@ -40,7 +41,7 @@ AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) 
                          .head_dim = m.head_dim, .rope_theta = m.rope_theta, .rope_scaling = m.rope_scaling,
                          .dtype = o.dtype,
                          .strategy = o.strategy, .upipe_heads = o.upipe_heads, .ring = o.ring,
-                         .overlap = o.overlap, .qk_norm = m.qk_norm, .norm_eps = m.norm_eps};
+                         .overlap = o.overlap, .early_delta = o.early_delta, .qk_norm = m.qk_norm, .norm_eps = m.norm_eps};
 }
 
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
@@ -49,6 +50,7 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   s = validate(padded_config(attention_config(m, o), ranks), ranks);
   if (!s.ok()) return s;
   if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
+  if (o.attn_tile < -1) return Status::invalid_argument("attn_tile (--attn-tile) must be >= 0, or -1 (off: attn_norm(x) made whole)");
   return Status::ok_status();
 }
 
@@ -63,6 +65,7 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
   Status s = validate(m, o, comm.size());
   UNTIED_CHECK(s.ok(), s.message());
   tile_ = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows_) : std::min(rows_, std::max<int64_t>(m.hidden, 256));
+  attn_tile_ = o.attn_tile < 0 ? 0 : o.attn_tile > 0 ? std::min(o.attn_tile, rows_) : tile_;
   attn_ = make_attention_block(dev, comm, padded_config(attention_config(m, o), comm.size()));
 }
 
@@ -151,6 +154,23 @@ void Decoder::mlp_backward(const BlockWeights& w, const BlockWeights& g, const T
   }
 }
 
+TiledInput Decoder::normed_tiles(const BlockWeights& w, const Tensor& x, bool x_on_host, float* rstd) {
+  const int64_t E = m_.hidden, es = dtype_size(o_.dtype);
+  auto staging = std::make_shared<TensorBuffer>();  // x_on_host: the tile fetched to the device
+  if (x_on_host)
+    *staging = TensorBuffer(dev_.allocator(), o_.dtype, {attn_tile_, E}, Tag::kOther, "block input (tile, fetched)");
+  const Tensor weight = w.attn_norm;
+  return TiledInput{.tile = attn_tile_, .rows = [this, x, x_on_host, rstd, weight, staging, E, es](
+                                                    int64_t r0, int64_t n, void* dst) {
+    const char* src = x.data() == nullptr ? nullptr : static_cast<const char*>(x.data()) + r0 * E * es;
+    if (x_on_host) {
+      dev_.copy(staging->data(), src, n * E * es);
+      src = static_cast<const char*>(staging->data());
+    }
+    rmsnorm_forward(dev_, norm_shape(n), dst, rstd == nullptr ? nullptr : rstd + r0, src, weight.data());
+  }};
+}
+
 void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor& y, BlockActs* acts) {
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
@@ -158,12 +178,17 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor
   const RmsNormShape norm = norm_shape(L);
   BlockActs local;
   BlockActs& A = acts != nullptr ? *acts : local;
-  // a = attn_norm(x);  hm = x + attn(a)
-  A.a = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "attn_norm output");
+  // a = attn_norm(x);  hm = x + attn(a)   (with attn_tile_, a only ever a tile at a time)
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
-  rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w.attn_norm.data());
   A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
-  attn_->forward(A.hm, A.a, attention_weights(w), *mask_, A.saved);
+  if (attn_tile_ > 0) {
+    attn_->forward(A.hm, normed_tiles(w, x, /*x_on_host=*/false, A.rstd1.as<float>()), attention_weights(w), *mask_,
+                   A.saved);
+  } else {
+    A.a = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "attn_norm output");
+    rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w.attn_norm.data());
+    attn_->forward(A.hm, A.a, attention_weights(w), *mask_, A.saved);
+  }
   add_inplace(dev_, A.hm, x);
   if (acts != nullptr) return;  // recompute for backward: the MLP is recomputed tile by tile there
   A.saved.reset();
@@ -173,7 +198,7 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor
 }
 
 void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const std::function<Tensor()>& input,
-                             TensorBuffer& dh, BlockActs& A) {
+                             const Tensor& attn_in, bool attn_in_on_host, TensorBuffer& dh, BlockActs& A) {
   const Tensor& dy = dh;  // in: the gradient of the block's output; out (dx): of its input
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
@@ -211,7 +236,11 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   }
   // da (the attention's dx) in fp32: the attention block accumulates straight into it.
   TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
-  attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
+  if (attn_tile_ > 0)
+    attn_->backward(da, ag, dhm, normed_tiles(w, attn_in, attn_in_on_host, A.rstd1.as<float>()), attention_weights(w),
+                    A.saved);
+  else
+    attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
   if (t != DType::kF32)
     for (size_t k = 0; k < attn_grads.size(); ++k) add_inplace(dev_, *attn_grads[k].full, tmp[k]);
   tmp.clear();
@@ -383,7 +412,11 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     // one is dropped from the device for the attention's backward (the step's peak) and fetched
     // once more then (o_.refetch_inputs).
     std::function<Tensor()> input = [&] { return x; };
+    Tensor attn_in = x;  // where the attention's backward reads x (attn_tile_)
+    bool attn_in_on_host = false;
     if (host_ != nullptr && o_.refetch_inputs) {
+      attn_in = inputs[l].view();
+      attn_in_on_host = true;
       fetched.reset();
       input = [&] {
         fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched again)");
@@ -391,7 +424,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
         return fetched.view();
       };
     }
-    block_backward(w, g, input, dh, acts);  // dh: d output in, d input out
+    block_backward(w, g, input, attn_in, attn_in_on_host, dh, acts);  // dh: d output in, d input out
     params.reduce_grads(gg);
     inputs[l].reset();
   }

@@ -388,6 +388,71 @@ TEST(AttentionBlockBits, OverlapIsBitwiseTheSame) {
   }
 }
 
+// D = rowsum(dO * O) of every head before the stages (the saved output then freed) or per stage:
+// the same products, so the same bits (Ulysses and UPipe, with a ring too).
+TEST(AttentionBlockBits, EarlyDeltaIsBitwiseTheSame) {
+  struct Case {
+    BlockDims d;
+    Strategy st;
+    int C;
+    int64_t U, R;
+  };
+  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1},
+                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const BlockInputs in = random_inputs(c.d, kSeed, t);
+      RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t};
+      const BlockRun early = run_block(in, spec);
+      spec.early_delta = false;
+      const BlockRun late = run_block(in, spec);
+      std::string which;
+      EXPECT_TRUE(all_bitwise_equal(early, late, &which)) << dims_name(c.d) << " " << spec.name() << ": " << which;
+    }
+  }
+}
+
+// x given by tiles (TiledInput, the decoder's 2-D chunking) against x whole: the projections and
+// weight gradients run tile by tile, so the weight gradients' fp32 sums over rows change order:
+// f32 within the summation-order bound below (16 FLT_EPSILON max |whole|), bf16 within four bf16
+// roundings of max |whole| (a sum that rounds to the neighbouring bf16 value, then carried
+// through the attention). Tiles that do not divide L, one row, and L itself; every strategy that
+// tiles, and local (which makes x whole first: the same bits).
+TEST(AttentionBlockTiles, TiledInputMatchesWhole) {
+  struct Case {
+    BlockDims d;
+    Strategy st;
+    int C;
+    int64_t U, R, tile;
+  };
+  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5},
+                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12},
+                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 10}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const BlockInputs in = random_inputs(c.d, kSeed, t);
+      RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t};
+      const BlockRun whole = run_block(in, spec);
+      spec.input_tile = c.tile;
+      const BlockRun tiled = run_block(in, spec);
+      for (int i = 0; i < kNumOutputs; ++i) {
+        const double m = max_abs(whole.out[i]);
+        const double tol = t == DType::kF32 ? 16.0 * FLT_EPSILON * m : 4.0 * kBf16UnitRoundoff * m;
+        EXPECT_TRUE(expect_within(dims_name(c.d) + " " + spec.name() + " " + kOutputNames[i], tiled.out[i],
+                                  whole.out[i], tol, output_cols(c.d, i), "tiles against whole"));
+      }
+      if (c.st == Strategy::kLocal) {
+        std::string which;
+        EXPECT_TRUE(all_bitwise_equal(whole, tiled, &which)) << which;
+      }
+    }
+  }
+}
+
 // Reported, not required: OpenBLAS's summation order depends on the GEMM shape.
 // The head pipeline against local, bit by bit: not identical (OpenBLAS's GEMM summation order
 // depends on the matrix shape: per-rank rows, per-head columns), so most elements differ in their

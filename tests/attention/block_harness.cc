@@ -105,6 +105,9 @@ std::string RunSpec::name() const {
   if (ring > 1) s += " R=" + std::to_string(ring);
   s += " ";
   s += dtype_name(dtype);
+  if (overlap) s += " overlap";
+  if (!early_delta) s += " late-delta";
+  if (input_tile > 0) s += " tile=" + std::to_string(input_tile);
   if (rehearsal) s += " rehearsal";
   return s;
 }
@@ -117,7 +120,8 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
   const DType t = spec.dtype;
   const AttentionConfig cfg{.seq = S, .hidden = E, .heads = H, .kv_heads = G, .head_dim = D,
                             .rope_theta = d.theta, .dtype = t, .strategy = spec.strategy,
-                            .upipe_heads = spec.upipe_heads, .ring = spec.ring, .overlap = spec.overlap};
+                            .upipe_heads = spec.upipe_heads, .ring = spec.ring, .overlap = spec.overlap,
+                            .early_delta = spec.early_delta};
   const TokenLayout layout = token_layout(cfg, C);
   // Each rank's rows of x and dy, at its positions.
   const std::vector<double> x_by_rank = rows_by_rank(in.x, layout, E, /*gather=*/false),
@@ -165,10 +169,17 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
     dev->allocator().set_phase(Phase::kForward);
     const SequenceMask mask = d.doc_lens.empty() ? SequenceMask(S, d.window)
                                                  : SequenceMask::from_lengths(d.doc_lens, d.window).value();
-    block->forward(yt, xt, w, mask, saved);
+    // spec.input_tile: x by tiles, each copied from x's rows (as the decoder's norm tiles are).
+    const TiledInput tiled{.tile = spec.input_tile, .rows = [&](int64_t r0, int64_t n, void* dst) {
+      dev->copy(dst, xt.data() == nullptr ? nullptr : static_cast<const char*>(xt.data()) + r0 * E * dtype_size(t),
+                n * E * dtype_size(t));
+    }};
+    if (spec.input_tile > 0) block->forward(yt, tiled, w, mask, saved);
+    else block->forward(yt, xt, w, mask, saved);
     const MemoryStats after_forward = dev->allocator().stats();
     dev->allocator().set_phase(Phase::kBackward);
-    block->backward(dxt, g, dyt, xt, w, saved);
+    if (spec.input_tile > 0) block->backward(dxt, g, dyt, tiled, w, saved);
+    else block->backward(dxt, g, dyt, xt, w, saved);
     dev->synchronize();
     for (auto& [b, host, bytes] : on_gpu) dev->copy(host, b.data(), bytes);  // inputs come back unchanged
     std::lock_guard<std::mutex> lock(mu);

@@ -100,6 +100,8 @@ struct RunSpec {
   int64_t ring = 1;         // R: ulysses/upipe across R ring groups (strategy kRing: R = ranks)
   DType dtype = DType::kF32;
   bool overlap = false;     // AttentionConfig::overlap (upipe: the next stage in flight)
+  bool early_delta = true;  // AttentionConfig::early_delta (the saved output freed before the stages)
+  int64_t input_tile = 0;   // > 0: x given as a TiledInput of this many rows (copied from x's rows)
   bool rehearsal = false;   // counting devices; every tensor passed with nullptr data
   bool gpu = false;         // every rank on its own CUDA device on GPU 0 (the in-process ranks
                             // share it); inputs copied there, outputs copied back

@@ -135,6 +135,7 @@ TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
     o.rehearsal = true;
     o.steps = 1, o.warmup = 0;
     o.decoder.seq = 1 << 14;
+    o.decoder.attn_tile = -1;  // attn_norm(x) whole: the refetch alone
     o.decoder.refetch_inputs = false;
     auto r_held = run(o, 2);
     o.decoder.refetch_inputs = true;
@@ -142,6 +143,19 @@ TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
     ASSERT_TRUE(r_held.ok() && r_refetched.ok());
     const int64_t L = o.decoder.seq / 2, E = o.model.hidden;
     EXPECT_EQ(r_held.value().peak.peak_total - r_refetched.value().peak.peak_total, L * E * 4) << strategy_name(st);
+    // With the attention's input in tiles (the default), the backward fetches x from the host a
+    // tile at a time: the peak keeps that tile (256 rows here, the MLP tile) of the fetched input.
+    o.decoder.attn_tile = 0;
+    o.decoder.refetch_inputs = false;
+    auto t_held = run(o, 2);
+    o.decoder.refetch_inputs = true;
+    auto t_refetched = run(o, 2);
+    ASSERT_TRUE(t_held.ok() && t_refetched.ok());
+    EXPECT_EQ(t_held.value().peak.peak_total - t_refetched.value().peak.peak_total, (L - 256) * E * 4)
+        << strategy_name(st);
+    // And tiles hold no whole attn_norm(x): one (L, E) buffer less than without them.
+    EXPECT_EQ(r_refetched.value().peak.peak_total - t_refetched.value().peak.peak_total, L * E * 4 - 256 * E * 4)
+        << strategy_name(st);
     // The allocator's list of what was live at the peak names the fetched input only without.
     auto names = [](const TrainSummary& s) {
       std::string all;

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,11 @@ struct AttentionConfig {
   // stage of exchange buffers (counted by the allocator, so rehearsal sees it); the arithmetic,
   // and so every result bit, is the same either way.
   bool overlap = false;
+  // Ulysses and UPipe: the backward computes D = rowsum(dO * O) of every head first (one more
+  // pass of the dO projection, head by head) and frees the saved attention output (L, H*D) before
+  // its first stage, instead of holding it through every stage; false keeps it (and computes D per
+  // stage). The arithmetic of D, and so every result bit, is the same either way.
+  bool early_delta = true;
   // Qwen3: RMSNorm over each head's D values of q and of k (weights q_norm, k_norm (D)),
   // after the projection and before RoPE.
   bool qk_norm = false;
@@ -161,6 +167,19 @@ struct RingStats {
   double compute_s = 0;  // the ring steps' attention (host clock: on a GPU, issue time only)
 };
 
+// The block's input x (L, E) given a tile of rows at a time instead of whole (2-D chunking: the
+// sequence as well as the heads): rows(r0, n, dst) writes rows [r0, r0 + n) of x, n <= tile, into
+// dst (n, E, contiguous, the block's dtype), e.g. the RMSNorm of the decoder's block input, read
+// from wherever that input lives. Ulysses and UPipe then project q, k and v, and form their weight
+// gradients, tile by tile, and never hold x whole (rows is called once per tile for each stage's
+// q, each round's k and v, in forward, in a recompute and in backward); the other strategies
+// make x whole first. Results agree with the untiled block's to the summation order of the
+// weight gradients' sums over rows (fp32 either way).
+struct TiledInput {
+  int64_t tile = 0;  // rows per call, >= 1
+  std::function<void(int64_t r0, int64_t n, void* dst)> rows;
+};
+
 class AttentionBlock {
  public:
   virtual ~AttentionBlock() = default;
@@ -176,6 +195,12 @@ class AttentionBlock {
   // dx is in the block's dtype, or f32 (then it is the fp32 accumulator: in a bf16 block this
   // saves the (L, E) fp32 scratch the block otherwise accumulates in).
   virtual void backward(const Tensor& dx, AttentionGrads& grads, const Tensor& dy, const Tensor& x,
+                        const AttentionWeights& w, AttentionSaved& saved) = 0;
+  // The same with x given by tiles (TiledInput): ulysses and upipe tile their projections, local
+  // makes x whole first (Tag::kOther).
+  virtual void forward(const Tensor& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
+                       AttentionSaved& saved) = 0;
+  virtual void backward(const Tensor& dx, AttentionGrads& grads, const Tensor& dy, const TiledInput& x,
                         const AttentionWeights& w, AttentionSaved& saved) = 0;
   virtual const AttentionConfig& config() const = 0;
   // Heads per stage actually used (U; H for ulysses and local) and the number of stages.

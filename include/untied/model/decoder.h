@@ -45,6 +45,12 @@ struct DecoderOptions {
   // the end, so it is not on the device during the attention's backward (one more copy of (L, E)
   // from the host per block). Results are the same bits either way.
   bool refetch_inputs = true;
+  bool early_delta = true;  // AttentionConfig::early_delta
+  // 2-D chunking of the attention's input: attn_norm(x) is computed a tile of this many rows at a
+  // time as the attention's projections read it (TiledInput, attention_block.h), never whole; in
+  // the backward of an offloaded input it is read from the host copy a tile at a time. 0: the MLP
+  // tile; -1: off (attn_norm(x) made whole and held through the block's attention).
+  int64_t attn_tile = 0;
 };
 
 // Validates model + options for `ranks` ranks (including the attention block's rules).
@@ -103,6 +109,9 @@ class Decoder {
  private:
   struct BlockActs;
   struct MlpTile;
+  // attn_norm(x) a tile of rows at a time (o_.attn_tile), writing rstd (L) as it goes; x read from
+  // the device or, x_on_host, copied from host memory a tile at a time.
+  TiledInput normed_tiles(const BlockWeights& w, const Tensor& x, bool x_on_host, float* rstd);
   RmsNormShape norm_shape(int64_t rows) const;  // the block norms over (rows, E)
   // Checks that mask covers padded_seq() tokens and makes it the mask of the step in progress.
   void use_mask(const SequenceMask& mask);
@@ -120,8 +129,10 @@ class Decoder {
   // the old one is freed as soon as it is folded in, before the attention backward). Block
   // weight gradients (fp32, full local) into g (+=).
   // input() gives the block's input x (L, E), called once, after the attention's backward.
+  // attn_in: where the attention's backward reads x from with attn_tile_ (x_host: an offloaded
+  // input's host copy, the device copy being gone), else empty.
   void block_backward(const BlockWeights& w, const BlockWeights& g, const std::function<Tensor()>& input,
-                      TensorBuffer& dh, BlockActs& acts);
+                      const Tensor& attn_in, bool attn_in_on_host, TensorBuffer& dh, BlockActs& acts);
   // out_add (L, E) += mlp(mlp_norm(hm)), norm and MLP tile by tile.
   void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
   // dhm (L, E) = dy + mlp_norm'(mlp'(dy)), tile by tile; MLP and mlp_norm gradients into g (+=).
@@ -134,6 +145,7 @@ class Decoder {
   DecoderOptions o_;
   int64_t rows_;  // L
   int64_t tile_;
+  int64_t attn_tile_;  // 0: off
   std::unique_ptr<AttentionBlock> attn_;
   Allocator* host_;
   const SequenceMask* mask_ = nullptr;  // the mask of the step in progress
