@@ -130,4 +130,4 @@ resumes4() {  # a copy of $d/mk resumes on its 4 ranks for two more steps
     "${mpi[@]}" 4 "$u" train --steps 4000 --batch 1 --seq 64 --kv-keys 8 --no-progress --checkpoint-dir "$d/copy" \
       --save-every 20 --resume --stop-after $((step + 2)) > /dev/null 2>&1
 }
-row "kill -9 of one rank mid-run (mpirun -np 4)" "resumes4" -- bash -c "( sleep 3; pkill -9 -n -f '^$u train --steps 4000' ) & ${mpi[*]} 4 $u train --steps 4000 --batch 1 --seq 64 --kv-keys 8 --no-progress --checkpoint-dir $d/mk --save-every 20"
+row "kill -9 of one rank mid-run (mpirun -np 4)" "resumes4" -- bash -c "( for i in \$(seq 600); do [ -f $d/mk/latest ] && break; sleep 0.1; done; sleep 1; pkill -9 -n -f '^$u train --steps 4000' ) & ${mpi[*]} 4 $u train --steps 4000 --batch 1 --seq 64 --kv-keys 8 --no-progress --checkpoint-dir $d/mk --save-every 20"
