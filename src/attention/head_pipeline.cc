@@ -236,7 +236,7 @@ struct HeadPipeline::RoundGrads {
 };
 
 HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
-                                                 const Tensor& attn_out, const float* delta_all, Exchanges& ex) {
+                                                 const Tensor& attn_out, const Tensor* delta_all, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   const int64_t es = dtype_size(t);
@@ -259,7 +259,7 @@ HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, co
       float* dst = delta_send.as<float>() + (p * u + j) * L;
       const int64_t h = sched_.q_head(s, p, j);
       if (delta_all != nullptr) {
-        dev_.copy(dst, delta_all + h * L, L * 4);
+        dev_.copy(dst, delta_all->as<float>() + h * L, L * 4);
       } else {
         const PackedHeads out = packed(attn_out.data(), cfg_.heads);
         row_dot(dev_, L, D, t, out.slot(0, h), out.ld(), dout.slot(p, j), dout.ld(), dst, 1);
@@ -420,7 +420,7 @@ void HeadPipeline::run_backward(const Tensor& dx, AttentionGrads& g, const Tenso
       project_q(w, x, s, saved.stages[s], KeepNorm::kYes, ex);
       if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), KeepNorm::kYes, ex);
     }
-    return start_dout(s, dy, w, saved.attn_out, cfg_.early_delta ? delta_all.as<float>() : nullptr, ex);
+    return start_dout(s, dy, w, saved.attn_out, cfg_.early_delta ? &delta_all.view() : nullptr, ex);
   };
   // Stage s's dq, once back in sequence layout, into dx and dwq; after a round's last stage, the
   // round's dk and dv sums back the same way. The order of these sums into dx is the stages'

@@ -68,7 +68,7 @@ class HeadPipeline final : public AttentionBlock {
   // dO (S, u, D) and D = rowsum(dO * O) for stage s, from dy:           sequence -> heads
   // delta_all: D of every head, (H, L) fp32 (early_delta), else null and D from attn_out.
   DoutStage start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w, const Tensor& attn_out,
-                       const float* delta_all, Exchanges& ex);
+                       const Tensor* delta_all, Exchanges& ex);
   // After the exchange: D into the kernel's (u, S) layout.
   void finish_dout(DoutStage& d);
   // the receive [C][L][u][D] of all_to_all(dq)                          heads -> sequence

@@ -197,8 +197,8 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor
   mlp_forward(w, A.hm, y);
 }
 
-void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const std::function<Tensor()>& input,
-                             const Tensor& attn_in, bool attn_in_on_host, TensorBuffer& dh, BlockActs& A) {
+void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& in, TensorBuffer& dh,
+                             BlockActs& A) {
   const Tensor& dy = dh;  // in: the gradient of the block's output; out (dx): of its input
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
@@ -237,7 +237,7 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   // da (the attention's dx) in fp32: the attention block accumulates straight into it.
   TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
   if (attn_tile_ > 0)
-    attn_->backward(da, ag, dhm, normed_tiles(w, attn_in, attn_in_on_host, A.rstd1.as<float>()), attention_weights(w),
+    attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
                     A.saved);
   else
     attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
@@ -247,7 +247,12 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   A.a.reset();
   // dx = dhm + attn_norm'(da), tile by tile (da is narrowed to the block dtype per tile), into
   // dhm's own rows: the block's input gradient takes dhm's buffer.
-  const Tensor x = input();  // the block input, only now (an offloaded one is fetched again here)
+  TensorBuffer fetched;  // x only in host memory: fetched to the device again, only now
+  if (in.on_host) {
+    fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched again)");
+    dev_.copy(fetched.data(), in.x.data(), in.x.bytes());
+  }
+  const Tensor x = in.on_host ? fetched.view() : in.x;
   TensorBuffer dxt(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "d block input (tile)");
   for (int64_t r0 = 0; r0 < L; r0 += tile_) {
     const int64_t n = std::min(tile_, L - r0);
@@ -411,20 +416,12 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     // The block's input is needed again only by the attn_norm backward at the end: an offloaded
     // one is dropped from the device for the attention's backward (the step's peak) and fetched
     // once more then (o_.refetch_inputs).
-    std::function<Tensor()> input = [&] { return x; };
-    Tensor attn_in = x;  // where the attention's backward reads x (attn_tile_)
-    bool attn_in_on_host = false;
+    BlockInput in{.x = x};
     if (host_ != nullptr && o_.refetch_inputs) {
-      attn_in = inputs[l].view();
-      attn_in_on_host = true;
+      in = BlockInput{.x = inputs[l].view(), .on_host = true};
       fetched.reset();
-      input = [&] {
-        fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched again)");
-        dev_.copy(fetched.data(), inputs[l].data(), inputs[l].view().bytes());
-        return fetched.view();
-      };
     }
-    block_backward(w, g, input, attn_in, attn_in_on_host, dh, acts);  // dh: d output in, d input out
+    block_backward(w, g, in, dh, acts);  // dh: d output in, d input out
     params.reduce_grads(gg);
     inputs[l].reset();
   }

@@ -66,9 +66,10 @@ Fault fault_from_environment(int rank) {
   return f;
 }
 
-void fault_at_step_start(const Fault& f, int64_t step) {
-  if (f.step != step || (f.kind == FaultKind::kStall && !f.at.empty())) return;
+void fault_at_step_start(const Fault& f, int64_t step, Communicator& comm) {
+  if (f.step != step || !f.at.empty()) return;  // (at=forward: fault_before_forward)
   if (f.kind == FaultKind::kExit) std::_Exit(3);
+  if (f.kind == FaultKind::kBarrier) comm.barrier();
   if (f.kind == FaultKind::kStall)
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }

@@ -242,13 +242,12 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   for (int64_t s = start; s < end; ++s) {
     watchdog_note(0, "step " + std::to_string(s + 1));
     watchdog_note(1, "data");
-    fault_at_step_start(fault, s + 1);
+    fault_at_step_start(fault, s + 1, comm);  // tests only
     if (fault.kind == FaultKind::kNanWeight && fault.step == s + 1 && dev.backed()) {  // tests only
       const float nan = std::numeric_limits<float>::quiet_NaN();
       const int i = std::min(fault.param, params.num_params() - 1);
       if (params.owned_elems(i) > 0) dev.copy(params.master(i), &nan, sizeof nan);
     }
-    if (fault.kind == FaultKind::kBarrier && fault.step == s + 1 && fault.at.empty()) comm.barrier();  // tests only
     const double t0 = now_s();
     Status ds;
     std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));

@@ -109,6 +109,12 @@ class Decoder {
  private:
   struct BlockActs;
   struct MlpTile;
+  // Where a block's input x (L, E) is during its backward: on the device, or (an offloaded input
+  // whose fetched copy was dropped, DecoderOptions::refetch_inputs) only in host memory.
+  struct BlockInput {
+    Tensor x;
+    bool on_host = false;  // x is the host copy (the device has none)
+  };
   // attn_norm(x) a tile of rows at a time (o_.attn_tile), writing rstd (L) as it goes; x read from
   // the device or, x_on_host, copied from host memory a tile at a time.
   TiledInput normed_tiles(const BlockWeights& w, const Tensor& x, bool x_on_host, float* rstd);
@@ -128,11 +134,10 @@ class Decoder {
   // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:
   // the old one is freed as soon as it is folded in, before the attention backward). Block
   // weight gradients (fp32, full local) into g (+=).
-  // input() gives the block's input x (L, E), called once, after the attention's backward.
-  // attn_in: where the attention's backward reads x from with attn_tile_ (x_host: an offloaded
-  // input's host copy, the device copy being gone), else empty.
-  void block_backward(const BlockWeights& w, const BlockWeights& g, const std::function<Tensor()>& input,
-                      const Tensor& attn_in, bool attn_in_on_host, TensorBuffer& dh, BlockActs& acts);
+  // x: the block's input; one only in host memory is read from there by the attention's tiles
+  // (attn_tile_) and fetched to the device again for the attn_norm backward at the end.
+  void block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& x, TensorBuffer& dh,
+                      BlockActs& acts);
   // out_add (L, E) += mlp(mlp_norm(hm)), norm and MLP tile by tile.
   void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
   // dhm (L, E) = dy + mlp_norm'(mlp'(dy)), tile by tile; MLP and mlp_norm gradients into g (+=).

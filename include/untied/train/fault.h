@@ -47,8 +47,9 @@ struct Fault {
 // The fault UNTIED_FAULT names, if it applies to `rank`; kNone otherwise.
 Fault fault_from_environment(int rank);
 
-// kStall and kExit, when `f` is one of them for this step: stalls or exits here.
-void fault_at_step_start(const Fault& f, int64_t step);
+// kStall, kExit and kBarrier without at=, when `f` is one of them for this step: stalls, exits or
+// calls comm.barrier() here.
+void fault_at_step_start(const Fault& f, int64_t step, Communicator& comm);
 
 // kStall and kBarrier with at=forward, for this step: stalls here, or calls dev_comm.barrier().
 void fault_before_forward(const Fault& f, int64_t step, Communicator& dev_comm);
