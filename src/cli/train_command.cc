@@ -90,6 +90,13 @@ void add_train_flags(FlagSet& f) {
   f.add("metrics", FlagKind::kString, "", "append one JSON line per step to this file");
   f.add("progress", FlagKind::kBool, "true", "progress bar on rank 0 (--no-progress to turn off)");
   f.add("offload-inputs", FlagKind::kBool, "false", "keep each block's saved input in host memory, outside --mem-budget");
+  f.add("keep-inputs", FlagKind::kInt, "0",
+        "with --offload-inputs: the first K blocks' inputs stay on the device (partial offload)");
+  f.add("offload-every", FlagKind::kInt, "1",
+        "with --offload-inputs: offload every N-th block's input from block --keep-inputs on, keep the rest on the device");
+  f.add("host-budget", FlagKind::kBytes, "",
+        "host memory per node for the offloaded block inputs (e.g. 1T), shared evenly by the node's ranks; checked "
+        "before the first step");
   f.add("refetch-inputs", FlagKind::kBool, "true",
         "with --offload-inputs: fetch a block's input again for its last step instead of holding it through the "
         "attention's backward (--no-refetch-inputs holds it: one (L, E) buffer more at the peak, one host copy less)");
@@ -165,6 +172,12 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
   o->decoder.attn_tile = f.get_int("attn-tile");
+  if ((f.was_set("keep-inputs") || f.was_set("offload-every")) && !o->offload_inputs)
+    return Status::invalid_argument("--keep-inputs and --offload-every choose which inputs --offload-inputs offloads: add it");
+  o->decoder.offload_keep_first = f.get_int("keep-inputs");
+  o->decoder.offload_every = f.get_int("offload-every");
+  o->host_budget_bytes = f.get_bytes("host-budget");
+  o->ranks_per_node = ranks;
   o->steps = f.get_int("steps");
   o->batch = f.get_int("batch");
   o->warmup = f.get_int("warmup");
@@ -219,7 +232,10 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
   for (int t = 0; t < kNumTags; ++t)
     std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
-  if (o.offload_inputs) std::printf("  %-16s %14s  (offloaded block inputs, outside the budget)\n", "host", format_bytes(host_peak).c_str());
+  if (o.offload_inputs)
+    std::printf("  %-16s %14s  (%lld of %lld blocks' inputs offloaded, outside the budget; %s per node of %d ranks)\n",
+                "host", format_bytes(host_peak).c_str(), (long long)offloaded_inputs(o.model, o.decoder),
+                (long long)o.model.layers, format_bytes(host_peak * o.ranks_per_node).c_str(), o.ranks_per_node);
   if (live.empty()) return;
   // What rank 0 held at its peak, largest first: the buffers a longer sequence has to shrink.
   int64_t total = 0;

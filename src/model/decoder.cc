@@ -51,7 +51,20 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   if (!s.ok()) return s;
   if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
   if (o.attn_tile < -1) return Status::invalid_argument("attn_tile (--attn-tile) must be >= 0, or -1 (off: attn_norm(x) made whole)");
+  if (o.offload_keep_first < 0 || o.offload_keep_first > m.layers || o.offload_every < 1)
+    return Status::invalid_argument("--keep-inputs must be in [0, " + std::to_string(m.layers) +
+                                    "] (the model's layers) and --offload-every >= 1");
   return Status::ok_status();
+}
+
+bool input_offloaded(const DecoderOptions& o, int64_t layer) {
+  return layer >= o.offload_keep_first && (layer - o.offload_keep_first) % o.offload_every == 0;
+}
+
+int64_t offloaded_inputs(const ModelConfig& m, const DecoderOptions& o) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < m.layers; ++l) n += input_offloaded(o, l);
+  return n;
 }
 
 struct Decoder::BlockActs {
@@ -333,13 +346,13 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     const ParamGroup w = params.gather(0);
     embedding_forward(dev_, emb, h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
   }
-  std::vector<TensorBuffer> inputs;  // each block's input: on the device, or offloaded to host_
+  std::vector<TensorBuffer> inputs;  // each block's input: on the device, or offloaded to host_ (offloads(l))
   for (int l = 0; l < N; ++l) {
     watchdog_note(1, "forward, block " + std::to_string(l));
     const ParamGroup w = params.gather(l + 1);
     TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
     block_forward(bind_block(m_, w), h, y, nullptr);
-    if (host_ != nullptr) {
+    if (offloads(l)) {
       TensorBuffer c(*host_, t, {L, E}, Tag::kActivations, "block " + std::to_string(l) + " input (offloaded)");
       dev_.copy(c.data(), h.data(), h.view().bytes());
       inputs.push_back(std::move(c));
@@ -406,18 +419,18 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     ParamGroup gg = params.grad_buffers(l + 1);
     const BlockWeights w = bind_block(m_, wg), g = bind_block(m_, gg);
     TensorBuffer fetched;  // the offloaded input, back on the device for the recompute
-    if (host_ != nullptr) {
+    if (offloads(l)) {
       fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched)");
       dev_.copy(fetched.data(), inputs[l].data(), inputs[l].view().bytes());
     }
-    const Tensor& x = host_ != nullptr ? fetched.view() : inputs[l].view();
+    const Tensor& x = offloads(l) ? fetched.view() : inputs[l].view();
     BlockActs acts;
     block_forward(w, x, Tensor(), &acts);
     // The block's input is needed again only by the attn_norm backward at the end: an offloaded
     // one is dropped from the device for the attention's backward (the step's peak) and fetched
     // once more then (o_.refetch_inputs).
     BlockInput in{.x = x};
-    if (host_ != nullptr && o_.refetch_inputs) {
+    if (offloads(l) && o_.refetch_inputs) {
       in = BlockInput{.x = inputs[l].view(), .on_host = true};
       fetched.reset();
     }

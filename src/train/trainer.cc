@@ -139,7 +139,27 @@ Status validate(const TrainOptions& o, int ranks) {
   if (o.rehearsal && (o.resume || !o.checkpoint_dir.empty()))
     return Status::invalid_argument("a rehearsal has no weights to save or load: drop --checkpoint-dir and --resume");
   if (o.threads < 1) return Status::invalid_argument("--threads must be >= 1");
+  if (o.host_budget_bytes < 0 || o.ranks_per_node < 1)
+    return Status::invalid_argument("--host-budget must be >= 0 and the ranks per node >= 1");
+  if (o.host_budget_bytes > 0) {
+    const int64_t need = offloaded_input_bytes(o, ranks), share = o.host_budget_bytes / o.ranks_per_node;
+    if (need > share)
+      return Status::invalid_argument(
+          "the offloaded block inputs need " + format_bytes(need) + " of host memory per rank (" +
+          std::to_string(offloaded_inputs(o.model, o.decoder)) + " blocks of " +
+          std::to_string(padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks) + " x " +
+          std::to_string(o.model.hidden) + " " + std::string(dtype_name(o.decoder.dtype)) + "), " +
+          format_bytes(need * o.ranks_per_node) + " per node of " + std::to_string(o.ranks_per_node) +
+          " ranks, over --host-budget " + format_bytes(o.host_budget_bytes) +
+          ": offload fewer blocks (--keep-inputs K, --offload-every N), shorten --seq, or raise --host-budget");
+  }
   return Status::ok_status();
+}
+
+int64_t offloaded_input_bytes(const TrainOptions& o, int ranks) {
+  if (!o.offload_inputs) return 0;
+  const int64_t L = padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks;
+  return offloaded_inputs(o.model, o.decoder) * L * o.model.hidden * dtype_size(o.decoder.dtype);
 }
 
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
@@ -172,7 +192,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   // Offloaded block inputs live in host memory (page-locked on a GPU): counted apart from the
   // device budget.
   Allocator host(o.rehearsal || !dev.backed() ? make_counting_memory() : dev.host_memory(),
-                 Allocator::Options{.name = "host"});
+                 Allocator::Options{.budget_bytes = o.host_budget_bytes / o.ranks_per_node, .name = "host"});
   Decoder decoder(dev, dev_comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
   const std::string id = identity(o, comm.size(), data);
 

@@ -121,6 +121,58 @@ TEST(Trainer, OffloadedInputsChangeMemoryNotResults) {
 // Offloaded inputs fetched again for the attn_norm backward (DecoderOptions::refetch_inputs)
 // instead of held through the attention's backward: the same bits, and in a rehearsal whose peak
 // is the attention's backward (a long S for the tiny model) one (L, E) buffer less at the peak.
+TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
+  TrainOptions o = small_run(Strategy::kUPipe);
+  const int64_t N = o.model.layers;
+  ASSERT_GE(N, 2);
+  auto none = run(o, 2);
+  o.offload_inputs = true;
+  auto all = run(o, 2);
+  o.decoder.offload_keep_first = 1;  // block 0 stays, the rest go
+  auto partial = run(o, 2);
+  ASSERT_TRUE(none.ok() && all.ok() && partial.ok());
+  EXPECT_EQ(none.value().losses, all.value().losses);
+  EXPECT_EQ(none.value().losses, partial.value().losses);
+
+  // Rehearsed at a length where the saved inputs dominate: each kept block adds one (L, E) input
+  // to the device's peak and takes it off the host's.
+  o.rehearsal = true;
+  o.steps = 1, o.warmup = 0;
+  o.decoder.seq = 1 << 14;
+  const int64_t L = o.decoder.seq / 2, E = o.model.hidden, input = L * E * 4;
+  int64_t all_offloaded_peak = 0;
+  for (auto [keep, every] : {std::pair<int64_t, int64_t>{0, 1}, {1, 1}, {0, 2}}) {
+    o.decoder.offload_keep_first = keep, o.decoder.offload_every = every;
+    const int64_t offloaded = offloaded_inputs(o.model, o.decoder);
+    auto r = run(o, 2);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r.value().host_peak, offloaded * input) << "keep " << keep << " every " << every;
+    EXPECT_EQ(offloaded_input_bytes(o, 2), offloaded * input);
+    if (offloaded == N) all_offloaded_peak = r.value().peak.peak_total;
+    // The peak is in the last block's attention backward. When that block's input stays on the
+    // device, its tiles are read from there: the host tile's staging buffer (256 rows, the MLP
+    // tile) is not needed.
+    else
+      EXPECT_EQ(r.value().peak.peak_total - all_offloaded_peak,
+                (N - offloaded) * input - (input_offloaded(o.decoder, N - 1) ? 0 : 256 * E * 4))
+          << "keep " << keep << " every " << every;
+  }
+  EXPECT_EQ(offloaded_inputs(o.model, DecoderOptions{.offload_keep_first = 1, .offload_every = 2}), N / 2);
+
+  // A host budget too small for them is refused before any step, naming what to change.
+  o.decoder.offload_keep_first = 0, o.decoder.offload_every = 1;
+  o.ranks_per_node = 2;
+  o.host_budget_bytes = 2 * N * input - 1;
+  auto refused = run(o, 2);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--host-budget"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("--keep-inputs"), std::string::npos) << refused.status().message();
+  o.host_budget_bytes = 2 * N * input;  // exactly enough for the node's two ranks
+  EXPECT_TRUE(run(o, 2).ok());
+  o.decoder.offload_keep_first = N + 1;
+  EXPECT_FALSE(validate(o, 2).ok());
+}
+
 TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
   for (Strategy st : {Strategy::kUPipe, Strategy::kUlysses}) {
     TrainOptions o = small_run(st);

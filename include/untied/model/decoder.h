@@ -51,10 +51,19 @@ struct DecoderOptions {
   // the backward of an offloaded input it is read from the host copy a tile at a time. 0: the MLP
   // tile; -1: off (attn_norm(x) made whole and held through the block's attention).
   int64_t attn_tile = 0;
+  // Which blocks' saved inputs go to the host allocator, when the Decoder has one (partial
+  // offload): block l's when l >= offload_keep_first and (l - offload_keep_first) is a multiple of
+  // offload_every. The defaults offload every block; the others stay on the device.
+  int64_t offload_keep_first = 0;
+  int64_t offload_every = 1;
 };
 
 // Validates model + options for `ranks` ranks (including the attention block's rules).
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks);
+// Whether block `layer`'s saved input is offloaded (with a host allocator), and how many of the
+// model's blocks' are.
+bool input_offloaded(const DecoderOptions& o, int64_t layer);
+int64_t offloaded_inputs(const ModelConfig& m, const DecoderOptions& o);
 // The attention block every layer of the decoder runs (its token_layout says which positions each
 // rank holds).
 AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o);
@@ -75,8 +84,9 @@ struct EvalSums {
 class Decoder {
  public:
   // REQUIRES: validate(m, o, comm.size()).ok().
-  // host: when set, each block's saved input is moved there after the block's forward and
-  // fetched back for its recompute (offload: the device holds one block input at a time).
+  // host: when set, each offloaded block's saved input (input_offloaded) is moved there after the
+  // block's forward and fetched back for its recompute (with every block offloaded, the device
+  // holds one block input at a time).
   Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o, Allocator* host = nullptr);
 
   // Forward and backward of one sequence; gradients are ADDED to `params` (reduce_grads).
@@ -119,6 +129,7 @@ class Decoder {
   // the device or, x_on_host, copied from host memory a tile at a time.
   TiledInput normed_tiles(const BlockWeights& w, const Tensor& x, bool x_on_host, float* rstd);
   RmsNormShape norm_shape(int64_t rows) const;  // the block norms over (rows, E)
+  bool offloads(int64_t layer) const { return host_ != nullptr && input_offloaded(o_, layer); }
   // Checks that mask covers padded_seq() tokens and makes it the mask of the step in progress.
   void use_mask(const SequenceMask& mask);
   // The forward with nothing kept for a backward: returns the final norm's input (L, E), each

@@ -40,7 +40,13 @@ struct TrainOptions {
   bool progress = true;
   int64_t stop_after = 0;      // > 0: stop (and save) after this step, as if interrupted
   bool rehearsal = false;      // count every allocation of the real schedule, back none, skip compute
-  bool offload_inputs = false; // keep each block's saved input in host memory (outside the budget)
+  bool offload_inputs = false; // keep the blocks' saved inputs in host memory (outside the budget);
+                               // which blocks': decoder.offload_keep_first and offload_every
+  // Host memory per node for the offloaded block inputs (0 = unlimited), shared evenly by the
+  // node's ranks_per_node ranks: validate() checks the need against it before any compute, and
+  // the host allocator holds each rank to its share.
+  int64_t host_budget_bytes = 0;
+  int ranks_per_node = 1;
   // Sliding-window attention: a query sees at most `window` keys, itself included (0 = all). The
   // documents come from the data (DataSource::document_starts); any S runs, padded.
   int64_t window = 0;
@@ -72,9 +78,12 @@ struct TrainSummary {
   std::vector<LiveBuffers> live_at_peak;   // this rank's buffers when its total peaked (rehearsal)
 };
 
-// Checks the options for `ranks` ranks (model, decoder, optimizer settings); the message says
-// which flag to change.
+// Checks the options for `ranks` ranks (model, decoder, optimizer settings, the host budget); the
+// message says which flag to change.
 Status validate(const TrainOptions& o, int ranks);
+// The host memory one rank's offloaded block inputs take: offloaded_inputs(model, decoder) blocks
+// of (L, E) in decoder.dtype, L = the padded S / ranks; 0 without offload.
+int64_t offloaded_input_bytes(const TrainOptions& o, int ranks);
 
 // Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
 // a Status that is the same on every rank; budget overruns and bugs throw untied::Error.
