@@ -10,6 +10,7 @@ namespace untied::cli {
 int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int train_main(int* argc, char*** argv, const std::vector<std::string>& args);
+int plan_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int attn_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int eval_main(int* argc, char*** argv, const std::vector<std::string>& args);

@@ -18,6 +18,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train           train a decoder with context parallelism (main job; built-in kv task)\n"
+    "  plan            a training step's memory per rank from closed forms; --fit: the longest S that fits\n"
     "  eval            a model's loss, perplexity and loss by position on a token file\n"
     "  export          an untied checkpoint as a Hugging Face model directory\n"
     "  attn            one attention block forward+backward (local, ulysses, upipe): time, memory\n"
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
   if (cmd == "train") {
     std::vector<std::string> args(argv + 2, argv + argc);
     return untied::cli::train_main(&argc, &argv, args);
+  }
+  if (cmd == "plan") {
+    std::vector<std::string> args(argv + 2, argv + argc);
+    return untied::cli::plan_main(&argc, &argv, args);
   }
   if (cmd == "eval") {
     std::vector<std::string> args(argv + 2, argv + argc);

@@ -18,11 +18,11 @@
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
+#include "cli/train_flags.h"
 #include "untied/train/hf_weights.h"
 #include "untied/train/trainer.h"
 
 namespace untied::cli {
-namespace {
 
 void add_train_flags(FlagSet& f) {
   f.add("config", FlagKind::kString, "",
@@ -110,7 +110,7 @@ void add_train_flags(FlagSet& f) {
   f.add("fit-seq", FlagKind::kBool, "false", "with --rehearsal and --mem-budget: find the longest --seq whose step fits the budget");
 }
 
-Status parse_float(const FlagSet& f, const char* name, float* out) {
+static Status parse_float(const FlagSet& f, const char* name, float* out) {
   try {
     size_t pos;
     *out = std::stof(f.get_string(name), &pos);
@@ -122,7 +122,7 @@ Status parse_float(const FlagSet& f, const char* name, float* out) {
 }
 
 // ", padded to 1002" when the ranks do not divide S; ", window W" with a window.
-std::string pad_note(const TrainOptions& o, int ranks) {
+static std::string pad_note(const TrainOptions& o, int ranks) {
   const int64_t padded = padded_config(attention_config(o.model, o.decoder), ranks).seq;
   std::string note = padded != o.decoder.seq ? ", padded to " + std::to_string(padded) : "";
   if (o.window > 0) note += ", window " + std::to_string(o.window);
@@ -255,7 +255,7 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
 }
 
 // One rehearsed step at `seq` on `ranks` in-process ranks; true when it fits the budget.
-bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak, int64_t* host,
+bool rehearse_fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak, int64_t* host,
           std::vector<LiveBuffers>* live) {
   o.decoder.seq = seq;
   if (!validate(o, ranks).ok()) return false;
@@ -275,14 +275,14 @@ bool fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, Memory
 }
 
 // The longest S (a multiple of ranks * 1024) whose training step fits --mem-budget.
-int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
+static int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   const int64_t grain = static_cast<int64_t>(ranks) * 1024;
   MemoryStats peak, best_peak;
   int64_t host = 0, best_host = 0;
   std::vector<LiveBuffers> live, best_live;
   int64_t lo = 0, hi = 0;  // lo fits (0 = none yet), hi does not (0 = not found yet)
   for (int64_t k = 1; hi == 0 && k <= (int64_t{1} << 24); k *= 2) {
-    if (fits(o, data, ranks, k * grain, &peak, &host, &live)) lo = k, best_peak = peak, best_host = host, best_live = live;
+    if (rehearse_fits(o, data, ranks, k * grain, &peak, &host, &live)) lo = k, best_peak = peak, best_host = host, best_live = live;
     else hi = k;
   }
   if (lo == 0) {
@@ -292,18 +292,18 @@ int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   }
   while (hi != 0 && hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
-    if (fits(o, data, ranks, mid * grain, &peak, &host, &live)) lo = mid, best_peak = peak, best_host = host, best_live = live;
+    if (rehearse_fits(o, data, ranks, mid * grain, &peak, &host, &live)) lo = mid, best_peak = peak, best_host = host, best_live = live;
     else hi = mid;
   }
   TrainOptions best = o;
   best.decoder.seq = lo * grain;
   std::printf("longest sequence whose training step fits %s per rank: S = %lld (%lld tokens per rank)\n",
               format_bytes(o.budget_bytes).c_str(), (long long)(lo * grain), (long long)(lo * 1024));
+  std::printf("(fits: the rehearsed peak of counted buffers is at most --mem-budget, no headroom added, as untied plan "
+              "--fit; on a GPU the CUDA context, cuBLAS workspace and NCCL buffers are outside it)\n");
   print_peaks(best, ranks, best_peak, best_host, best_live);
   return 0;
 }
-
-}  // namespace
 
 int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   FlagSet flags("untied train",

@@ -7,6 +7,9 @@
 # usage: blas_choice.sh UNTIED
 set -euo pipefail
 untied="$1"
+# The cases below set OPENBLAS_CORETYPE themselves; one from the caller's environment would
+# make every run "chosen by OPENBLAS_CORETYPE".
+unset OPENBLAS_CORETYPE
 run() { "$untied" train --steps 3 --no-progress 2>&1; }
 banner() { "$untied" train --steps 1 2>&1 | grep '^kernels:\|^warning:' || true; }
 

@@ -1,0 +1,355 @@
+// `untied plan`: a training step's memory per rank from closed forms (memory_plan.h), before any
+// job starts: the peak by tag and by moment, the host memory offload needs, the longest S that
+// fits (--fit), a comparison with the rehearsal (--check), JSON (--json) and an SVG plot (--svg).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "cli/launch.h"
+#include "cli/train_flags.h"
+#include "untied/attention/attention_block.h"
+#include "untied/train/memory_plan.h"
+
+namespace untied::cli {
+namespace {
+
+// The rule plan --fit and train --fit-seq share.
+constexpr const char* kFitRule =
+    "(a step fits when its peak of counted buffers is at most --mem-budget, with no headroom added: the budget is "
+    "what untied's allocator may hold; on a GPU the CUDA context, cuBLAS workspace and NCCL buffers are outside it)";
+
+struct PlanRun {
+  TrainOptions o;
+  int ranks = 1;
+};
+
+std::string gib(int64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(b) / (1 << 30));
+  return s;
+}
+
+std::string header(const PlanRun& p) {
+  const AttentionConfig ac = attention_config(p.o.model, p.o.decoder);
+  const int64_t U = stage_heads_of(ac, p.ranks);
+  std::ostringstream s;
+  s << p.o.model.name << ", " << p.o.model.layers << " layers | " << strategy_name(p.o.decoder.strategy)
+    << ring_note(ac, p.ranks) << " U=" << U << " on " << p.ranks << " ranks | S=" << p.o.decoder.seq << " | "
+    << dtype_name(p.o.decoder.dtype);
+  if (p.o.offload_inputs)
+    s << " | " << offloaded_inputs(p.o.model, p.o.decoder) << " of " << p.o.model.layers << " inputs offloaded";
+  return s.str();
+}
+
+// The offload pattern that fits the host budget at S: as many blocks' inputs offloaded as the
+// node's share per rank holds (the first ones kept on the device), or all without a budget.
+void fit_offload(TrainOptions& o, int ranks) {
+  if (!o.offload_inputs) return;
+  o.decoder.offload_every = 1;
+  o.decoder.offload_keep_first = 0;
+  if (o.host_budget_bytes <= 0) return;
+  const int64_t L = padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks;
+  const int64_t one = L * o.model.hidden * dtype_size(o.decoder.dtype);
+  const int64_t share = o.host_budget_bytes / o.ranks_per_node;
+  o.decoder.offload_keep_first = std::max<int64_t>(0, o.model.layers - share / one);
+}
+
+bool plan_fits(const TrainOptions& o, int ranks) {
+  return validate_plan(o, ranks).ok() && plan_memory(o, ranks).peak_total() <= o.budget_bytes;
+}
+
+// The stage sizes to try for upipe: every U whose schedule exists; the given one otherwise.
+std::vector<int64_t> stage_sizes(const TrainOptions& o, int ranks) {
+  if (o.decoder.strategy != Strategy::kUPipe) return {o.decoder.upipe_heads};
+  std::vector<int64_t> out;
+  for (int64_t U = 1; U <= o.model.heads; ++U) {
+    TrainOptions t = o;
+    t.decoder.upipe_heads = U;
+    if (validate_plan(t, ranks).ok()) out.push_back(U);
+  }
+  return out;
+}
+
+// The longest S (a multiple of ranks * 1024) that fits o.budget_bytes, over the stage sizes and
+// the offload pattern the host budget allows; false when not even the first does.
+bool fit(const PlanRun& in, PlanRun* best) {
+  const int64_t grain = static_cast<int64_t>(in.ranks) * 1024;
+  bool any = false;
+  for (int64_t U : stage_sizes(in.o, in.ranks)) {
+    TrainOptions o = in.o;
+    o.decoder.upipe_heads = U;
+    auto fits_at = [&](int64_t k) {
+      o.decoder.seq = k * grain;
+      fit_offload(o, in.ranks);
+      return plan_fits(o, in.ranks);
+    };
+    int64_t lo = 0, hi = 0;
+    for (int64_t k = 1; hi == 0 && k <= (int64_t{1} << 24); k *= 2) (fits_at(k) ? lo : hi) = k;
+    if (lo == 0) continue;
+    while (hi != 0 && hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      (fits_at(mid) ? lo : hi) = mid;
+    }
+    fits_at(lo);
+    if (!any || o.decoder.seq > best->o.decoder.seq) *best = PlanRun{o, in.ranks};
+    any = true;
+  }
+  return any;
+}
+
+void print_plan(const PlanRun& p, const MemoryPlan& plan) {
+  std::printf("one training step, planned | %s\n", header(p).c_str());
+  const PlanMoment& peak = plan.moments[plan.peak];
+  std::printf("peak per rank: %s at the %s", format_bytes(plan.peak_total()).c_str(), peak.name.c_str());
+  if (p.o.budget_bytes > 0)
+    std::printf(" (--mem-budget %s: %s)", format_bytes(p.o.budget_bytes).c_str(),
+                plan.peak_total() <= p.o.budget_bytes ? "fits" : "does not fit");
+  std::printf("\n");
+  if (p.o.budget_bytes > 0) std::printf("%s\n", kFitRule);
+  const auto tags = peak.by_tag();
+  for (int t = 0; t < kNumTags; ++t)
+    std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(tags[t]).c_str());
+  std::printf("moments:\n");
+  for (const PlanMoment& m : plan.moments) std::printf("  %-36s %14s\n", m.name.c_str(), format_bytes(m.total()).c_str());
+  std::printf("at the peak, largest first:\n");
+  std::vector<PlanItem> items = peak.items;
+  std::stable_sort(items.begin(), items.end(), [](const PlanItem& a, const PlanItem& b) { return a.bytes > b.bytes; });
+  for (const PlanItem& i : items)
+    if (i.bytes > 0)
+      std::printf("  %-52s %-15s %12s\n", i.what.c_str(), std::string(tag_name(i.tag)).c_str(),
+                  format_bytes(i.bytes).c_str());
+  if (p.o.offload_inputs) {
+    std::printf("host: %s per rank, %s per node of %d ranks", format_bytes(plan.host_per_rank).c_str(),
+                format_bytes(plan.host_per_rank * p.o.ranks_per_node).c_str(), p.o.ranks_per_node);
+    if (p.o.host_budget_bytes > 0)
+      std::printf(" (--host-budget %s: %s)", format_bytes(p.o.host_budget_bytes).c_str(),
+                  plan.host_per_rank * p.o.ranks_per_node <= p.o.host_budget_bytes ? "fits" : "does not fit");
+    std::printf("\n");
+  }
+}
+
+nlohmann::json plan_json(const PlanRun& p, const MemoryPlan& plan) {
+  nlohmann::json j;
+  const AttentionConfig ac = attention_config(p.o.model, p.o.decoder);
+  j["model"] = p.o.model.name;
+  j["layers"] = p.o.model.layers;
+  j["strategy"] = std::string(strategy_name(p.o.decoder.strategy));
+  j["ranks"] = p.ranks;
+  j["ring"] = ring_degree(ac, p.ranks);
+  j["upipe_heads"] = stage_heads_of(ac, p.ranks);
+  j["seq"] = p.o.decoder.seq;
+  j["tokens_per_rank"] = plan.rows;
+  j["dtype"] = std::string(dtype_name(p.o.decoder.dtype));
+  j["offloaded_inputs"] = p.o.offload_inputs ? offloaded_inputs(p.o.model, p.o.decoder) : 0;
+  j["keep_inputs"] = p.o.decoder.offload_keep_first;
+  j["offload_every"] = p.o.decoder.offload_every;
+  j["peak_bytes"] = plan.peak_total();
+  j["peak_moment"] = plan.moments[plan.peak].name;
+  j["host_bytes_per_rank"] = plan.host_per_rank;
+  j["ranks_per_node"] = p.o.ranks_per_node;
+  j["budget_bytes"] = p.o.budget_bytes;
+  j["host_budget_bytes"] = p.o.host_budget_bytes;
+  for (const PlanMoment& m : plan.moments) {
+    nlohmann::json jm;
+    jm["name"] = m.name;
+    jm["total_bytes"] = m.total();
+    const auto tags = m.by_tag();
+    for (int t = 0; t < kNumTags; ++t) jm["by_tag"][std::string(tag_name(static_cast<Tag>(t)))] = tags[t];
+    for (const PlanItem& i : m.items)
+      jm["items"].push_back({{"what", i.what}, {"tag", std::string(tag_name(i.tag))}, {"bytes", i.bytes}});
+    j["moments"].push_back(jm);
+  }
+  return j;
+}
+
+// The plan against a rehearsal of the same step: the total and each tag at the total peak.
+int check(const PlanRun& p, const MemoryPlan& plan, const DataSource& data) {
+  TrainOptions r = p.o;
+  r.rehearsal = true, r.steps = 1, r.warmup = 0, r.progress = false, r.budget_bytes = 0;
+  MemoryStats peak;
+  int64_t host = 0;
+  std::vector<LiveBuffers> live;
+  if (!rehearse_fits(r, data, p.ranks, p.o.decoder.seq, &peak, &host, &live)) {
+    std::fprintf(stderr, "untied plan: the rehearsal did not run\n");
+    return 1;
+  }
+  const int64_t planned = plan.peak_total(), rehearsed = peak.peak_total;
+  const double err = 100.0 * static_cast<double>(planned - rehearsed) / static_cast<double>(rehearsed);
+  const double host_err =
+      host > 0 ? 100.0 * static_cast<double>(plan.host_per_rank - host) / static_cast<double>(host) : 0.0;
+  std::printf("check against the rehearsal: planned %s, rehearsed %s, error %+.2f%% (host %+.2f%%)\n",
+              format_bytes(planned).c_str(), format_bytes(rehearsed).c_str(), err, host_err);
+  const auto tags = plan.moments[plan.peak].by_tag();
+  for (int t = 0; t < kNumTags; ++t)
+    std::printf("  %-16s planned %12s  rehearsed at its peak %12s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(),
+                format_bytes(tags[t]).c_str(), format_bytes(peak.at_total_peak[t]).c_str());
+  const bool ok = std::fabs(err) <= 2.0 && std::fabs(host_err) <= 2.0;
+  if (!ok) std::printf("the plan is off by more than 2%%\n");
+  return ok ? 0 : 1;
+}
+
+// peak by tag against S for each strategy, stacked, one panel per strategy (SVG).
+std::string svg(const PlanRun& base, const std::vector<Strategy>& strategies) {
+  const int W = 420, Hh = 300, ml = 60, mb = 40, mt = 30;
+  const int64_t grain = static_cast<int64_t>(base.ranks) * 1024;
+  int64_t s_max = std::max<int64_t>(base.o.decoder.seq, grain);
+  double y_max = 0;
+  struct Series {
+    Strategy st;
+    std::vector<std::pair<int64_t, std::array<int64_t, kNumTags>>> pts;
+  };
+  std::vector<Series> all;
+  for (Strategy st : strategies) {
+    Series se{st, {}};
+    for (int k = 1; k <= 24; ++k) {
+      TrainOptions o = base.o;
+      o.decoder.strategy = st;
+      o.decoder.upipe_heads = st == Strategy::kUPipe ? base.o.decoder.upipe_heads : 0;
+      o.decoder.seq = std::max<int64_t>(grain, s_max * k / 24 / grain * grain);
+      if (!validate_plan(o, base.ranks).ok()) continue;
+      const MemoryPlan pl = plan_memory(o, base.ranks);
+      se.pts.push_back({o.decoder.seq, pl.moments[pl.peak].by_tag()});
+      y_max = std::max(y_max, static_cast<double>(pl.peak_total()));
+    }
+    all.push_back(se);
+  }
+  if (base.o.budget_bytes > 0) y_max = std::max(y_max, static_cast<double>(base.o.budget_bytes));
+  y_max *= 1.05;
+  const char* colors[kNumTags] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1"};
+  std::ostringstream s;
+  const int total_w = W * static_cast<int>(all.size());
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << total_w << "\" height=\"" << Hh + 40
+    << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  for (size_t pi = 0; pi < all.size(); ++pi) {
+    const int x0 = static_cast<int>(pi) * W;
+    const double pw = W - ml - 20, ph = Hh - mb - mt;
+    auto X = [&](int64_t S) { return x0 + ml + pw * static_cast<double>(S) / static_cast<double>(s_max); };
+    auto Y = [&](double b) { return mt + ph - ph * b / y_max; };
+    s << "<text x=\"" << x0 + ml << "\" y=\"18\" font-size=\"13\">" << strategy_name(all[pi].st) << ", "
+      << base.o.model.name << " on " << base.ranks << " ranks, " << dtype_name(base.o.decoder.dtype) << "</text>\n";
+    // Stacked areas, tag by tag.
+    std::vector<double> below(all[pi].pts.size(), 0.0);
+    for (int t = 0; t < kNumTags; ++t) {
+      std::ostringstream poly;
+      for (size_t i = 0; i < all[pi].pts.size(); ++i)
+        poly << X(all[pi].pts[i].first) << "," << Y(below[i] + static_cast<double>(all[pi].pts[i].second[t])) << " ";
+      for (size_t i = all[pi].pts.size(); i-- > 0;) poly << X(all[pi].pts[i].first) << "," << Y(below[i]) << " ";
+      for (size_t i = 0; i < all[pi].pts.size(); ++i) below[i] += static_cast<double>(all[pi].pts[i].second[t]);
+      s << "<polygon points=\"" << poly.str() << "\" fill=\"" << colors[t] << "\" stroke=\"none\"/>\n";
+    }
+    s << "<line x1=\"" << x0 + ml << "\" y1=\"" << mt + ph << "\" x2=\"" << x0 + ml + pw << "\" y2=\"" << mt + ph
+      << "\" stroke=\"black\"/>\n<line x1=\"" << x0 + ml << "\" y1=\"" << mt << "\" x2=\"" << x0 + ml << "\" y2=\""
+      << mt + ph << "\" stroke=\"black\"/>\n";
+    for (int k = 0; k <= 4; ++k) {
+      const double b = y_max * k / 4, S = static_cast<double>(s_max) * k / 4;
+      s << "<text x=\"" << x0 + ml - 4 << "\" y=\"" << Y(b) + 4 << "\" text-anchor=\"end\">" << gib(static_cast<int64_t>(b))
+        << "</text>\n<text x=\"" << X(static_cast<int64_t>(S)) << "\" y=\"" << mt + ph + 14
+        << "\" text-anchor=\"middle\">" << std::round(S / 1e5) / 10 << "M</text>\n";
+    }
+    s << "<text x=\"" << x0 + ml + pw / 2 << "\" y=\"" << mt + ph + 30 << "\" text-anchor=\"middle\">S (tokens)</text>\n";
+    s << "<text x=\"" << x0 + 12 << "\" y=\"" << mt + ph / 2 << "\" transform=\"rotate(-90 " << x0 + 12 << " "
+      << mt + ph / 2 << ")\" text-anchor=\"middle\">peak per rank (GiB)</text>\n";
+    if (base.o.budget_bytes > 0)
+      s << "<line x1=\"" << x0 + ml << "\" y1=\"" << Y(static_cast<double>(base.o.budget_bytes)) << "\" x2=\""
+        << x0 + ml + pw << "\" y2=\"" << Y(static_cast<double>(base.o.budget_bytes))
+        << "\" stroke=\"black\" stroke-dasharray=\"4 3\"/>\n";
+  }
+  for (int t = 0; t < kNumTags; ++t)
+    s << "<rect x=\"" << ml + t * 110 << "\" y=\"" << Hh + 14 << "\" width=\"10\" height=\"10\" fill=\"" << colors[t]
+      << "\"/><text x=\"" << ml + t * 110 + 14 << "\" y=\"" << Hh + 23 << "\">" << tag_name(static_cast<Tag>(t))
+      << "</text>\n";
+  s << "</svg>\n";
+  return s.str();
+}
+
+}  // namespace
+
+int plan_main(int*, char***, const std::vector<std::string>& args) {
+  FlagSet flags("untied plan",
+                "Plans one training step's memory per rank from closed forms, before any job starts: the peak by\n"
+                "tag and by moment, and the host memory offload needs. It takes train's flags; --ranks is the\n"
+                "job's number of ranks.");
+  add_train_flags(flags);
+  flags.add("ranks-per-node", FlagKind::kInt, "0", "ranks per node, for --host-budget (0 = min(--ranks, 8))");
+  flags.add("fit", FlagKind::kBool, "false",
+            "with --mem-budget: the longest S that fits, over upipe's stage sizes and the offload pattern "
+            "--host-budget allows");
+  flags.add("check", FlagKind::kBool, "false", "rehearse the same step and print the plan's error (exit 1 over 2%)");
+  flags.add("json", FlagKind::kBool, "false", "print the plan as JSON");
+  flags.add("svg", FlagKind::kString, "", "write a plot of the peak by tag against S, for ulysses, upipe and ring, here");
+  auto refuse = [](const Status& s) {
+    std::fprintf(stderr, "untied plan: %s\n", s.message().c_str());
+    return 2;
+  };
+  Status st = flags.parse(args);
+  if (!st.ok()) return refuse(st);
+  if (flags.wants_help()) {
+    std::printf("%s", flags.usage().c_str());
+    return 0;
+  }
+  if (launch_info().mpi) return refuse(Status::invalid_argument("plan runs in one process: drop mpirun, pass --ranks"));
+  for (const char* f : {"rehearsal", "fit-seq", "checkpoint-dir", "resume", "metrics", "config"})
+    if (flags.was_set(f))
+      return refuse(Status::invalid_argument(std::string("plan takes no --") + f +
+                                             (std::string(f) == "rehearsal" || std::string(f) == "fit-seq"
+                                                  ? " (--check compares with a rehearsal, --fit finds the longest S)"
+                                                  : "")));
+  PlanRun p;
+  p.ranks = static_cast<int>(flags.get_int("ranks"));
+  if (p.ranks < 1 || p.ranks > 1024) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));
+  const int64_t per_node = flags.get_int("ranks-per-node");
+  if (per_node < 0) return refuse(Status::invalid_argument("--ranks-per-node must be >= 0"));
+  DataOptions dopts;
+  DeviceChoice device = DeviceChoice::kCpu;
+  st = options_from_flags(flags, p.ranks, &p.o, &dopts, &device);
+  if (!st.ok()) return refuse(st);
+  p.o.ranks_per_node = per_node > 0 ? static_cast<int>(per_node) : std::min(p.ranks, 8);
+  auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
+  if (!data.ok()) return refuse(data.status());
+  if (flags.get_int("vocab") == 0 && p.o.hf_model.empty() && !preset_keeps_vocabulary(p.o.model.name))
+    p.o.model.vocab = data.value()->vocab_size();
+  if (flags.get_bool("fit")) {
+    if (p.o.budget_bytes <= 0) return refuse(Status::invalid_argument("--fit needs --mem-budget"));
+    if (flags.get_bool("check") && flags.get_bool("json"))
+      return refuse(Status::invalid_argument("--check prints text: drop --json"));
+    PlanRun best;
+    Status vs = validate_plan(p.o, p.ranks);
+    // The length given does not matter to --fit, only whether the rest is covered.
+    if (!vs.ok() && vs.message().find("plan ") == 0) return refuse(vs);
+    if (!fit(p, &best)) {
+      std::fprintf(stderr, "untied plan: not even S = %lld fits in %s per rank\n", (long long)(p.ranks * 1024LL),
+                   format_bytes(p.o.budget_bytes).c_str());
+      return 1;
+    }
+    p = best;
+    if (!flags.get_bool("json"))
+      std::printf("longest sequence that fits %s per rank: S = %lld, U = %lld, %s\n", format_bytes(p.o.budget_bytes).c_str(),
+                  (long long)p.o.decoder.seq, (long long)stage_heads_of(attention_config(p.o.model, p.o.decoder), p.ranks),
+                  p.o.offload_inputs ? ("--keep-inputs " + std::to_string(p.o.decoder.offload_keep_first)).c_str()
+                                     : "no offload");
+  }
+  st = validate_plan(p.o, p.ranks);
+  if (!st.ok()) return refuse(st);
+  const MemoryPlan plan = plan_memory(p.o, p.ranks);
+  if (flags.get_bool("json")) {
+    std::printf("%s\n", plan_json(p, plan).dump(2).c_str());
+  } else {
+    print_plan(p, plan);
+  }
+  if (!flags.get_string("svg").empty()) {
+    std::vector<Strategy> strategies = {Strategy::kUlysses, Strategy::kUPipe};
+    if (p.o.decoder.ring == 1) strategies.push_back(Strategy::kRing);
+    std::ofstream out(flags.get_string("svg"));
+    out << svg(p, strategies);
+    if (!out) return refuse(Status::invalid_argument("--svg: cannot write " + flags.get_string("svg")));
+  }
+  if (flags.get_bool("check")) return check(p, plan, *data.value());
+  return 0;
+}
+
+}  // namespace untied::cli

@@ -1,0 +1,355 @@
+// Closed forms of a training step's device memory (memory_plan.h). Every item names the buffer of
+// the schedule it stands for, as the allocator names it (train --rehearsal lists them).
+#include "untied/train/memory_plan.h"
+
+#include <algorithm>
+
+#include "untied/attention/attention_block.h"
+#include "untied/attention/head_schedule.h"
+#include "untied/attention/token_layout.h"
+#include "untied/kernels/lm_head_loss.h"
+
+namespace untied {
+
+int64_t PlanMoment::total() const {
+  int64_t t = 0;
+  for (const PlanItem& i : items) t += i.bytes;
+  return t;
+}
+
+std::array<int64_t, kNumTags> PlanMoment::by_tag() const {
+  std::array<int64_t, kNumTags> t{};
+  for (const PlanItem& i : items) t[static_cast<int>(i.tag)] += i.bytes;
+  return t;
+}
+
+Status validate_plan(const TrainOptions& o, int ranks) {
+  Status s = validate(o, ranks);
+  if (!s.ok()) return s;
+  if (o.decoder.strategy == Strategy::kLocal)
+    return Status::invalid_argument("plan covers ulysses, upipe and ring (and their ring hybrids), not local");
+  if (o.decoder.overlap)
+    return Status::invalid_argument("plan does not cover --overlap on yet: plan with --overlap off (it adds one "
+                                    "stage's inputs), or rehearse");
+  if (o.window > 0) return Status::invalid_argument("plan does not cover --window yet: rehearse");
+  return Status::ok_status();
+}
+
+namespace {
+
+// The shapes every moment is written in.
+struct Dims {
+  int64_t P = 0;       // ranks
+  int64_t C = 0;       // Ulysses degree (ranks per ring group)
+  int64_t R = 0;       // ring degree
+  int64_t L = 0;       // tokens per rank (padded S / P)
+  int64_t Sg = 0;      // tokens per ring group (C * L): the head-sharded buffers' rows
+  int64_t E = 0, H = 0, G = 0, D = 0, N = 0, V = 0;
+  int64_t es = 0;      // bytes per element of the block dtype
+  DType t = DType::kF32;
+  HeadSchedule sched;  // u = q_per_rank, w = kv_per_rank per stage
+  int64_t mlp_tile = 0, attn_tile = 0;  // as the Decoder chooses them (0: attention input whole)
+};
+
+Dims dims_of(const TrainOptions& o, int ranks) {
+  const AttentionConfig ac = padded_config(attention_config(o.model, o.decoder), ranks);
+  const TokenLayout layout = token_layout(ac, ranks);
+  Dims d;
+  d.P = ranks;
+  d.R = layout.ring();
+  d.C = layout.group();
+  d.L = layout.local_tokens();
+  d.Sg = layout.group_tokens();
+  d.E = o.model.hidden, d.H = o.model.heads, d.G = o.model.kv_heads, d.D = o.model.head_dim;
+  d.N = o.model.layers, d.V = o.model.vocab;
+  d.t = o.decoder.dtype;
+  d.es = dtype_size(d.t);
+  d.sched = make_head_schedule(ac.heads, ac.kv_heads, d.C, stage_heads_of(ac, ranks)).value();
+  d.mlp_tile = o.decoder.mlp_tile > 0 ? std::min(o.decoder.mlp_tile, d.L) : std::min(d.L, std::max<int64_t>(d.E, 256));
+  d.attn_tile = o.decoder.attn_tile < 0 ? 0 : o.decoder.attn_tile > 0 ? std::min(o.decoder.attn_tile, d.L) : d.mlp_tile;
+  return d;
+}
+
+// The ZeRO-3 state: each parameter's fp32 master, gradient, and AdamW m and v, ceil(n / P)
+// elements of each per rank (sharded_params.cc).
+void add_state(const std::vector<ParamDesc>& descs, const Dims& d, std::vector<PlanItem>& out) {
+  int64_t shard = 0;
+  for (const ParamDesc& p : descs) shard += (p.shape.numel() + d.P - 1) / d.P;
+  out.push_back({"parameter shards (fp32 master)", Tag::kParameters, shard * 4});
+  out.push_back({"gradient shards (fp32)", Tag::kGradients, shard * 4});
+  out.push_back({"AdamW m and v shards (fp32)", Tag::kOptimizer, 2 * shard * 4});
+}
+
+// A group's weights gathered in the block dtype and its full-size fp32 gradients, each padded to
+// P shards.
+void add_group(const std::vector<ParamDesc>& descs, int group, const Dims& d, const char* name,
+               std::vector<PlanItem>& out) {
+  int64_t padded = 0;
+  for (const ParamDesc& p : descs)
+    if (p.group == group) padded += d.P * ((p.shape.numel() + d.P - 1) / d.P);
+  out.push_back({std::string(name) + " (gathered)", Tag::kParameters, padded * d.es});
+  out.push_back({std::string(name) + " (full grad, fp32)", Tag::kGradients, padded * 4});
+}
+
+// Block inputs saved on the device: every block's that is not offloaded (all N while the last
+// block runs).
+void add_saved_inputs(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& out) {
+  const int64_t on_device = d.N - (o.offload_inputs ? offloaded_inputs(o.model, o.decoder) : 0);
+  if (on_device > 0)
+    out.push_back({std::to_string(on_device) + " block inputs (saved)", Tag::kActivations, on_device * d.L * d.E * d.es});
+}
+
+// The CPU attention backward kernel's scratch (src/kernels/cpu/attention_backward.cc) for a call
+// of sq query rows and u heads: dQ accumulators, one per thread but the first, plus the first's
+// when dq is not fp32; and each thread's tiles (128 x 128 blocks of q, k, v, dO, dk, dv, S, dP).
+void add_attention_backward_scratch(int64_t sq, int64_t u, const Dims& d, bool dq_f32, int threads,
+                                    std::vector<PlanItem>& out) {
+  const int64_t extra = threads - 1 + (dq_f32 ? 0 : 1);
+  if (extra > 0) out.push_back({"attention backward dQ accumulators", Tag::kAttnWorkspace, extra * sq * u * d.D * 4});
+  const int64_t bq = 128, bk = 128;
+  const int64_t tile_floats = (6 * bk * d.D + 2 * bq * d.D + 2 * bq * bk + 15) / 16 * 16;
+  out.push_back({"attention backward tiles", Tag::kAttnWorkspace, tile_floats * threads * 4});
+}
+
+// The last block's attention backward, inside the attention kernel of the stage that begins the
+// first round (head_pipeline.cc run_backward; every stage holds as much, the first also its
+// round's first dk/dv sums).
+PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+  PlanMoment m{.name = "attention backward (last block)"};
+  auto& it = m.items;
+  const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
+  const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
+  const int64_t rounds = stages / d.sched.stages_per_round;
+  const bool recompute = o.decoder.strategy == Strategy::kUPipe;
+  const bool qk = o.model.qk_norm;
+  add_state(descs, d, it);
+  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
+  add_saved_inputs(o, d, it);
+  // The decoder's buffers (decoder.cc block_backward).
+  it.push_back({"token ids", Tag::kOther, L * 4});
+  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
+  if (offloaded && !o.decoder.refetch_inputs)
+    it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
+  else if (offloaded && d.attn_tile > 0)
+    it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
+  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
+  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
+  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
+  it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
+  if (d.t != DType::kF32)
+    it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
+                  (2 * d.H * D * E + 2 * d.G * D * E + (qk ? 2 * D : 0)) * es});
+  // What the attention's forward saved (kept through its backward).
+  it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
+  if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
+  else it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
+  if (!recompute) {  // ulysses and ring keep every stage's q and output, every round's k and v
+    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
+    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
+    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
+    if (qk)
+      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
+                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+  } else {  // upipe recomputes this stage's q and its round's k and v
+    it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
+    it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
+    if (qk) it.push_back({"q/k norm inputs and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4) + Sg * w * (D * es + 4)});
+  }
+  it.push_back({"dO all-to-all receive", Tag::kCommunication, Sg * u * D * es});
+  it.push_back({"attention D (head-sharded)", Tag::kAttnWorkspace, u * Sg * 4});
+  it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
+  it.push_back({"dq (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
+  if (d.R == 1) {
+    it.push_back({"dk and dv (head-sharded, stage)", Tag::kAttnWorkspace, 2 * Sg * w * D * es});
+    add_attention_backward_scratch(Sg, u, d, d.t == DType::kF32, o.threads, it);
+  } else {  // ring_attention.cc backward: two K/V blocks in flight, fp32 dq and dk/dv sums
+    const int64_t lc = Sg / 2;  // a zig-zag chunk
+    it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es});
+    it.push_back({"ring D and LSE (chunks)", Tag::kAttnWorkspace, 4 * u * lc * 4});
+    it.push_back({"ring dq (fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
+    it.push_back({"ring dk/dv sums (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * 4});
+    it.push_back({"ring dk/dv of one step", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
+    it.push_back({"ring partial dq, dk, dv", Tag::kAttnWorkspace, lc * (u + 2 * w) * D * 4});
+    add_attention_backward_scratch(lc, u, d, /*dq_f32=*/true, o.threads, it);
+  }
+  return m;
+}
+
+// The fused LM head forward and backward (decoder.cc, "Loss, fused with its backward"): inside
+// the kernel, with a chunk of logits; or after it, as the head's gradient is reduce-scattered
+// (a receive of its largest shard) with the loss's buffers still live.
+std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+  PlanMoment m{.name = "loss (LM head kernel)"};
+  auto& it = m.items;
+  const int64_t L = d.L, E = d.E, es = d.es;
+  const int head_group = static_cast<int>(d.N) + 1;
+  add_state(descs, d, it);
+  add_group(descs, head_group, d, "final norm and LM head", it);
+  if (o.model.tied_embeddings) add_group(descs, 0, d, "embedding (the tied head)", it);
+  add_saved_inputs(o, d, it);
+  it.push_back({"token ids", Tag::kOther, L * 4});
+  it.push_back({"last block output", Tag::kActivations, L * E * es});
+  it.push_back({"dh, final_norm output and its gradient", Tag::kOther, 3 * L * E * es});
+  it.push_back({"final_norm rstd, predictions, labels", Tag::kOther, 3 * L * 4});
+  PlanMoment reduce = m;
+  reduce.name = "loss (LM head gradient reduce-scatter)";
+  const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = d.V, .chunk_tokens = o.decoder.loss_chunk,
+                           .dtype = d.t, .weight_dtype = d.t};
+  it.push_back({"lm head workspace (a chunk of logits)", Tag::kOther, lm_head_loss_workspace_bytes(ce, true)});
+  int64_t shard = 0;
+  for (const ParamDesc& p : descs)
+    if (p.group == head_group || (o.model.tied_embeddings && p.group == 0))
+      shard = std::max(shard, (p.shape.numel() + d.P - 1) / d.P);
+  reduce.items.push_back({"gradient shard receive (the largest)", Tag::kCommunication, shard * 4});
+  return {m, reduce};
+}
+
+// The last block's recompute, inside the attention kernel of its last stage (head_pipeline.cc
+// run_forward): the block's output gradient and full weight gradients are already there, and
+// the forward's saved attention output and every stage's LSE.
+PlanMoment attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+  PlanMoment m{.name = "attention forward (last block, recompute)"};
+  auto& it = m.items;
+  const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
+  const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
+  const int64_t rounds = stages / d.sched.stages_per_round;
+  const bool recompute = o.decoder.strategy == Strategy::kUPipe;
+  add_state(descs, d, it);
+  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
+  add_saved_inputs(o, d, it);
+  it.push_back({"token ids", Tag::kOther, L * 4});
+  if (o.offload_inputs && input_offloaded(o.decoder, d.N - 1))
+    it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
+  it.push_back({"dh", Tag::kOther, L * E * es});
+  it.push_back({"residual after attention", Tag::kOther, L * E * es});
+  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
+  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
+  it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
+  it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
+  if (!recompute) {  // every stage's q and output, every round's k and v, kept for the backward
+    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
+    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
+    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
+    if (o.model.qk_norm)
+      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
+                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+  } else {
+    it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
+    it.push_back({"attention output (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
+    it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
+  }
+  // The CPU attention forward kernel's tiles per thread (src/kernels/cpu/attention_forward.cc).
+  auto forward_tiles = [&](int64_t) {
+    const int64_t bq = 128, bk = 128;
+    const int64_t n = 4 * bq + D * bq + 2 * bk * D + bk * bq + bq * D + 5 * bq;
+    return (n + 15) / 16 * 16 * o.threads * 4;
+  };
+  if (d.R == 1) {
+    it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(Sg)});
+  } else {  // ring_attention.cc forward: two K/V blocks in flight, fp32 output, chunk LSEs
+    const int64_t lc = Sg / 2;
+    it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es});
+    it.push_back({"ring attention output (fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
+    it.push_back({"ring LSE (chunks) and partial LSE", Tag::kAttnWorkspace, 3 * u * lc * 4});
+    it.push_back({"ring partial output (fp32)", Tag::kAttnWorkspace, lc * u * D * 4});
+    it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(lc)});
+  }
+  return m;
+}
+
+// The last block's attention backward as it begins: dwo = dy^T attn_out, whose bf16 operands the
+// CPU gemm widens to fp32 a block of rows at a time (src/kernels/cpu/gemm.cc: 16 MiB of fp32 per
+// block, C whole), with the saved output and every saved stage still there. The largest moment
+// only for small models, where those blocks are whole.
+PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+  PlanMoment m{.name = "attention backward (dwo gemm)"};
+  auto& it = m.items;
+  const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es, HD = d.H * D;
+  const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
+  const int64_t rounds = stages / d.sched.stages_per_round;
+  add_state(descs, d, it);
+  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
+  add_saved_inputs(o, d, it);
+  it.push_back({"token ids", Tag::kOther, L * 4});
+  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
+  if (offloaded && !o.decoder.refetch_inputs) it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
+  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
+  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
+  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
+  it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
+  if (d.t != DType::kF32)
+    it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
+                  (2 * d.H * D * E + 2 * d.G * D * E + (o.model.qk_norm ? 2 * D : 0)) * es});
+  it.push_back({"attention output (saved)", Tag::kActivations, L * HD * es});
+  it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
+  if (o.decoder.strategy != Strategy::kUPipe) {
+    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
+    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
+    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
+    if (o.model.qk_norm)
+      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
+                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+  }
+  if (d.t != DType::kF32) {  // trans_a gemm: m = E, n = H*D, k = L
+    const int64_t t = std::clamp<int64_t>((int64_t{16} << 20) / (4 * std::max(E, HD)), 1, L);
+    it.push_back({"gemm A and B rows in fp32", Tag::kOther, t * (E + HD) * 4});
+    it.push_back({"gemm C in fp32", Tag::kOther, E * HD * 4});
+  }
+  return m;
+}
+
+// The last block's MLP backward, in a tile (decoder.cc mlp_backward): its gate, up, SwiGLU and
+// their gradient per tile, beside the block's output gradient, dhm, the residual hm and what the
+// attention saved. (The CPU gemm's fp32 widening of bf16 tiles is left out: a few MiB.)
+PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+  PlanMoment m{.name = "MLP backward (last block)"};
+  auto& it = m.items;
+  const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es, T = d.mlp_tile, F = o.model.ffn;
+  const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
+  const int64_t rounds = stages / d.sched.stages_per_round;
+  add_state(descs, d, it);
+  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
+  add_saved_inputs(o, d, it);
+  it.push_back({"token ids", Tag::kOther, L * 4});
+  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
+  if (offloaded && !o.decoder.refetch_inputs) it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
+  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
+  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
+  it.push_back({"dh, residual after attention, d residual after attention", Tag::kOther, 3 * L * E * es});
+  it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
+  it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
+  if (o.decoder.strategy != Strategy::kUPipe) {
+    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
+    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
+    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
+    if (o.model.qk_norm)
+      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
+                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+  }
+  it.push_back({"mlp gate, up, swiglu and dswiglu (tile)", Tag::kOther, 4 * T * F * es});
+  it.push_back({"mlp_norm output and its gradient (tile)", Tag::kOther, 2 * T * E * es});
+  it.push_back({"mlp_norm rstd (tile)", Tag::kOther, T * 4});
+  return m;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
+  const Status s = validate_plan(o, ranks);
+  UNTIED_CHECK(s.ok(), s.message());
+  const Dims d = dims_of(o, ranks);
+  const std::vector<ParamDesc> descs = parameter_descriptors(o.model);
+  MemoryPlan p;
+  p.rows = d.L;
+  p.moments.push_back(attention_backward(o, d, descs));
+  p.moments.push_back(attention_forward(o, d, descs));
+  p.moments.push_back(dwo_gemm(o, d, descs));
+  p.moments.push_back(mlp_backward(o, d, descs));
+  for (PlanMoment& m : loss(o, d, descs)) p.moments.push_back(std::move(m));
+  for (size_t i = 1; i < p.moments.size(); ++i)
+    if (p.moments[i].total() > p.moments[p.peak].total()) p.peak = i;
+  p.host_per_rank = offloaded_input_bytes(o, ranks);
+  return p;
+}
+
+}  // namespace untied
