@@ -24,7 +24,8 @@ if [ "$QUICK" = 1 ]; then
          "$LLAMA --layers 4 --ranks 8 --strategy upipe --ring 2 --offload-inputs --dtype f32 --seq 1M"
          "$QWEN --layers 2 --ranks 8 --strategy upipe --offload-inputs --keep-inputs 1 --dtype bf16 --seq 512K"
          "--preset small --ranks 3 --strategy ring --dtype bf16 --seq 30000"
-         "--preset small --ranks 2 --strategy upipe --dtype f32 --seq 8192 --threads 2")
+         "--preset small --ranks 2 --strategy upipe --dtype f32 --seq 8192 --threads 2"
+         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-tiled-dx --dtype bf16 --seq 2M")
 else
   for st in "upipe" "ulysses" "ring" "upipe --ring 2" "ulysses --ring 2"; do
     for off in "--offload-inputs" ""; do
@@ -41,6 +42,9 @@ else
          "$LLAMA --ranks 8 --upipe-heads 16 --offload-inputs --dtype bf16 --seq 4M"
          "$LLAMA --ranks 8 --attn-tile -1 --no-early-delta --no-refetch-inputs --offload-inputs --dtype bf16 --seq 4M"
          "$LLAMA --ranks 8 --offload-inputs --keep-inputs 4 --offload-every 3 --dtype bf16 --seq 2M"
+         "$LLAMA --ranks 8 --no-tiled-dx --offload-inputs --dtype bf16 --seq 8M"
+         "$LLAMA --ranks 8 --strategy ulysses --no-tiled-dx --offload-inputs --dtype f32 --seq 4M"
+         "$QWEN --ranks 16 --strategy upipe --no-tiled-dx --offload-inputs --dtype bf16 --seq 4M"
          "$LLAMA --ranks 8 --threads 4 --loss-chunk 4096 --dtype bf16 --seq 512K"
          "$LLAMA --ranks 4 --strategy ring --dtype bf16 --seq 64K"
          "$QWEN --ranks 16 --strategy upipe --offload-inputs --dtype bf16 --seq 4M"

@@ -78,6 +78,15 @@ TensorBuffer whole_input(Device& dev, const TiledInput& x, int64_t rows, int64_t
   return whole;
 }
 
+void hand_out_whole(Device& dev, const TiledGrad& dx, int64_t rows, int64_t hidden,
+                    const std::function<void(const Tensor& whole)>& backward) {
+  UNTIED_CHECK(dx.tile >= 1 && dx.consume, "attention backward: a TiledGrad needs tile >= 1 and consume");
+  TensorBuffer whole(dev.allocator(), DType::kF32, {rows, hidden}, Tag::kOther, "dx (whole, fp32)");
+  backward(whole);
+  for (int64_t r0 = 0; r0 < rows; r0 += dx.tile)
+    dx.consume(r0, std::min(dx.tile, rows - r0), whole.as<float>() == nullptr ? nullptr : whole.as<float>() + r0 * hidden);
+}
+
 void head_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
                      int64_t head, int64_t d) {
   const int64_t e = w.dim(1);

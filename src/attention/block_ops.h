@@ -71,6 +71,11 @@ class InputRows {
 // The tiled input made whole (rows, E): for the strategies that do not tile (local).
 TensorBuffer whole_input(Device& dev, const TiledInput& x, int64_t rows, int64_t hidden, DType t);
 
+// For the strategies that do not form dx by tiles (local): dx made whole in fp32 (rows, hidden,
+// Tag::kOther) by backward(whole), then handed out to dx.consume a tile at a time.
+void hand_out_whole(Device& dev, const TiledGrad& dx, int64_t rows, int64_t hidden,
+                    const std::function<void(const Tensor& whole)>& backward);
+
 // One head's rows of a gradient g (rows, D) at ld_g, for head_weight_grads.
 struct HeadGrad {
   const void* g;

@@ -18,6 +18,8 @@
 //   return_dq         dq back to the sequence at once, RoPE and the q norm undone, into dx, dwq
 //   return_round_dkv  last stage of a round: the round's dk/dv sums back, in the block's dtype,
 //                     RoPE and the k norm undone, into dx, dwk, dwv
+// With dx handed out by tiles (TiledGrad), the returned dq of each stage and dk/dv of each round
+// are kept instead (DxStash) and dx is formed from them a tile of rows at a time at the end.
 #include "attention/head_pipeline.h"
 
 #include "untied/kernels/attention.h"
@@ -235,6 +237,12 @@ struct HeadPipeline::RoundGrads {
   TensorBuffer dk, dv;
 };
 
+// The gradients dx is formed from, kept in sequence layout: each stage's dq ([C][L][u][D], RoPE
+// and the q norm undone) and each round's dk and dv ([C][L][w][D]).
+struct HeadPipeline::DxStash {
+  std::vector<TensorBuffer> q, k, v;
+};
+
 HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
                                                  const Tensor& attn_out, const Tensor* delta_all, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
@@ -287,7 +295,7 @@ TensorBuffer HeadPipeline::start_dq(TensorBuffer dq, Exchanges& ex) {
 }
 
 void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, const AttentionWeights& w,
-                             const InputRows& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+                             const InputRows& x, float* dx_acc, DxStash* stash, AttentionGrads& g, QkNorm& qk) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
   rope_blocks(dev_, recv.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kInverse);
@@ -300,15 +308,16 @@ void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, cons
   std::vector<HeadGrad> heads;
   for (int64_t p = 0; p < C; ++p)
     for (int64_t j = 0; j < u; ++j) {
-      head_input_grad(dev_, dx_acc, dq_seq.slot(p, j), dq_seq.ld(), t, L, w.wq, sched_.q_head(s, p, j), D);
+      if (stash == nullptr) head_input_grad(dev_, dx_acc, dq_seq.slot(p, j), dq_seq.ld(), t, L, w.wq, sched_.q_head(s, p, j), D);
       heads.push_back({.g = dq_seq.slot(p, j), .head = sched_.q_head(s, p, j)});
     }
   head_weight_grads(dev_, heads, dq_seq.ld(), t, x, D, g.dwq, Write::kOverwrite);
+  if (stash != nullptr) stash->q.push_back(std::move(recv));
   recv.reset();
 }
 
 void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w,
-                                    const InputRows& x, float* dx_acc, AttentionGrads& g, QkNorm& qk) {
+                                    const InputRows& x, float* dx_acc, DxStash* stash, AttentionGrads& g, QkNorm& qk) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, nkv = sched_.kv_per_rank;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -350,28 +359,73 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
     std::vector<HeadGrad> heads;
     for (int64_t p = 0; p < C; ++p)
       for (int64_t i = 0; i < nkv; ++i) {
-        head_input_grad(dev_, dx_acc, grad.slot(p, i), grad.ld(), t, L, part.w, sched_.kv_head(round, p, i), D);
+        if (stash == nullptr)
+          head_input_grad(dev_, dx_acc, grad.slot(p, i), grad.ld(), t, L, part.w, sched_.kv_head(round, p, i), D);
         heads.push_back({.g = grad.slot(p, i), .head = sched_.kv_head(round, p, i)});
       }
     head_weight_grads(dev_, heads, grad.ld(), t, x, D, part.dw, Write::kAccumulate);
+    if (stash != nullptr) (part.is_k ? stash->k : stash->v).push_back(std::move(through_norm ? dk_pre : recv));
+  }
+}
+
+void HeadPipeline::hand_out_dx(const TiledGrad& out, const DxStash& stash, const AttentionWeights& w) {
+  const int64_t C = sched_.ranks, L = rows_, E = cfg_.hidden, D = cfg_.head_dim, u = sched_.q_per_rank;
+  const int64_t nkv = sched_.kv_per_rank, es = dtype_size(cfg_.dtype);
+  const DType t = cfg_.dtype;
+  TensorBuffer tile(dev_.allocator(), DType::kF32, {std::min(out.tile, L), E}, Tag::kOther, "dx (tile, fp32)");
+  for (int64_t r0 = 0; r0 < L; r0 += out.tile) {
+    const int64_t n = std::min(out.tile, L - r0);
+    float* const dx = tile.as<float>();
+    dev_.fill_zero(dx, n * E * 4);
+    for (int64_t s = 0; s < sched_.stages; ++s) {
+      const PackedHeads q = packed(stash.q[static_cast<size_t>(s)].data(), u);
+      for (int64_t p = 0; p < C; ++p)
+        for (int64_t j = 0; j < u; ++j)
+          head_input_grad(dev_, dx, q.slot(p, j) + r0 * q.ld() * es, q.ld(), t, n, w.wq, sched_.q_head(s, p, j), D);
+      if (!sched_.last_of_round(s)) continue;
+      const size_t round = static_cast<size_t>(sched_.round(s));
+      for (auto [part, wt] : {std::pair{&stash.k, &w.wk}, {&stash.v, &w.wv}}) {
+        const PackedHeads g = packed((*part)[round].data(), nkv);
+        for (int64_t p = 0; p < C; ++p)
+          for (int64_t i = 0; i < nkv; ++i)
+            head_input_grad(dev_, dx, g.slot(p, i) + r0 * g.ld() * es, g.ld(), t, n, *wt,
+                            sched_.kv_head(static_cast<int64_t>(round), p, i), D);
+      }
+    }
+    out.consume(r0, n, dx);
   }
 }
 
 void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, dy);
-  run_backward(dx, g, dy, InputRows(x), w, saved);
+  run_backward(&dx, nullptr, g, dy, InputRows(x), w, saved);
 }
 
 void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, dy, w, dy);  // (x has no tensor to check: dy has its shape)
-  run_backward(dx, g, dy, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
+  run_backward(&dx, nullptr, g, dy, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
 }
 
-void HeadPipeline::run_backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const InputRows& x,
-                                const AttentionWeights& w, AttentionSaved& saved) {
-  check_grads(cfg_, rows_, dx, g);
+void HeadPipeline::backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
+                            const AttentionWeights& w, AttentionSaved& saved) {
+  check_tensors(cfg_, rows_, x, w, dy);
+  run_backward(nullptr, &dx, g, dy, InputRows(x), w, saved);
+}
+
+void HeadPipeline::backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x,
+                            const AttentionWeights& w, AttentionSaved& saved) {
+  check_tensors(cfg_, rows_, dy, w, dy);  // (x has no tensor to check: dy has its shape)
+  run_backward(nullptr, &dx, g, dy, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
+}
+
+void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, AttentionGrads& g, const Tensor& dy,
+                                const InputRows& x, const AttentionWeights& w, AttentionSaved& saved) {
+  UNTIED_CHECK((dx_whole == nullptr) != (tiled == nullptr), "attention backward: dx whole or by tiles, not both");
+  if (tiled != nullptr)
+    UNTIED_CHECK(tiled->tile >= 1 && tiled->consume, "attention backward: a TiledGrad needs tile >= 1 and consume");
+  check_grads(cfg_, rows_, dx_whole != nullptr ? *dx_whole : dy, g);  // (tiled: dy has dx's shape)
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden;
   const int64_t u = sched_.q_per_rank, nkv = sched_.kv_per_rank, stages = sched_.stages;
   const DType t = cfg_.dtype;
@@ -401,14 +455,20 @@ void HeadPipeline::run_backward(const Tensor& dx, AttentionGrads& g, const Tenso
     }
     saved.attn_out.reset();
   }
-  // dx accumulates in fp32; dwk/dwv accumulate over KV replicas.
+  // dx accumulates in fp32 (whole), or its gradients are kept for the tiles (stash); dwk/dwv
+  // accumulate over KV replicas.
   Buffer dx_acc_buf;
-  float* dx_acc = dx.as<float>();
-  if (dx.dtype() != DType::kF32) {
-    dx_acc_buf = alloc.allocate(L * E * 4, Tag::kOther, "dx fp32 accumulator");
-    dx_acc = dx_acc_buf.as<float>();
+  float* dx_acc = nullptr;
+  DxStash stash_buf;
+  DxStash* const stash = tiled != nullptr ? &stash_buf : nullptr;
+  if (dx_whole != nullptr) {
+    dx_acc = dx_whole->as<float>();
+    if (dx_whole->dtype() != DType::kF32) {
+      dx_acc_buf = alloc.allocate(L * E * 4, Tag::kOther, "dx fp32 accumulator");
+      dx_acc = dx_acc_buf.as<float>();
+    }
+    dev_.fill_zero(dx_acc, L * E * 4);
   }
-  dev_.fill_zero(dx_acc, L * E * 4);
   dev_.fill_zero(g.dwk.data(), g.dwk.bytes());
   dev_.fill_zero(g.dwv.data(), g.dwv.bytes());
 
@@ -429,8 +489,9 @@ void HeadPipeline::run_backward(const Tensor& dx, AttentionGrads& g, const Tenso
   TensorBuffer dq_recv;
   auto finish = [&](int64_t s, Exchanges& ex) {
     ex.wait();
-    finish_dq(s, dq_recv, saved.stages[s], w, x, dx_acc, g, qk);
-    if (sched_.last_of_round(s)) return_round_dkv(sched_.round(s), acc, saved.rounds[sched_.round(s)], w, x, dx_acc, g, qk);
+    finish_dq(s, dq_recv, saved.stages[s], w, x, dx_acc, stash, g, qk);
+    if (sched_.last_of_round(s))
+      return_round_dkv(sched_.round(s), acc, saved.rounds[sched_.round(s)], w, x, dx_acc, stash, g, qk);
   };
   // With overlap, stage s+1's inputs are projected and exchanged, and stage s-1's dq returned,
   // while stage s's attention backward runs (one more stage of inputs is live).
@@ -481,7 +542,12 @@ void HeadPipeline::run_backward(const Tensor& dx, AttentionGrads& g, const Tenso
     }
   }
   if (overlap_) finish(stages - 1, out);
-  if (dx.dtype() != DType::kF32) convert(dev_, dx.data(), dx.dtype(), dx_acc, DType::kF32, L * E);
+  if (dx_whole != nullptr && dx_whole->dtype() != DType::kF32)
+    convert(dev_, dx_whole->data(), dx_whole->dtype(), dx_acc, DType::kF32, L * E);
+  if (tiled != nullptr) {
+    saved.reset();  // what the stages kept is done with: only the stash is needed now
+    hand_out_dx(*tiled, stash_buf, w);
+  }
   qk.store_grads(g);
   mask_ = nullptr;
   saved.reset();

@@ -32,6 +32,10 @@ class HeadPipeline final : public AttentionBlock {
                AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
+  void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
+                AttentionSaved& saved) override;
+  void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
+                AttentionSaved& saved) override;
   const AttentionConfig& config() const override { return cfg_; }
   int64_t stage_heads() const override { return sched_.stage_heads; }
   RingStats ring_stats() const override { return ring_ != nullptr ? ring_->stats() : RingStats{}; }
@@ -39,11 +43,13 @@ class HeadPipeline final : public AttentionBlock {
  private:
   struct DoutStage;
   struct RoundGrads;
+  struct DxStash;
 
   // forward and backward over either kind of input.
   void run_forward(const Tensor& y, const InputRows& x, const AttentionWeights& w, const SequenceMask& mask,
                    AttentionSaved& saved);
-  void run_backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const InputRows& x,
+  // dx whole (dx), or handed out by tiles (tiled): exactly one is set.
+  void run_backward(const Tensor* dx, const TiledGrad* tiled, AttentionGrads& g, const Tensor& dy, const InputRows& x,
                     const AttentionWeights& w, AttentionSaved& saved);
 
   // Send layouts on this rank: per destination rank p, L rows of `heads` heads.
@@ -74,12 +80,16 @@ class HeadPipeline final : public AttentionBlock {
   // the receive [C][L][u][D] of all_to_all(dq)                          heads -> sequence
   TensorBuffer start_dq(TensorBuffer dq, Exchanges& ex);
   // After the exchange: dq through RoPE and the q norm, into dx and dwq; frees recv.
+  // With a stash (TiledGrad) the gradient is kept there for dx instead of added into dx_acc.
   void finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, const AttentionWeights& w, const InputRows& x,
-                 float* dx_acc, AttentionGrads& g, QkNorm& qk);
+                 float* dx_acc, DxStash* stash, AttentionGrads& g, QkNorm& qk);
   // The round's dk/dv sums back to the sequence, through RoPE and the k norm, into dx, dwk, dwv
   // (blocking: once per round).
   void return_round_dkv(int64_t t, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w, const InputRows& x,
-                        float* dx_acc, AttentionGrads& g, QkNorm& qk);
+                        float* dx_acc, DxStash* stash, AttentionGrads& g, QkNorm& qk);
+  // dx from the stash a tile of rows at a time, summed in the order dx_acc is (stage by stage:
+  // the stage's q heads, then at a round's end its k heads and v heads), handed to out.consume.
+  void hand_out_dx(const TiledGrad& out, const DxStash& stash, const AttentionWeights& w);
 
   // The kernels' shape and the RoPE positions of this rank's rows and of its group sequence, under
   // the mask of the pass in progress (mask_).

@@ -25,6 +25,15 @@ class LocalAttention final : public AttentionBlock {
                 AttentionSaved& saved) override {
     backward(dx, g, dy, whole_input(dev_, x, cfg_.seq, cfg_.hidden, cfg_.dtype), w, saved);
   }
+  // dx made whole, then handed out by tiles.
+  void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
+                AttentionSaved& saved) override {
+    hand_out_whole(dev_, dx, cfg_.seq, cfg_.hidden, [&](const Tensor& whole) { backward(whole, g, dy, x, w, saved); });
+  }
+  void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
+                AttentionSaved& saved) override {
+    hand_out_whole(dev_, dx, cfg_.seq, cfg_.hidden, [&](const Tensor& whole) { backward(whole, g, dy, x, w, saved); });
+  }
   const AttentionConfig& config() const override { return cfg_; }
   int64_t stage_heads() const override { return cfg_.heads; }
 

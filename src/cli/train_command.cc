@@ -103,6 +103,9 @@ void add_train_flags(FlagSet& f) {
   f.add("attn-tile", FlagKind::kInt, "0",
         "rows per tile of the attention's input attn_norm(x), computed as the projections read it and never whole "
         "(0 = the MLP tile, -1 = off: made whole)");
+  f.add("tiled-dx", FlagKind::kBool, "true",
+        "the attention hands its input gradient out a tile of rows at a time, formed from the stages' kept q/k/v "
+        "gradients, and the norm backward runs per tile: no (L, E) fp32 dx (--no-tiled-dx makes it whole)");
   f.add("early-delta", FlagKind::kBool, "true",
         "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the attention's backward and free the saved "
         "output (--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
@@ -171,6 +174,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   if (!ov.ok()) return ov;
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
+  o->decoder.tiled_dx = f.get_bool("tiled-dx");
   o->decoder.attn_tile = f.get_int("attn-tile");
   if ((f.was_set("keep-inputs") || f.was_set("offload-every")) && !o->offload_inputs)
     return Status::invalid_argument("--keep-inputs and --offload-every choose which inputs --offload-inputs offloads: add it");

@@ -247,39 +247,58 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
       *a.out = tmp.back();
     }
   }
-  // da (the attention's dx) in fp32: the attention block accumulates straight into it.
-  TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
-  if (attn_tile_ > 0)
-    attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
-                    A.saved);
-  else
-    attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
+  // dx = dhm + attn_norm'(da) a tile of rows at a time (da narrowed to the block dtype per tile),
+  // into dhm's own rows: the block's input gradient takes dhm's buffer. x's rows come from the
+  // device, or (an input only in host memory) are copied from there a tile at a time.
+  // (Made at the first tile: not live through the attention's stages.)
+  TensorBuffer dxt, xt;
+  bool tiles_made = false;
+  auto norm_backward = [&](int64_t r0, int64_t n, const float* da_rows) {
+    if (!tiles_made) {
+      dxt = TensorBuffer(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "d block input (tile)");
+      if (in.on_host) xt = TensorBuffer(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "block input (tile, fetched)");
+      tiles_made = true;
+    }
+    TensorBuffer dat_t;
+    if (t != DType::kF32) {
+      dat_t = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "d attn_norm output (tile)");
+      convert(dev_, dat_t.data(), t, da_rows, DType::kF32, n * E);
+    }
+    const void* x_rows = rows_of(in.x, r0, n).data();
+    if (in.on_host) {
+      dev_.copy(xt.data(), x_rows, n * E * dtype_size(t));
+      x_rows = xt.data();
+    }
+    const Tensor dx_n = rows_of(dxt, 0, n), dhm_n = rows_of(dhm, r0, n);
+    rmsnorm_backward(dev_, norm_shape(n), dx_n.data(), g.attn_norm.as<float>(), x_rows, A.rstd1.as<float>() + r0,
+                     w.attn_norm.data(), t != DType::kF32 ? dat_t.data() : da_rows);
+    add_inplace(dev_, dhm_n, dx_n);  // dhm + norm'(da): the same sum, in the same order, as dx_n += dhm_n
+  };
+  if (o_.tiled_dx) {
+    const TiledGrad da{.tile = tile_, .consume = norm_backward};
+    if (attn_tile_ > 0)
+      attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
+                      A.saved);
+    else
+      attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
+  } else {
+    // da (the attention's dx) whole in fp32: the attention block accumulates straight into it.
+    TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
+    if (attn_tile_ > 0)
+      attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
+                      A.saved);
+    else
+      attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
+    A.a.reset();
+    for (int64_t r0 = 0; r0 < L; r0 += tile_) {
+      const int64_t n = std::min(tile_, L - r0);
+      norm_backward(r0, n, rows_of(da, r0, n).as<float>());
+    }
+  }
   if (t != DType::kF32)
     for (size_t k = 0; k < attn_grads.size(); ++k) add_inplace(dev_, *attn_grads[k].full, tmp[k]);
   tmp.clear();
   A.a.reset();
-  // dx = dhm + attn_norm'(da), tile by tile (da is narrowed to the block dtype per tile), into
-  // dhm's own rows: the block's input gradient takes dhm's buffer.
-  TensorBuffer fetched;  // x only in host memory: fetched to the device again, only now
-  if (in.on_host) {
-    fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched again)");
-    dev_.copy(fetched.data(), in.x.data(), in.x.bytes());
-  }
-  const Tensor x = in.on_host ? fetched.view() : in.x;
-  TensorBuffer dxt(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "d block input (tile)");
-  for (int64_t r0 = 0; r0 < L; r0 += tile_) {
-    const int64_t n = std::min(tile_, L - r0);
-    const Tensor dat = rows_of(da, r0, n);
-    TensorBuffer dat_t;
-    if (t != DType::kF32) {
-      dat_t = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "d attn_norm output (tile)");
-      convert(dev_, dat_t.data(), t, dat.data(), DType::kF32, n * E);
-    }
-    const Tensor dx_n = rows_of(dxt, 0, n), dhm_n = rows_of(dhm, r0, n);
-    rmsnorm_backward(dev_, norm_shape(n), dx_n.data(), g.attn_norm.as<float>(), rows_of(x, r0, n).data(),
-                     A.rstd1.as<float>() + r0, w.attn_norm.data(), t != DType::kF32 ? dat_t.data() : dat.data());
-    add_inplace(dev_, dhm_n, dx_n);  // dhm + norm'(da): the same sum, in the same order, as dx_n += dhm_n
-  }
   dh = std::move(dhm);
 }
 

@@ -135,10 +135,22 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
   it.push_back({"d residual after attention", Tag::kOther, L * E * es});
-  it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
+  if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   if (d.t != DType::kF32)
     it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
                   (2 * d.H * D * E + 2 * d.G * D * E + (qk ? 2 * D : 0)) * es});
+  // With dx by tiles, the q gradients of the stages before the last and the k/v gradients of the
+  // rounds before the last, kept for dx (the last stage holds the most).
+  if (o.decoder.tiled_dx) {
+    if (stages > 1)
+      it.push_back({"dq of the earlier stages (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
+                    (stages - 1) * Sg * u * D * es});
+    if (rounds > 1) {
+      it.push_back({"dk of the earlier rounds (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
+                    (rounds - 1) * Sg * w * D * es});
+      it.push_back({"dv of the earlier rounds (kept for dx)", Tag::kCommunication, (rounds - 1) * Sg * w * D * es});
+    }
+  }
   // What the attention's forward saved (kept through its backward).
   it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
   if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
@@ -276,7 +288,7 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
   it.push_back({"d residual after attention", Tag::kOther, L * E * es});
-  it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
+  if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   if (d.t != DType::kF32)
     it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
                   (2 * d.H * D * E + 2 * d.G * D * E + (o.model.qk_norm ? 2 * D : 0)) * es});
@@ -332,6 +344,42 @@ PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<
   return m;
 }
 
+// The last block's dx handed out by tiles (head_pipeline.cc hand_out_dx, with tiled_dx): every
+// stage's dq and every round's dk and dv kept, an fp32 dx tile, and the decoder's tiles for the
+// norm backward.
+PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+  PlanMoment m{.name = "attention backward (dx by tiles)"};
+  auto& it = m.items;
+  const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es, T = d.mlp_tile;
+  const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
+  const int64_t rounds = stages / d.sched.stages_per_round;
+  const bool qk = o.model.qk_norm;
+  add_state(descs, d, it);
+  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
+  add_saved_inputs(o, d, it);
+  it.push_back({"token ids", Tag::kOther, L * 4});
+  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
+  if (offloaded && !o.decoder.refetch_inputs) it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
+  else if (offloaded && d.attn_tile > 0)
+    it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
+  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
+  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
+  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
+  if (d.t != DType::kF32)
+    it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
+                  (2 * d.H * D * E + 2 * d.G * D * E + (qk ? 2 * D : 0)) * es});
+  if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
+  it.push_back({"dq of every stage (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication, stages * Sg * u * D * es});
+  it.push_back({"dk of every round (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication, rounds * Sg * w * D * es});
+  it.push_back({"dv of every round (kept for dx)", Tag::kCommunication, rounds * Sg * w * D * es});
+  it.push_back({"dx (tile, fp32)", Tag::kOther, std::min(T, L) * E * 4});
+  const bool x_on_host = offloaded && o.decoder.refetch_inputs;
+  it.push_back({"d block input and d attn_norm output (tiles)", Tag::kOther,
+                (d.t != DType::kF32 ? 2 : 1) * std::min(T, L) * E * es});
+  if (x_on_host) it.push_back({"block input (tile, fetched for the norm)", Tag::kOther, std::min(T, L) * E * es});
+  return m;
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
@@ -345,6 +393,7 @@ MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
   p.moments.push_back(attention_forward(o, d, descs));
   p.moments.push_back(dwo_gemm(o, d, descs));
   p.moments.push_back(mlp_backward(o, d, descs));
+  if (o.decoder.tiled_dx) p.moments.push_back(dx_tiles(o, d, descs));
   for (PlanMoment& m : loss(o, d, descs)) p.moments.push_back(std::move(m));
   for (size_t i = 1; i < p.moments.size(); ++i)
     if (p.moments[i].total() > p.moments[p.peak].total()) p.peak = i;

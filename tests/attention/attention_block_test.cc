@@ -413,6 +413,49 @@ TEST(AttentionBlockBits, EarlyDeltaIsBitwiseTheSame) {
   }
 }
 
+// dx handed out by tiles (TiledGrad, the decoder's 2-D chunking of dx) against dx whole: the same
+// sums in the same order of heads, a tile of rows at a time. y and the weight gradients are the
+// same bits; dx's GEMMs run over fewer rows, and OpenBLAS orders a dot product's terms by the
+// matrix shape, so dx agrees to the summation-order bound (f32: 16 FLT_EPSILON max |dx|; bf16:
+// four bf16 roundings, a sum that rounds to the neighbouring value). Every strategy (local makes dx
+// whole first: the same bits), with and without overlap and x by tiles; tiles that do not divide
+// L, one row, and L itself. (Its memory is the decoder's tests': these heads are wider than E.)
+TEST(AttentionBlockTiles, TiledGradMatchesWhole) {
+  struct Case {
+    BlockDims d;
+    Strategy st;
+    int C;
+    int64_t U, R, tile;
+    bool overlap;
+  };
+  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
+                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, false},
+                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, true},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 48, false}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      for (int64_t input_tile : {int64_t{0}, int64_t{5}}) {
+        const BlockInputs in = random_inputs(c.d, kSeed, t);
+        RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t, .overlap = c.overlap,
+                     .input_tile = input_tile};
+        const BlockRun whole = run_block(in, spec);
+        spec.grad_tile = c.tile;
+        const BlockRun tiles = run_block(in, spec);
+        for (int i = 0; i < kNumOutputs; ++i) {
+          const double m = max_abs(whole.out[i]);
+          const bool dx = std::string(kOutputNames[i]) == "dx" && c.st != Strategy::kLocal;
+          const double tol = !dx ? 0.0 : t == DType::kF32 ? 16.0 * FLT_EPSILON * m : 4.0 * kBf16UnitRoundoff * m;
+          EXPECT_TRUE(expect_within(dims_name(c.d) + " " + spec.name() + " tile " + std::to_string(c.tile) + " " +
+                                        kOutputNames[i],
+                                    tiles.out[i], whole.out[i], tol, output_cols(c.d, i), "dx by tiles against whole"));
+        }
+      }
+    }
+  }
+}
+
 // x given by tiles (TiledInput, the decoder's 2-D chunking) against x whole: the projections and
 // weight gradients run tile by tile, so the weight gradients' fp32 sums over rows change order:
 // f32 within the summation-order bound below (16 FLT_EPSILON max |whole|), bf16 within four bf16

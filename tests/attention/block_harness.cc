@@ -1,5 +1,7 @@
 #include "attention/block_harness.h"
 
+#include "untied/kernels/tensor_ops.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -178,7 +180,14 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
     else block->forward(yt, xt, w, mask, saved);
     const MemoryStats after_forward = dev->allocator().stats();
     dev->allocator().set_phase(Phase::kBackward);
-    if (spec.input_tile > 0) block->backward(dxt, g, dyt, tiled, w, saved);
+    // spec.grad_tile: dx handed out by tiles, each written into dx's rows in the block's dtype.
+    const TiledGrad tiled_dx{.tile = spec.grad_tile, .consume = [&](int64_t r0, int64_t n, const float* rows) {
+      convert(*dev, dxt.data() == nullptr ? nullptr : static_cast<char*>(dxt.data()) + r0 * E * dtype_size(t), t, rows,
+              DType::kF32, n * E);
+    }};
+    if (spec.grad_tile > 0 && spec.input_tile > 0) block->backward(tiled_dx, g, dyt, tiled, w, saved);
+    else if (spec.grad_tile > 0) block->backward(tiled_dx, g, dyt, xt, w, saved);
+    else if (spec.input_tile > 0) block->backward(dxt, g, dyt, tiled, w, saved);
     else block->backward(dxt, g, dyt, xt, w, saved);
     dev->synchronize();
     for (auto& [b, host, bytes] : on_gpu) dev->copy(host, b.data(), bytes);  // inputs come back unchanged

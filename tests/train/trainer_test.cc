@@ -121,6 +121,39 @@ TEST(Trainer, OffloadedInputsChangeMemoryNotResults) {
 // Offloaded inputs fetched again for the attn_norm backward (DecoderOptions::refetch_inputs)
 // instead of held through the attention's backward: the same bits, and in a rehearsal whose peak
 // is the attention's backward (a long S for the tiny model) one (L, E) buffer less at the peak.
+// The attention's dx handed out by tiles (DecoderOptions::tiled_dx, the default) against dx made
+// whole in fp32: the same sums, dx's GEMMs over fewer rows (fp32 summation order only), so the
+// same losses to far below a step's change; and the (L, E) fp32 dx is gone from the peak.
+TEST(Trainer, TiledDxKeepsLossesAndLowersThePeak) {
+  for (Strategy st : {Strategy::kUPipe, Strategy::kUlysses}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      TrainOptions o = small_run(st);
+      o.decoder.dtype = t;
+      o.offload_inputs = true;
+      o.decoder.tiled_dx = false;
+      auto whole = run(o, 2);
+      o.decoder.tiled_dx = true;
+      auto tiles = run(o, 2);
+      ASSERT_TRUE(whole.ok() && tiles.ok());
+      for (size_t i = 0; i < whole.value().losses.size(); ++i)
+        EXPECT_NEAR(tiles.value().losses[i], whole.value().losses[i], 1e-5 * whole.value().losses[i])
+            << strategy_name(st) << " " << dtype_name(t) << " step " << i + 1;
+
+      o.rehearsal = true;
+      o.steps = 1, o.warmup = 0;
+      o.decoder.seq = 1 << 14;
+      o.decoder.tiled_dx = false;
+      auto r_whole = run(o, 2);
+      o.decoder.tiled_dx = true;
+      auto r_tiles = run(o, 2);
+      ASSERT_TRUE(r_whole.ok() && r_tiles.ok());
+      EXPECT_LT(r_tiles.value().peak.peak_total, r_whole.value().peak.peak_total) << strategy_name(st) << " " << dtype_name(t);
+      for (const LiveBuffers& b : r_tiles.value().live_at_peak)
+        EXPECT_TRUE(b.what != "d attn_norm output (fp32)" && b.what != "dx fp32 accumulator") << b.what;
+    }
+  }
+}
+
 TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
   TrainOptions o = small_run(Strategy::kUPipe);
   const int64_t N = o.model.layers;

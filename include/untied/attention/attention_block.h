@@ -180,6 +180,19 @@ struct TiledInput {
   std::function<void(int64_t r0, int64_t n, void* dst)> rows;
 };
 
+// The block's input gradient dx (L, E) handed out a tile of rows at a time instead of written
+// whole (2-D chunking of dx): consume(r0, n, dx_rows) gets rows [r0, r0 + n) in fp32 (n, E,
+// contiguous, on the device, valid during the call), n <= tile, every row once, in ascending
+// order, after the backward's last exchange; consume may compute on the device but not call a
+// collective. Ulysses and UPipe then keep each stage's returned q/k/v gradients (the block's
+// dtype, (L, H + 2 G_eff, D) in all, in sequence layout) and form dx from them tile by tile, in
+// the order the whole dx is summed in: the same bits, and no (L, E) fp32 accumulator. Local makes
+// dx whole first.
+struct TiledGrad {
+  int64_t tile = 0;  // rows per call, >= 1
+  std::function<void(int64_t r0, int64_t n, const float* dx_rows)> consume;
+};
+
 class AttentionBlock {
  public:
   virtual ~AttentionBlock() = default;
@@ -201,6 +214,12 @@ class AttentionBlock {
   virtual void forward(const Tensor& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
                        AttentionSaved& saved) = 0;
   virtual void backward(const Tensor& dx, AttentionGrads& grads, const Tensor& dy, const TiledInput& x,
+                        const AttentionWeights& w, AttentionSaved& saved) = 0;
+  // The same with dx handed out by tiles (TiledGrad): ulysses and upipe form it tile by tile;
+  // local makes it whole (fp32, Tag::kOther) and then hands it out.
+  virtual void backward(const TiledGrad& dx, AttentionGrads& grads, const Tensor& dy, const Tensor& x,
+                        const AttentionWeights& w, AttentionSaved& saved) = 0;
+  virtual void backward(const TiledGrad& dx, AttentionGrads& grads, const Tensor& dy, const TiledInput& x,
                         const AttentionWeights& w, AttentionSaved& saved) = 0;
   virtual const AttentionConfig& config() const = 0;
   // Heads per stage actually used (U; H for ulysses and local) and the number of stages.

@@ -51,6 +51,12 @@ struct DecoderOptions {
   // the backward of an offloaded input it is read from the host copy a tile at a time. 0: the MLP
   // tile; -1: off (attn_norm(x) made whole and held through the block's attention).
   int64_t attn_tile = 0;
+  // 2-D chunking of the attention's input gradient: the attention hands dx out a tile of MLP-tile
+  // rows at a time (TiledGrad, attention_block.h) and the attn_norm backward and the residual add
+  // run on each tile as it comes, so no (L, E) fp32 dx exists (ulysses, upipe, ring: they keep
+  // their returned q/k/v gradients instead, (L, H + 2 G_eff, D) in the block's dtype). false:
+  // the attention writes the whole fp32 dx first. The same bits either way.
+  bool tiled_dx = true;
   // Which blocks' saved inputs go to the host allocator, when the Decoder has one (partial
   // offload): block l's when l >= offload_keep_first and (l - offload_keep_first) is a multiple of
   // offload_every. The defaults offload every block; the others stay on the device.
