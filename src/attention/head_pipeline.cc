@@ -183,13 +183,14 @@ void HeadPipeline::run_forward(const Tensor& y, const InputRows& x, const Attent
     project_q(w, x, s, saved.stages.emplace_back(), keep, ex);
     if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), keep, ex);
   };
-  // Stage s's output, once its exchange is done, into attn_out; its buffers freed unless kept.
+  // Stage s's output, once its exchange is done, into attn_out; the head-sharded output is freed
+  // by every strategy: backward's D = rowsum(dO * O) reads O from attn_out (sequence layout).
   TensorBuffer o_recv;
   auto place = [&](int64_t s, Exchanges& ex) {
     ex.wait();
     place_output(s, o_recv, saved.attn_out);
     o_recv.reset();
-    if (recompute) saved.stages[s].o.reset();
+    saved.stages[s].o.reset();
   };
   // With overlap, stage s+1's projection and exchange run while stage s is attended to, and
   // stage s's output goes back while stage s+1 is projected (one more stage of inputs is live).

@@ -99,6 +99,19 @@ void add_saved_inputs(const TrainOptions& o, const Dims& d, std::vector<PlanItem
     out.push_back({std::to_string(on_device) + " block inputs (saved)", Tag::kActivations, on_device * d.L * d.E * d.es});
 }
 
+// What ulysses and ring keep of every stage and round from the forward to its backward
+// (head_pipeline.cc, Saving::kKeepStages): q after norm and RoPE, k and v, and with qk_norm the
+// norms' inputs and rstd.
+void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
+  const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
+  const int64_t stages = d.sched.stages, rounds = stages / d.sched.stages_per_round;
+  it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
+  it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
+  if (o.model.qk_norm)
+    it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
+                  stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+}
+
 // The CPU attention backward kernel's scratch (src/kernels/cpu/attention_backward.cc) for a call
 // of sq query rows and u heads: dQ accumulators, one per thread but the first, plus the first's
 // when dq is not fp32; and each thread's tiles (128 x 128 blocks of q, k, v, dO, dk, dv, S, dP).
@@ -155,13 +168,8 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
   if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
   else it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
-  if (!recompute) {  // ulysses and ring keep every stage's q and output, every round's k and v
-    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
-    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
-    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
-    if (qk)
-      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
-                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+  if (!recompute) {
+    add_kept_stages(o, d, it);
   } else {  // upipe recomputes this stage's q and its round's k and v
     it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
     it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
@@ -238,16 +246,11 @@ PlanMoment attention_forward(const TrainOptions& o, const Dims& d, const std::ve
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
   it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
-  if (!recompute) {  // every stage's q and output, every round's k and v, kept for the backward
-    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
-    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
-    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
-    if (o.model.qk_norm)
-      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
-                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+  it.push_back({"attention output (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
+  if (!recompute) {  // every stage's q, every round's k and v, kept for the backward
+    add_kept_stages(o, d, it);
   } else {
     it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
-    it.push_back({"attention output (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
     it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
   }
   // The CPU attention forward kernel's tiles per thread (src/kernels/cpu/attention_forward.cc).
@@ -294,14 +297,7 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
                   (2 * d.H * D * E + 2 * d.G * D * E + (o.model.qk_norm ? 2 * D : 0)) * es});
   it.push_back({"attention output (saved)", Tag::kActivations, L * HD * es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
-  if (o.decoder.strategy != Strategy::kUPipe) {
-    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
-    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
-    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
-    if (o.model.qk_norm)
-      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
-                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
-  }
+  if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
   if (d.t != DType::kF32) {  // trans_a gemm: m = E, n = H*D, k = L
     const int64_t t = std::clamp<int64_t>((int64_t{16} << 20) / (4 * std::max(E, HD)), 1, L);
     it.push_back({"gemm A and B rows in fp32", Tag::kOther, t * (E + HD) * 4});
@@ -330,14 +326,7 @@ PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<
   it.push_back({"dh, residual after attention, d residual after attention", Tag::kOther, 3 * L * E * es});
   it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
-  if (o.decoder.strategy != Strategy::kUPipe) {
-    it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
-    it.push_back({"attention output (head-sharded, all stages)", Tag::kAttnWorkspace, stages * Sg * u * D * es});
-    it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
-    if (o.model.qk_norm)
-      it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
-                    stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
-  }
+  if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
   it.push_back({"mlp gate, up, swiglu and dswiglu (tile)", Tag::kOther, 4 * T * F * es});
   it.push_back({"mlp_norm output and its gradient (tile)", Tag::kOther, 2 * T * E * es});
   it.push_back({"mlp_norm rstd (tile)", Tag::kOther, T * 4});

@@ -216,6 +216,9 @@ TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
     auto refetched = run(o, 2);
     ASSERT_TRUE(held.ok() && refetched.ok());
     EXPECT_EQ(held.value().losses, refetched.value().losses) << strategy_name(st);
+    // The peak's bytes below are UPipe's, whose peak is in the attention's backward; these toy
+    // shapes put Ulysses' in the recompute (where the fetched input is live either way).
+    if (st != Strategy::kUPipe) continue;
 
     o.rehearsal = true;
     o.steps = 1, o.warmup = 0;

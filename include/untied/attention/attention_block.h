@@ -130,8 +130,9 @@ struct SavedQkNorm {  // Qwen3 (qk_norm): the pre-norm projection and its rstd, 
 };
 struct SavedStage {
   TensorBuffer lse;       // (u, S) fp32: every strategy
-  // Unless the strategy recomputes (upipe): q after norm and RoPE (S, u, D) and the kernel's
-  // output (S, u, D), head-sharded; local keeps q (S, H, D) only (its output is attn_out).
+  // Unless the strategy recomputes (upipe): q after norm and RoPE (S, u, D), head-sharded; local
+  // keeps q (S, H, D). o: the kernel's head-sharded output (S, u, D) while the stage runs (freed
+  // once it is back in attn_out: no backward reads it).
   TensorBuffer q, o;
   SavedQkNorm q_norm;     // qk_norm only, unless recomputed
 };
