@@ -8,11 +8,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
+#include "cli/attn_runner.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/train_flags.h"
 #include "untied/attention/attention_block.h"
+#include "untied/comm/inproc.h"
+#include "untied/core/npy.h"
 #include "untied/train/memory_plan.h"
 
 namespace untied::cli {
@@ -267,6 +272,118 @@ std::string svg(const PlanRun& base, const std::vector<Strategy>& strategies) {
   return s.str();
 }
 
+// ---- plan --paper: the paper's memory tables, planned, beside its numbers ----
+
+struct PaperRow {
+  const char* setting;  // "Llama3-8B, 8 x 80 GiB"
+  const char* preset;
+  int ranks;
+  Strategy strategy;
+  int64_t ring;
+  const char* name;   // the paper's name for the strategy
+  const char* paper;  // the paper's longest S
+};
+
+const PaperRow kPaperRows[] = {
+    {"Llama3-8B, 8 x 80 GiB", "llama3-8b", 8, Strategy::kUlysses, 1, "Ulysses", "3M"},
+    {"Llama3-8B, 8 x 80 GiB", "llama3-8b", 8, Strategy::kRing, 1, "Ring", "3M"},
+    {"Llama3-8B, 8 x 80 GiB", "llama3-8b", 8, Strategy::kUPipe, 1, "UPipe", "5M"},
+    {"Llama3-8B, 16 x 80 GiB (8u2r)", "llama3-8b", 16, Strategy::kUlysses, 2, "USP-hybrid", "6M"},
+    {"Llama3-8B, 16 x 80 GiB (8u2r)", "llama3-8b", 16, Strategy::kUPipe, 2, "UPipe", "8M"},
+    {"Qwen3-32B, 16 x 80 GiB", "qwen3-32b", 16, Strategy::kUlysses, 1, "Ulysses", "2M"},
+    {"Qwen3-32B, 16 x 80 GiB", "qwen3-32b", 16, Strategy::kUPipe, 1, "UPipe", "4M"},
+};
+
+std::string millions(int64_t S) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2fM", static_cast<double>(S) / 1e6);
+  return b;
+}
+
+// The attention block of `cfg` on `ranks` in-process ranks against local on one, at cfg.seq, f32:
+// the largest |difference| over y, dx and the weight gradients, relative to the largest |local|
+// value of each (the inputs are the same global tensors for any rank count: attn_runner.h).
+double compare_to_local(AttentionConfig cfg, int ranks, const std::string& dir) {
+  cfg.dtype = DType::kF32;
+  auto run = [&](const AttentionConfig& c, int n, const std::string& out) {
+    std::filesystem::create_directories(out);
+    run_in_process(n, [&](Communicator& world) {
+      run_attention(world, c, AttnRunOptions{.threads = 1, .dump_dir = out, .warmup = 0});
+    });
+  };
+  AttentionConfig local = cfg;
+  local.strategy = Strategy::kLocal, local.ring = 1, local.upipe_heads = 0, local.overlap = false;
+  run(local, 1, dir + "/local");
+  run(cfg, ranks, dir + "/parallel");
+  double worst = 0;
+  for (const char* f : {"y.npy", "dx.npy", "dwq.npy", "dwk.npy", "dwv.npy", "dwo.npy"}) {
+    std::vector<int64_t> sa, sb;
+    std::vector<float> a, b;
+    UNTIED_CHECK(read_npy(dir + "/parallel/" + f, &sa, &a).ok() && read_npy(dir + "/local/" + f, &sb, &b).ok() &&
+                     a.size() == b.size(),
+                 "plan --paper: the check's ", f, " did not come back");
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+    }
+    worst = std::max(worst, scale > 0 ? diff / scale : diff);
+  }
+  return worst;
+}
+
+int paper(const FlagSet& flags, int64_t budget, int64_t host_budget, bool check) {
+  std::printf("The paper's longest sequences (arXiv 2602.21196), planned by untied: bf16, %s per GPU, every block's\n"
+              "input offloaded to the host%s, the real vocabularies; the paper's runs are on H100s.\n\n",
+              format_bytes(budget).c_str(),
+              host_budget > 0 ? (" (--host-budget " + format_bytes(host_budget) + " per node of 8)").c_str() : "");
+  std::printf("| setting | strategy | untied plan: longest S | U | host per node | paper |\n|---|---|---|---|---|---|\n");
+  const std::string tmp = (std::filesystem::temp_directory_path() / ("untied_plan_paper_" + std::to_string(::getpid()))).string();
+  std::vector<std::pair<std::string, double>> checks;
+  for (const PaperRow& row : kPaperRows) {
+    PlanRun p;
+    p.ranks = row.ranks;
+    auto m = model_preset(row.preset);
+    UNTIED_CHECK(m.ok(), m.status().message());
+    p.o.model = m.value();
+    p.o.decoder = DecoderOptions{.seq = p.ranks * 1024LL, .strategy = row.strategy, .ring = row.ring, .dtype = DType::kBF16};
+    p.o.offload_inputs = true;
+    p.o.budget_bytes = budget;
+    p.o.host_budget_bytes = host_budget;
+    p.o.ranks_per_node = std::min(p.ranks, 8);
+    PlanRun best;
+    const bool ok = fit(p, &best);
+    const MemoryPlan plan = ok ? plan_memory(best.o, best.ranks) : MemoryPlan{};
+    std::printf("| %s | %s | %s | %lld | %s | %s |\n", row.setting, row.name,
+                ok ? millions(best.o.decoder.seq).c_str() : "none fits",
+                ok ? (long long)stage_heads_of(attention_config(best.o.model, best.o.decoder), best.ranks) : 0LL,
+                ok ? format_bytes(plan.host_per_rank * best.o.ranks_per_node).c_str() : "-", row.paper);
+    if (check) {
+      // The strategy's attention block at a small S, against local: the model's heads (H, G, D),
+      // the row's ranks, ring and U, a narrow hidden size (what the exchanges and stages move
+      // does not depend on E), and no q/k norms (the attention runner has none).
+      AttentionConfig c = attention_config(p.o.model, p.o.decoder);
+      c.seq = 4LL * p.ranks * 8;
+      c.hidden = 256;
+      c.qk_norm = false;
+      const std::string label = std::string(row.name) + " on " + std::to_string(row.ranks) + " ranks (" + row.preset + ")";
+      checks.push_back({label, compare_to_local(padded_config(c, p.ranks), p.ranks, tmp + "/" + std::to_string(checks.size()))});
+    }
+  }
+  std::filesystem::remove_all(tmp);
+  (void)flags;
+  if (!check) return 0;
+  std::printf("\ncorrectness: each strategy's attention block with the model's heads (E 256, no q/k norms), S = 32 x ranks, "
+              "f32, against local on one rank (y, dx and the weight gradients; max |difference| / max |local|):\n");
+  bool all = true;
+  for (const auto& [label, err] : checks) {
+    const bool ok = err <= 1e-4;
+    all = all && ok;
+    std::printf("  %-40s %.2e  %s\n", label.c_str(), err, ok ? "ok" : "WRONG");
+  }
+  return all ? 0 : 1;
+}
+
 }  // namespace
 
 int plan_main(int*, char***, const std::vector<std::string>& args) {
@@ -282,6 +399,10 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
   flags.add("check", FlagKind::kBool, "false", "rehearse the same step and print the plan's error (exit 1 over 2%)");
   flags.add("json", FlagKind::kBool, "false", "print the plan as JSON");
   flags.add("svg", FlagKind::kString, "", "write a plot of the peak by tag against S, for ulysses, upipe and ring, here");
+  flags.add("paper", FlagKind::kBool, "false",
+            "the paper's tables: the longest S of each of its settings and strategies at --mem-budget (default 80G), "
+            "beside its numbers, and each strategy's attention block checked against local at a small S");
+  flags.add("paper-check", FlagKind::kBool, "true", "with --paper: run the correctness checks (--no-paper-check: the table only)");
   auto refuse = [](const Status& s) {
     std::fprintf(stderr, "untied plan: %s\n", s.message().c_str());
     return 2;
@@ -299,6 +420,9 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
                                              (std::string(f) == "rehearsal" || std::string(f) == "fit-seq"
                                                   ? " (--check compares with a rehearsal, --fit finds the longest S)"
                                                   : "")));
+  if (flags.get_bool("paper"))
+    return paper(flags, flags.get_bytes("mem-budget") > 0 ? flags.get_bytes("mem-budget") : int64_t{80} << 30,
+                 flags.get_bytes("host-budget"), flags.get_bool("paper-check"));
   PlanRun p;
   p.ranks = static_cast<int>(flags.get_int("ranks"));
   if (p.ranks < 1 || p.ranks > 1024) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));

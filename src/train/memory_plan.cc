@@ -224,15 +224,15 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
   return {m, reduce};
 }
 
-// The last block's recompute, inside the attention kernel of its last stage (head_pipeline.cc
-// run_forward): the block's output gradient and full weight gradients are already there, and
-// the forward's saved attention output and every stage's LSE.
-PlanMoment attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+// The last block's recompute, in its last stage (head_pipeline.cc run_forward): the block's
+// output gradient and full weight gradients are already there, and the forward's saved attention
+// output and every stage's LSE. Two moments: inside the attention kernel, and (ulysses and ring,
+// which keep the stage's q, k and v) as the stage's output is sent back, its receive beside it.
+std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "attention forward (last block, recompute)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
   const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
-  const int64_t rounds = stages / d.sched.stages_per_round;
   const bool recompute = o.decoder.strategy == Strategy::kUPipe;
   add_state(descs, d, it);
   add_group(descs, static_cast<int>(d.N), d, "block weights", it);
@@ -253,6 +253,22 @@ PlanMoment attention_forward(const TrainOptions& o, const Dims& d, const std::ve
     it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
     it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
   }
+  // After the stages: y = attn_out wo^T, whose bf16 operands the CPU gemm widens to fp32 (A and
+  // C a block of rows at a time, 16 MiB of fp32 per block, B whole: src/kernels/cpu/gemm.cc).
+  PlanMoment projection = m;
+  projection.name = "attention forward (last block, recompute: output projection)";
+  std::erase_if(projection.items, [](const PlanItem& i) {
+    return i.what == "attention output (head-sharded)" || i.what == "q all-to-all receive" ||
+           i.what == "k and v all-to-all receives (resident)";
+  });
+  if (d.t != DType::kF32) {
+    const int64_t HD = d.H * D, rows = std::clamp<int64_t>((int64_t{16} << 20) / (4 * std::max(HD, E)), 1, L);
+    projection.items.push_back({"gemm A and C rows in fp32", Tag::kOther, rows * (HD + E) * 4});
+    projection.items.push_back({"gemm B in fp32", Tag::kOther, E * HD * 4});
+  }
+  PlanMoment exchange = m;
+  exchange.name = "attention forward (last block, recompute: output exchange)";
+  exchange.items.push_back({"attention output all-to-all receive", Tag::kCommunication, Sg * u * D * es});
   // The CPU attention forward kernel's tiles per thread (src/kernels/cpu/attention_forward.cc).
   auto forward_tiles = [&](int64_t) {
     const int64_t bq = 128, bk = 128;
@@ -269,7 +285,8 @@ PlanMoment attention_forward(const TrainOptions& o, const Dims& d, const std::ve
     it.push_back({"ring partial output (fp32)", Tag::kAttnWorkspace, lc * u * D * 4});
     it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(lc)});
   }
-  return m;
+  if (recompute) return {m, projection};  // upipe frees the stage's q (and the round's k, v) before the exchange
+  return {m, exchange, projection};
 }
 
 // The last block's attention backward as it begins: dwo = dy^T attn_out, whose bf16 operands the
@@ -379,7 +396,7 @@ MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
   MemoryPlan p;
   p.rows = d.L;
   p.moments.push_back(attention_backward(o, d, descs));
-  p.moments.push_back(attention_forward(o, d, descs));
+  for (PlanMoment& m : attention_forward(o, d, descs)) p.moments.push_back(std::move(m));
   p.moments.push_back(dwo_gemm(o, d, descs));
   p.moments.push_back(mlp_backward(o, d, descs));
   if (o.decoder.tiled_dx) p.moments.push_back(dx_tiles(o, d, descs));

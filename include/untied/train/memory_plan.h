@@ -1,13 +1,17 @@
 // Each rank's device memory for one training step, from closed forms over the shapes: no step is
 // run or rehearsed. The step's peak is the largest of a few moments of the schedule (decoder.h,
 // head_pipeline.cc), each the sum of the buffers live then, by name and tag:
-//   "attention backward" - the last block's attention backward, inside a stage's attention kernel
-//                          (the largest moment at long S: the fp32 dx accumulator, dhm, the
-//                          stage's q/k/v/dO receives and gradients, the round's dk/dv sums);
-//   "loss"               - the LM head's fused forward and backward (the largest at short S with a
-//                          large vocabulary: the gathered head, its full fp32 gradient, a chunk of
-//                          logits).
-// Both hold the ZeRO-3 state (parameters, gradients and AdamW moments, 1/ranks of each), the
+//   "attention backward"   - the last block's attention backward, inside its last stage's
+//                            attention kernel (the largest moment at long S: dhm, the stage's
+//                            q/k/v/dO receives and gradients, the round's fp32 dk/dv sums, the
+//                            earlier stages' dq kept for dx, or the whole fp32 dx without tiles);
+//   "dx by tiles"          - the same block's dx formed from the kept gradients, a tile at a time;
+//   "attention forward"    - the block's recompute: inside the last stage's kernel, as its output
+//                            is sent back (ulysses, ring), and at the output projection;
+//   "dwo gemm", "MLP backward" - the largest only for small models;
+//   "loss"                 - the LM head's kernel, and its gradient's reduce-scatter (the largest
+//                            at short S with a large vocabulary).
+// All hold the ZeRO-3 state (parameters, gradients and AdamW moments, 1/ranks of each), the
 // device's saved block inputs (those not offloaded, decoder.offload_keep_first and offload_every)
 // and the gathered weights and full gradients of the group in use.
 //
