@@ -25,7 +25,8 @@ if [ "$QUICK" = 1 ]; then
          "$QWEN --layers 2 --ranks 8 --strategy upipe --offload-inputs --keep-inputs 1 --dtype bf16 --seq 512K"
          "--preset small --ranks 3 --strategy ring --dtype bf16 --seq 30000"
          "--preset small --ranks 2 --strategy upipe --dtype f32 --seq 8192 --threads 2"
-         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-tiled-dx --dtype bf16 --seq 2M")
+         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-tiled-dx --dtype bf16 --seq 2M"
+         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --overlap on --dtype f32 --seq 2M")
 else
   for st in "upipe" "ulysses" "ring" "upipe --ring 2" "ulysses --ring 2"; do
     for off in "--offload-inputs" ""; do
@@ -43,6 +44,11 @@ else
          "$LLAMA --ranks 8 --attn-tile -1 --no-early-delta --no-refetch-inputs --offload-inputs --dtype bf16 --seq 4M"
          "$LLAMA --ranks 8 --offload-inputs --keep-inputs 4 --offload-every 3 --dtype bf16 --seq 2M"
          "$LLAMA --ranks 8 --no-tiled-dx --offload-inputs --dtype bf16 --seq 8M"
+         "$LLAMA --ranks 8 --overlap on --offload-inputs --dtype bf16 --seq 8M"
+         "$LLAMA --ranks 8 --overlap on --offload-inputs --dtype f32 --seq 2M"
+         "$LLAMA --ranks 8 --overlap on --upipe-heads 16 --offload-inputs --dtype bf16 --seq 4M"
+         "$LLAMA --ranks 16 --strategy upipe --ring 2 --overlap on --offload-inputs --dtype bf16 --seq 8M"
+         "$QWEN --ranks 16 --strategy upipe --overlap on --offload-inputs --dtype bf16 --seq 4M"
          "$LLAMA --ranks 8 --strategy ulysses --no-tiled-dx --offload-inputs --dtype f32 --seq 4M"
          "$QWEN --ranks 16 --strategy upipe --no-tiled-dx --offload-inputs --dtype bf16 --seq 4M"
          "$LLAMA --ranks 8 --threads 4 --loss-chunk 4096 --dtype bf16 --seq 512K"

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@
 #include "untied/comm/inproc.h"
 #include "untied/core/npy.h"
 #include "untied/train/memory_plan.h"
+#include "untied/train/time_plan.h"
 
 namespace untied::cli {
 namespace {
@@ -107,6 +109,19 @@ bool fit(const PlanRun& in, PlanRun* best) {
   return any;
 }
 
+void print_time(const PlanRun& p, const DeviceRates& rates) {
+  const std::vector<PhaseWork> phases = plan_time(p.o, p.ranks, rates);
+  std::printf("work per rank for one sequence, and its time at %s, nothing overlapped:\n", rates.source.c_str());
+  std::printf("  %-10s %14s %16s %12s %12s\n", "phase", "GEMM TFLOP", "attention TFLOP", "GB sent", "ms");
+  double total = 0;
+  for (const PhaseWork& w : phases) {
+    std::printf("  %-10s %14.2f %16.2f %12.2f %12.1f\n", w.name.c_str(), w.gemm_flops / 1e12, w.attention_flops / 1e12,
+                w.bytes_sent / 1e9, w.ms);
+    total += w.ms;
+  }
+  std::printf("  %-10s %14s %16s %12s %12.1f\n", "step", "", "", "", total);
+}
+
 void print_plan(const PlanRun& p, const MemoryPlan& plan) {
   std::printf("one training step, planned | %s\n", header(p).c_str());
   const PlanMoment& peak = plan.moments[plan.peak];
@@ -138,8 +153,13 @@ void print_plan(const PlanRun& p, const MemoryPlan& plan) {
   }
 }
 
-nlohmann::json plan_json(const PlanRun& p, const MemoryPlan& plan) {
+nlohmann::json plan_json(const PlanRun& p, const MemoryPlan& plan, const DeviceRates& rates) {
   nlohmann::json j;
+  for (const PhaseWork& w : plan_time(p.o, p.ranks, rates))
+    j["phases"].push_back({{"name", w.name}, {"gemm_flops", w.gemm_flops}, {"attention_flops", w.attention_flops},
+                           {"bytes_sent", w.bytes_sent}, {"ms", w.ms}});
+  j["rates"] = {{"gemm_flops", rates.gemm_flops}, {"attention_flops", rates.attention_flops},
+                {"link_bytes", rates.link_bytes}, {"source", rates.source}};
   const AttentionConfig ac = attention_config(p.o.model, p.o.decoder);
   j["model"] = p.o.model.name;
   j["layers"] = p.o.model.layers;
@@ -399,6 +419,9 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
   flags.add("check", FlagKind::kBool, "false", "rehearse the same step and print the plan's error (exit 1 over 2%)");
   flags.add("json", FlagKind::kBool, "false", "print the plan as JSON");
   flags.add("svg", FlagKind::kString, "", "write a plot of the peak by tag against S, for ulysses, upipe and ring, here");
+  flags.add("gemm-tflops", FlagKind::kString, "", "GEMM TFLOP/s a rank achieves, for the phase times (default: an H100's, assumed)");
+  flags.add("attn-tflops", FlagKind::kString, "", "flash attention TFLOP/s a rank achieves (default: an H100's, assumed)");
+  flags.add("link-gbps", FlagKind::kString, "", "GB/s a rank sends in collectives (default: NVLink 4's, assumed)");
   flags.add("paper", FlagKind::kBool, "false",
             "the paper's tables: the longest S of each of its settings and strategies at --mem-budget (default 80G), "
             "beside its numbers, and each strategy's attention block checked against local at a small S");
@@ -459,11 +482,34 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
   }
   st = validate_plan(p.o, p.ranks);
   if (!st.ok()) return refuse(st);
+  DeviceRates rates = assumed_h100_rates();
+  bool given = false;
+  for (auto [flag, dst, unit] : {std::tuple{"gemm-tflops", &rates.gemm_flops, 1e12},
+                                 {"attn-tflops", &rates.attention_flops, 1e12}, {"link-gbps", &rates.link_bytes, 1e9}}) {
+    if (flags.get_string(flag).empty()) continue;
+    try {
+      size_t pos;
+      const double v = std::stod(flags.get_string(flag), &pos);
+      if (pos != flags.get_string(flag).size() || !(v > 0)) throw 0;
+      *dst = v * unit;
+      given = true;
+    } catch (...) {
+      return refuse(Status::invalid_argument(std::string("--") + flag + ": '" + flags.get_string(flag) +
+                                             "' is not a positive number"));
+    }
+  }
+  if (given) {
+    char b[160];
+    std::snprintf(b, sizeof b, "GEMM %.3g TFLOP/s, attention %.3g TFLOP/s, links %.3g GB/s", rates.gemm_flops / 1e12,
+                  rates.attention_flops / 1e12, rates.link_bytes / 1e9);
+    rates.source = b;
+  }
   const MemoryPlan plan = plan_memory(p.o, p.ranks);
   if (flags.get_bool("json")) {
-    std::printf("%s\n", plan_json(p, plan).dump(2).c_str());
+    std::printf("%s\n", plan_json(p, plan, rates).dump(2).c_str());
   } else {
     print_plan(p, plan);
+    print_time(p, rates);
   }
   if (!flags.get_string("svg").empty()) {
     std::vector<Strategy> strategies = {Strategy::kUlysses, Strategy::kUPipe};

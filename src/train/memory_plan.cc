@@ -28,9 +28,6 @@ Status validate_plan(const TrainOptions& o, int ranks) {
   if (!s.ok()) return s;
   if (o.decoder.strategy == Strategy::kLocal)
     return Status::invalid_argument("plan covers ulysses, upipe and ring (and their ring hybrids), not local");
-  if (o.decoder.overlap)
-    return Status::invalid_argument("plan does not cover --overlap on yet: plan with --overlap off (it adds one "
-                                    "stage's inputs), or rehearse");
   if (o.window > 0) return Status::invalid_argument("plan does not cover --window yet: rehearse");
   return Status::ok_status();
 }
@@ -127,7 +124,24 @@ void add_attention_backward_scratch(int64_t sq, int64_t u, const Dims& d, bool d
 // The last block's attention backward, inside the attention kernel of the stage that begins the
 // first round (head_pipeline.cc run_backward; every stage holds as much, the first also its
 // round's first dk/dv sums).
-PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+// The inputs of UPipe's next stage s1, sent off during this stage's attention with --overlap
+// (head_pipeline.cc send_inputs): its recomputed q (send and receive), at a round's first stage
+// its k and v, and its dO with D; with qk_norm the norms' inputs and rstd kept for the backward.
+void add_next_stage(const TrainOptions& o, const Dims& d, int64_t s1, bool backward, std::vector<PlanItem>& it) {
+  const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
+  const bool qk = o.model.qk_norm;
+  it.push_back({"next stage: q projection and receive", Tag::kCommunication, 2 * Sg * u * D * es});
+  if (qk && backward) it.push_back({"next stage: q norm input and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
+  if (d.sched.first_of_round(s1)) {
+    it.push_back({"next round: k, v projections and receives", Tag::kCommunication, 4 * Sg * w * D * es});
+    if (qk && backward) it.push_back({"next round: k norm input and rstd", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+  }
+  if (backward)
+    it.push_back({"next stage: dO projection and receive, D (send, receive, head-sharded)", Tag::kCommunication,
+                  2 * Sg * u * D * es + 3 * u * Sg * 4});
+}
+
+PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, int64_t s) {
   PlanMoment m{.name = "attention backward (last block)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
@@ -152,18 +166,20 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   if (d.t != DType::kF32)
     it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
                   (2 * d.H * D * E + 2 * d.G * D * E + (qk ? 2 * D : 0)) * es});
-  // With dx by tiles, the q gradients of the stages before the last and the k/v gradients of the
-  // rounds before the last, kept for dx (the last stage holds the most).
+  // With dx by tiles, the q gradients of the stages before s and the k/v gradients of the rounds
+  // before s's, kept for dx.
+  const int64_t done_rounds = d.sched.round(s);
   if (o.decoder.tiled_dx) {
-    if (stages > 1)
+    if (s > 0)
       it.push_back({"dq of the earlier stages (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
-                    (stages - 1) * Sg * u * D * es});
-    if (rounds > 1) {
+                    s * Sg * u * D * es});
+    if (done_rounds > 0) {
       it.push_back({"dk of the earlier rounds (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
-                    (rounds - 1) * Sg * w * D * es});
-      it.push_back({"dv of the earlier rounds (kept for dx)", Tag::kCommunication, (rounds - 1) * Sg * w * D * es});
+                    done_rounds * Sg * w * D * es});
+      it.push_back({"dv of the earlier rounds (kept for dx)", Tag::kCommunication, done_rounds * Sg * w * D * es});
     }
   }
+  (void)rounds;
   // What the attention's forward saved (kept through its backward).
   it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
   if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
@@ -178,6 +194,7 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   it.push_back({"dO all-to-all receive", Tag::kCommunication, Sg * u * D * es});
   it.push_back({"attention D (head-sharded)", Tag::kAttnWorkspace, u * Sg * 4});
   it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
+  if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/true, it);
   it.push_back({"dq (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
   if (d.R == 1) {
     it.push_back({"dk and dv (head-sharded, stage)", Tag::kAttnWorkspace, 2 * Sg * w * D * es});
@@ -228,7 +245,8 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
 // output gradient and full weight gradients are already there, and the forward's saved attention
 // output and every stage's LSE. Two moments: inside the attention kernel, and (ulysses and ring,
 // which keep the stage's q, k and v) as the stage's output is sent back, its receive beside it.
-std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs,
+                                          int64_t s) {
   PlanMoment m{.name = "attention forward (last block, recompute)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
@@ -245,8 +263,9 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
   it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
-  it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
+  it.push_back({"attention LSE (saved)", Tag::kActivations, (s + 1) * u * Sg * 4});
   it.push_back({"attention output (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
+  if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/false, it);
   if (!recompute) {  // every stage's q, every round's k and v, kept for the backward
     add_kept_stages(o, d, it);
   } else {
@@ -285,8 +304,16 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     it.push_back({"ring partial output (fp32)", Tag::kAttnWorkspace, lc * u * D * 4});
     it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(lc)});
   }
-  if (recompute) return {m, projection};  // upipe frees the stage's q (and the round's k, v) before the exchange
-  return {m, exchange, projection};
+  if (!recompute) return {m, exchange, projection};
+  // UPipe frees the stage's q (and the round's k, v) before the exchange. With overlap, stage s+1
+  // is projected and sent while stage s-1's output is still coming back (before stage s's output
+  // and LSE exist).
+  PlanMoment next = exchange;
+  next.name = "attention forward (last block, recompute: next stage's projection)";
+  for (PlanItem& i : next.items)
+    if (i.what == "attention LSE (saved)") i.bytes = s * u * Sg * 4;
+  if (!(o.decoder.overlap && s >= 1 && s + 1 < stages)) next.items.clear();
+  return {m, projection, next};
 }
 
 // The last block's attention backward as it begins: dwo = dy^T attn_out, whose bf16 operands the
@@ -389,18 +416,31 @@ PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<Para
 }  // namespace
 
 MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
-  const Status s = validate_plan(o, ranks);
-  UNTIED_CHECK(s.ok(), s.message());
+  const Status valid = validate_plan(o, ranks);
+  UNTIED_CHECK(valid.ok(), valid.message());
   const Dims d = dims_of(o, ranks);
   const std::vector<ParamDesc> descs = parameter_descriptors(o.model);
   MemoryPlan p;
   p.rows = d.L;
-  p.moments.push_back(attention_backward(o, d, descs));
-  for (PlanMoment& m : attention_forward(o, d, descs)) p.moments.push_back(std::move(m));
+  // The attention's moments at the stage that holds the most (the last, or with overlap one
+  // whose next stage is in flight).
+  auto largest = [](std::vector<PlanMoment> a, std::vector<PlanMoment> b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (b[i].total() > a[i].total()) a[i] = std::move(b[i]);
+    return a;
+  };
+  std::vector<PlanMoment> fwd = attention_forward(o, d, descs, 0), bwd = {attention_backward(o, d, descs, 0)};
+  for (int64_t s = 1; s < d.sched.stages; ++s) {
+    fwd = largest(std::move(fwd), attention_forward(o, d, descs, s));
+    bwd = largest(std::move(bwd), {attention_backward(o, d, descs, s)});
+  }
+  p.moments.push_back(std::move(bwd[0]));
+  for (PlanMoment& m : fwd) p.moments.push_back(std::move(m));
   p.moments.push_back(dwo_gemm(o, d, descs));
   p.moments.push_back(mlp_backward(o, d, descs));
   if (o.decoder.tiled_dx) p.moments.push_back(dx_tiles(o, d, descs));
   for (PlanMoment& m : loss(o, d, descs)) p.moments.push_back(std::move(m));
+  std::erase_if(p.moments, [](const PlanMoment& m) { return m.items.empty(); });  // moments this run lacks
   for (size_t i = 1; i < p.moments.size(); ++i)
     if (p.moments[i].total() > p.moments[p.peak].total()) p.peak = i;
   p.host_per_rank = offloaded_input_bytes(o, ranks);

@@ -1,0 +1,66 @@
+// A step's FLOPs and bytes per phase (time_plan.h).
+#include "untied/train/time_plan.h"
+
+#include "untied/attention/attention_block.h"
+#include "untied/attention/head_schedule.h"
+#include "untied/attention/token_layout.h"
+
+namespace untied {
+
+DeviceRates assumed_h100_rates() {
+  return DeviceRates{.gemm_flops = 0.6 * 989e12, .attention_flops = 600e12, .link_bytes = 350e9,
+                     .source = "assumed H100 SXM bf16: GEMM 593 TFLOP/s (60% of 989), attention 600 TFLOP/s, "
+                               "NVLink 350 GB/s per direction"};
+}
+
+std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceRates& rates) {
+  const AttentionConfig ac = padded_config(attention_config(o.model, o.decoder), ranks);
+  const TokenLayout layout = token_layout(ac, ranks);
+  const HeadSchedule sched = make_head_schedule(ac.heads, ac.kv_heads, layout.group(), stage_heads_of(ac, ranks)).value();
+  const double P = ranks, C = layout.group(), R = layout.ring(), L = static_cast<double>(layout.local_tokens());
+  const double S = L * P, Sg = static_cast<double>(layout.group_tokens());
+  const double E = o.model.hidden, H = o.model.heads, D = o.model.head_dim, F = o.model.ffn, V = o.model.vocab;
+  const double Geff = static_cast<double>(sched.kv_eff), N = static_cast<double>(o.model.layers);
+  const double es = dtype_size(o.decoder.dtype), w = static_cast<double>(sched.kv_per_rank);
+  const double stages = static_cast<double>(sched.stages);
+  const bool upipe = o.decoder.strategy == Strategy::kUPipe;
+  const double a2a = (C - 1) / C, shard = (P - 1) / P;  // the part of a buffer a rank sends
+
+  double group_params[3] = {0, 0, 0};  // embedding, one block, final norm + head
+  for (const ParamDesc& p : parameter_descriptors(o.model)) {
+    const int g = p.group == 0 ? 0 : p.group <= o.model.layers ? 1 : 2;
+    if (g != 1 || p.group == 1) group_params[g] += static_cast<double>(p.shape.numel());
+  }
+  const double block_params = group_params[1], head_params = o.model.tied_embeddings ? group_params[0] : group_params[2];
+
+  // One block.
+  const double proj = 2 * L * E * D * (H + 2 * Geff), out = 2 * L * H * D * E, mlp = 6 * L * E * F;
+  const double attn = 2 * S * S * D * H / P;  // causal: QK^T and PV over half the pairs
+  const double qkv_bytes = L * D * (H + 2 * Geff) * es * a2a, o_bytes = L * H * D * es * a2a;
+  // The ring passes each stage's K/V block R - 1 times (and in backward the fp32 dk/dv sums).
+  const double ring_kv = (R - 1) * stages * 2 * Sg * w * D * es, ring_dkv = (R - 1) * stages * 2 * Sg * w * D * 4;
+  const double fwd_gemm = proj + out + mlp, fwd_bytes = qkv_bytes + o_bytes + ring_kv;
+
+  std::vector<PhaseWork> phases(3);
+  PhaseWork& f = phases[0];
+  f.name = "forward";
+  f.gemm_flops = N * fwd_gemm;
+  f.attention_flops = N * attn;
+  f.bytes_sent = N * fwd_bytes + (N * block_params + group_params[0]) * es * shard;
+  PhaseWork& l = phases[1];
+  l.name = "loss";
+  l.gemm_flops = 6 * L * E * V;
+  l.bytes_sent = head_params * (es + 4) * shard;  // gathered, and its gradient reduce-scattered
+  PhaseWork& b = phases[2];
+  b.name = "backward";
+  b.gemm_flops = N * (fwd_gemm + 2 * fwd_gemm + (upipe ? proj : 0) + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
+  b.attention_flops = N * (attn + 2.5 * attn);
+  b.bytes_sent = N * (fwd_bytes + (upipe ? qkv_bytes : 0) + 2 * o_bytes + L * 2 * Geff * D * es * a2a + ring_kv + ring_dkv) +
+                 (N * block_params + group_params[0]) * (es + 4) * shard;
+  for (PhaseWork& p : phases)
+    p.ms = 1e3 * (p.gemm_flops / rates.gemm_flops + p.attention_flops / rates.attention_flops +
+                  p.bytes_sent / rates.link_bytes);
+  return phases;
+}
+
+}  // namespace untied
