@@ -33,6 +33,7 @@ constexpr const char* kFitRule =
 struct PlanRun {
   TrainOptions o;
   int ranks = 1;
+  bool cuda = false;  // --device cuda: the GPU's fixed costs are printed beside the plan
 };
 
 std::string gib(int64_t b) {
@@ -103,7 +104,7 @@ bool fit(const PlanRun& in, PlanRun* best) {
       (fits_at(mid) ? lo : hi) = mid;
     }
     fits_at(lo);
-    if (!any || o.decoder.seq > best->o.decoder.seq) *best = PlanRun{o, in.ranks};
+    if (!any || o.decoder.seq > best->o.decoder.seq) *best = PlanRun{o, in.ranks, in.cuda};
     any = true;
   }
   return any;
@@ -143,6 +144,16 @@ void print_plan(const PlanRun& p, const MemoryPlan& plan) {
     if (i.bytes > 0)
       std::printf("  %-52s %-15s %12s\n", i.what.c_str(), std::string(tag_name(i.tag)).c_str(),
                   format_bytes(i.bytes).c_str());
+  if (p.cuda) {
+    const int comms = ring_degree(attention_config(p.o.model, p.o.decoder), p.ranks) > 1 ? 3 : 1;
+    int64_t fixed = 0;
+    std::printf("a GPU's fixed costs, outside --mem-budget (assumed, not measured: memory_plan.h gives the sources):\n");
+    for (const PlanItem& i : assumed_cuda_fixed_costs(comms)) {
+      std::printf("  %-52s %12s\n", i.what.c_str(), format_bytes(i.bytes).c_str());
+      fixed += i.bytes;
+    }
+    std::printf("  %-52s %12s: give --mem-budget the GPU's memory less this\n", "total", format_bytes(fixed).c_str());
+  }
   if (p.o.offload_inputs) {
     std::printf("host: %s per rank, %s per node of %d ranks", format_bytes(plan.host_per_rank).c_str(),
                 format_bytes(plan.host_per_rank * p.o.ranks_per_node).c_str(), p.o.ranks_per_node);
@@ -455,6 +466,7 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
   DeviceChoice device = DeviceChoice::kCpu;
   st = options_from_flags(flags, p.ranks, &p.o, &dopts, &device);
   if (!st.ok()) return refuse(st);
+  p.cuda = device == DeviceChoice::kCuda;
   p.o.ranks_per_node = per_node > 0 ? static_cast<int>(per_node) : std::min(p.ranks, 8);
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
   if (!data.ok()) return refuse(data.status());

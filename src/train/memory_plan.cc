@@ -23,6 +23,14 @@ std::array<int64_t, kNumTags> PlanMoment::by_tag() const {
   return t;
 }
 
+std::vector<PlanItem> assumed_cuda_fixed_costs(int communicators) {
+  const int64_t nccl_buffsize = int64_t{4} << 20, channels = 32;
+  return {{"CUDA context and kernels", Tag::kOther, int64_t{512} << 20},
+          {"cuBLAS workspace", Tag::kOther, int64_t{32} << 20},
+          {"NCCL buffers (" + std::to_string(communicators) + " communicators)", Tag::kCommunication,
+           communicators * channels * 2 * nccl_buffsize}};
+}
+
 Status validate_plan(const TrainOptions& o, int ranks) {
   Status s = validate(o, ranks);
   if (!s.ok()) return s;

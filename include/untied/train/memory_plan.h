@@ -53,6 +53,16 @@ struct MemoryPlan {
   int64_t peak_total() const { return moments.empty() ? 0 : moments[peak].total(); }
 };
 
+// A GPU rank's fixed costs outside the allocator (and so outside --mem-budget), as assumed, not
+// measured by untied: the CUDA context with its kernels (0.5 GiB, typical of CUDA 12 and 13 with
+// lazy module loading), the cuBLAS workspace (32 MiB: the size the cuBLAS guide recommends on
+// Hopper, cublasSetWorkspace), and NCCL's buffers: NCCL_BUFFSIZE (4 MiB by default) for sending and
+// for receiving on each of 32 channels, per communicator (`communicators`: 1, or 3 with a ring:
+// the world and the two groups the ring splits off). untied's caching allocator reuses blocks of
+// the same size and gives every cached block back on a failed cudaMalloc before trying again, so
+// it adds no rounding of its own.
+std::vector<PlanItem> assumed_cuda_fixed_costs(int communicators);
+
 // ok() when the closed forms cover o on `ranks` ranks (and validate(o, ranks) holds); otherwise
 // what they do not cover.
 Status validate_plan(const TrainOptions& o, int ranks);
