@@ -438,7 +438,8 @@ void print_fit_table(const std::vector<FitRow>& rows, const BenchAttnOptions& o,
     target_text += " (" + format_bytes(target.free_bytes) + " free / " + std::to_string(per_gpu) + " rank" +
                    (per_gpu == 1 ? "" : "s") + " per GPU, less " + std::to_string(o.fit_headroom) + "%)";
   else
-    target_text += " (--mem-budget)";
+    target_text += " (--mem-budget: a length fits when its peak of counted buffers is at most this, no headroom "
+                   "added, as untied plan --fit and train --fit-seq)";
   std::printf("untied bench attn --fit | %s | %s storage | memory to fit in: %s\n", where.c_str(),
               std::string(dtype_name(o.dtype)).c_str(), target_text.c_str());
   std::printf("%-10s %-18s %4s %9s %12s | %8s %10s %10s %6s %12s %12s %12s%s\n", "preset", "strategy", "U",
