@@ -512,23 +512,32 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
       dev_.fill_zero(acc.dk.data(), acc.dk.view().bytes());
       dev_.fill_zero(acc.dv.data(), acc.dv.view().bytes());
     }
-    TensorBuffer dq(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
+    TensorBuffer dq;
     if (ring_ != nullptr) {  // dk, dv of this rank's block, summed over the ring, straight into the round's sums
+      dq = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
       ring_->backward(*mask_, dq.data(), acc.dk.as<float>(), acc.dv.as<float>(), st.q.data(), rd.k.data(), rd.v.data(),
                       d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
       d = DoutStage{};
       st.q.reset();
       st.o.reset();
     } else {
-      TensorBuffer dk(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dk (head-sharded, stage)");
-      TensorBuffer dv(alloc, t, {C * L, nkv, D}, Tag::kAttnWorkspace, "dv (head-sharded, stage)");
-      attention_backward_with_delta(dev_, kernel_shape(), dq.data(), dk.data(), dv.data(), st.q.data(), rd.k.data(),
+      // The kernel's results in fp32: dk and dv added straight into the round's sums, dq its own
+      // accumulator (no stage dk/dv, no extra dQ accumulator), then narrowed for the exchange.
+      AttentionShape ks = kernel_shape();
+      ks.f32_results = true;
+      ks.accumulate_dkv = true;
+      TensorBuffer dq32(alloc, DType::kF32, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded, fp32)");
+      attention_backward_with_delta(dev_, ks, dq32.data(), acc.dk.data(), acc.dv.data(), st.q.data(), rd.k.data(),
                                     rd.v.data(), d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
       d = DoutStage{};
       st.q.reset();
       st.o.reset();
-      add_into(dev_, acc.dk.data(), DType::kF32, dk.data(), t, C * L * nkv * D);
-      add_into(dev_, acc.dv.data(), DType::kF32, dv.data(), t, C * L * nkv * D);
+      if (t == DType::kF32) {
+        dq = std::move(dq32);
+      } else {
+        dq = TensorBuffer(alloc, t, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded)");
+        convert(dev_, dq.data(), t, dq32.data(), DType::kF32, C * L * u * D);
+      }
     }
     if (sched_.last_of_round(s)) {  // the round's k and v are done with (its norm inputs stay for dk)
       rd.k.reset();

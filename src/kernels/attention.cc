@@ -22,6 +22,7 @@ void validate(const AttentionShape& s) {
   UNTIED_CHECK(s.block_q >= 0 && s.block_k >= 0, "attention: block sizes must be >= 0 (0 = default)");
   UNTIED_CHECK(s.scale >= 0.0f, "attention: scale must be >= 0 (0 = 1/sqrt(head_dim)), got ", s.scale);
   UNTIED_CHECK(s.window >= 0, "attention: window must be >= 0 (0 = none), got ", s.window);
+  UNTIED_CHECK(!s.accumulate_dkv || s.f32_results, "attention: accumulate_dkv adds into fp32 dk, dv: it needs f32_results");
   UNTIED_CHECK((s.doc_starts == nullptr) == (s.num_docs == 0), "attention: doc_starts and num_docs (", s.num_docs,
                ") must be given together");
   UNTIED_CHECK(s.causal || (s.num_docs == 0 && s.window == 0),

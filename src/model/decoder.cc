@@ -184,7 +184,7 @@ TiledInput Decoder::normed_tiles(const BlockWeights& w, const Tensor& x, bool x_
   }};
 }
 
-void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor& y, BlockActs* acts) {
+void Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, const Tensor& y, BlockActs* acts) {
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -194,15 +194,24 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, const Tensor
   // a = attn_norm(x);  hm = x + attn(a)   (with attn_tile_, a only ever a tile at a time)
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
   A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
+  UNTIED_CHECK(!x_on_host || attn_tile_ > 0, "decoder: a block input in host memory needs the attention's tiles");
   if (attn_tile_ > 0) {
-    attn_->forward(A.hm, normed_tiles(w, x, /*x_on_host=*/false, A.rstd1.as<float>()), attention_weights(w), *mask_,
-                   A.saved);
+    attn_->forward(A.hm, normed_tiles(w, x, x_on_host, A.rstd1.as<float>()), attention_weights(w), *mask_, A.saved);
   } else {
     A.a = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "attn_norm output");
     rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w.attn_norm.data());
     attn_->forward(A.hm, A.a, attention_weights(w), *mask_, A.saved);
   }
-  add_inplace(dev_, A.hm, x);
+  if (!x_on_host) {
+    add_inplace(dev_, A.hm, x);
+  } else {  // x's rows copied from host memory a tile at a time
+    TensorBuffer xt(alloc, t, {attn_tile_, E}, Tag::kOther, "block input (tile, fetched)");
+    for (int64_t r0 = 0; r0 < L; r0 += attn_tile_) {
+      const int64_t n = std::min(attn_tile_, L - r0);
+      dev_.copy(xt.data(), rows_of(x, r0, n).data(), n * E * dtype_size(t));
+      add_inplace(dev_, rows_of(A.hm, r0, n), rows_of(xt, 0, n));
+    }
+  }
   if (acts != nullptr) return;  // recompute for backward: the MLP is recomputed tile by tile there
   A.saved.reset();
   // y = hm + mlp(mlp_norm(hm)), tile by tile
@@ -325,7 +334,7 @@ TensorBuffer Decoder::forward_only(ParameterStore& params, const int32_t* tokens
   for (int l = 0; l < m_.layers; ++l) {  // nothing is kept: each block's input is freed once it has run
     const ParamGroup w = params.gather(l + 1);
     TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
-    block_forward(bind_block(m_, w), h, y, nullptr);
+    block_forward(bind_block(m_, w), h, /*x_on_host=*/false, y, nullptr);
     h = std::move(y);
     if (after_stage && !after_stage(l + 1, h)) break;
   }
@@ -370,7 +379,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     watchdog_note(1, "forward, block " + std::to_string(l));
     const ParamGroup w = params.gather(l + 1);
     TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
-    block_forward(bind_block(m_, w), h, y, nullptr);
+    block_forward(bind_block(m_, w), h, /*x_on_host=*/false, y, nullptr);
     if (offloads(l)) {
       TensorBuffer c(*host_, t, {L, E}, Tag::kActivations, "block " + std::to_string(l) + " input (offloaded)");
       dev_.copy(c.data(), h.data(), h.view().bytes());
@@ -437,19 +446,20 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     const ParamGroup wg = params.gather(l + 1);
     ParamGroup gg = params.grad_buffers(l + 1);
     const BlockWeights w = bind_block(m_, wg), g = bind_block(m_, gg);
-    TensorBuffer fetched;  // the offloaded input, back on the device for the recompute
-    if (offloads(l)) {
+    // An offloaded input is read from host memory a tile at a time by the recompute and the
+    // backward (o_.refetch_inputs, with the attention's tiles); otherwise it is fetched to the
+    // device for the recompute and, with refetch_inputs, dropped again for the backward.
+    const bool from_host = offloads(l) && o_.refetch_inputs && attn_tile_ > 0;
+    TensorBuffer fetched;
+    if (offloads(l) && !from_host) {
       fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched)");
       dev_.copy(fetched.data(), inputs[l].data(), inputs[l].view().bytes());
     }
-    const Tensor& x = offloads(l) ? fetched.view() : inputs[l].view();
+    const Tensor x = offloads(l) && !from_host ? fetched.view() : inputs[l].view();
     BlockActs acts;
-    block_forward(w, x, Tensor(), &acts);
-    // The block's input is needed again only by the attn_norm backward at the end: an offloaded
-    // one is dropped from the device for the attention's backward (the step's peak) and fetched
-    // once more then (o_.refetch_inputs).
-    BlockInput in{.x = x};
-    if (offloads(l) && o_.refetch_inputs) {
+    block_forward(w, x, from_host, Tensor(), &acts);
+    BlockInput in{.x = x, .on_host = from_host};
+    if (offloads(l) && o_.refetch_inputs && !from_host) {
       in = BlockInput{.x = inputs[l].view(), .on_host = true};
       fetched.reset();
     }

@@ -88,12 +88,12 @@ void add_state(const std::vector<ParamDesc>& descs, const Dims& d, std::vector<P
 // A group's weights gathered in the block dtype and its full-size fp32 gradients, each padded to
 // P shards.
 void add_group(const std::vector<ParamDesc>& descs, int group, const Dims& d, const char* name,
-               std::vector<PlanItem>& out) {
+               std::vector<PlanItem>& out, bool grads = true) {
   int64_t padded = 0;
   for (const ParamDesc& p : descs)
     if (p.group == group) padded += d.P * ((p.shape.numel() + d.P - 1) / d.P);
   out.push_back({std::string(name) + " (gathered)", Tag::kParameters, padded * d.es});
-  out.push_back({std::string(name) + " (full grad, fp32)", Tag::kGradients, padded * 4});
+  if (grads) out.push_back({std::string(name) + " (full grad, fp32)", Tag::kGradients, padded * 4});
 }
 
 // Block inputs saved on the device: every block's that is not offloaded (all N while the last
@@ -203,11 +203,11 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   it.push_back({"attention D (head-sharded)", Tag::kAttnWorkspace, u * Sg * 4});
   it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/true, it);
-  it.push_back({"dq (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
-  if (d.R == 1) {
-    it.push_back({"dk and dv (head-sharded, stage)", Tag::kAttnWorkspace, 2 * Sg * w * D * es});
-    add_attention_backward_scratch(Sg, u, d, d.t == DType::kF32, o.threads, it);
-  } else {  // ring_attention.cc backward: two K/V blocks in flight, fp32 dq and dk/dv sums
+  if (d.R == 1) {  // the kernel's fp32 results: dq its own accumulator, dk and dv added into the sums
+    it.push_back({"dq (head-sharded, fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
+    add_attention_backward_scratch(Sg, u, d, /*dq_f32=*/true, o.threads, it);
+  } else {
+    it.push_back({"dq (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});  // ring_attention.cc backward: two K/V blocks in flight, fp32 dq and dk/dv sums
     const int64_t lc = Sg / 2;  // a zig-zag chunk
     it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es});
     it.push_back({"ring D and LSE (chunks)", Tag::kAttnWorkspace, 4 * u * lc * 4});
@@ -254,19 +254,31 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
 // output and every stage's LSE. Two moments: inside the attention kernel, and (ulysses and ring,
 // which keep the stage's q, k and v) as the stage's output is sent back, its receive beside it.
 std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs,
-                                          int64_t s) {
-  PlanMoment m{.name = "attention forward (last block, recompute)"};
+                                          int64_t s, bool in_backward) {
+  const std::string pass = in_backward ? "recompute" : "forward pass";
+  PlanMoment m{.name = "attention forward (last block, " + pass + ")"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
   const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
   const bool recompute = o.decoder.strategy == Strategy::kUPipe;
+  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
   add_state(descs, d, it);
-  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
-  add_saved_inputs(o, d, it);
+  add_group(descs, static_cast<int>(d.N), d, "block weights", it, /*grads=*/in_backward);
   it.push_back({"token ids", Tag::kOther, L * 4});
-  if (o.offload_inputs && input_offloaded(o.decoder, d.N - 1))
-    it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
-  it.push_back({"dh", Tag::kOther, L * E * es});
+  if (in_backward) {
+    add_saved_inputs(o, d, it);
+    // The offloaded input read from the host a tile at a time (refetch_inputs, tiles), or fetched.
+    if (offloaded && o.decoder.refetch_inputs && d.attn_tile > 0)
+      it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
+    else if (offloaded)
+      it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
+    it.push_back({"dh", Tag::kOther, L * E * es});
+  } else {  // the inputs kept so far, the block's own input and its output
+    int64_t kept = 0;
+    for (int64_t l = 0; l + 1 < d.N; ++l) kept += !(o.offload_inputs && input_offloaded(o.decoder, l));
+    if (kept > 0) it.push_back({std::to_string(kept) + " block inputs (saved)", Tag::kActivations, kept * L * E * es});
+    it.push_back({"the block's input and output", Tag::kActivations, 2 * L * E * es});
+  }
   it.push_back({"residual after attention", Tag::kOther, L * E * es});
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
@@ -283,7 +295,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   // After the stages: y = attn_out wo^T, whose bf16 operands the CPU gemm widens to fp32 (A and
   // C a block of rows at a time, 16 MiB of fp32 per block, B whole: src/kernels/cpu/gemm.cc).
   PlanMoment projection = m;
-  projection.name = "attention forward (last block, recompute: output projection)";
+  projection.name = "attention forward (last block, " + pass + ": output projection)";
   std::erase_if(projection.items, [](const PlanItem& i) {
     return i.what == "attention output (head-sharded)" || i.what == "q all-to-all receive" ||
            i.what == "k and v all-to-all receives (resident)";
@@ -294,7 +306,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     projection.items.push_back({"gemm B in fp32", Tag::kOther, E * HD * 4});
   }
   PlanMoment exchange = m;
-  exchange.name = "attention forward (last block, recompute: output exchange)";
+  exchange.name = "attention forward (last block, " + pass + ": output exchange)";
   exchange.items.push_back({"attention output all-to-all receive", Tag::kCommunication, Sg * u * D * es});
   // The CPU attention forward kernel's tiles per thread (src/kernels/cpu/attention_forward.cc).
   auto forward_tiles = [&](int64_t) {
@@ -317,7 +329,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   // is projected and sent while stage s-1's output is still coming back (before stage s's output
   // and LSE exist).
   PlanMoment next = exchange;
-  next.name = "attention forward (last block, recompute: next stage's projection)";
+  next.name = "attention forward (last block, " + pass + ": next stage's projection)";
   for (PlanItem& i : next.items)
     if (i.what == "attention LSE (saved)") i.bytes = s * u * Sg * 4;
   if (!(o.decoder.overlap && s >= 1 && s + 1 < stages)) next.items.clear();
@@ -437,12 +449,15 @@ MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
       if (b[i].total() > a[i].total()) a[i] = std::move(b[i]);
     return a;
   };
-  std::vector<PlanMoment> fwd = attention_forward(o, d, descs, 0), bwd = {attention_backward(o, d, descs, 0)};
+  std::vector<PlanMoment> fwd = attention_forward(o, d, descs, 0, false), re = attention_forward(o, d, descs, 0, true);
+  std::vector<PlanMoment> bwd = {attention_backward(o, d, descs, 0)};
   for (int64_t s = 1; s < d.sched.stages; ++s) {
-    fwd = largest(std::move(fwd), attention_forward(o, d, descs, s));
+    fwd = largest(std::move(fwd), attention_forward(o, d, descs, s, false));
+    re = largest(std::move(re), attention_forward(o, d, descs, s, true));
     bwd = largest(std::move(bwd), {attention_backward(o, d, descs, s)});
   }
   p.moments.push_back(std::move(bwd[0]));
+  for (PlanMoment& m : re) p.moments.push_back(std::move(m));
   for (PlanMoment& m : fwd) p.moments.push_back(std::move(m));
   p.moments.push_back(dwo_gemm(o, d, descs));
   p.moments.push_back(mlp_backward(o, d, descs));

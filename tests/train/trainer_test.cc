@@ -8,6 +8,7 @@
 
 #include "train/train_runs.h"
 #include "untied/train/checkpoint.h"
+#include "untied/train/memory_plan.h"
 
 namespace untied {
 namespace {
@@ -147,7 +148,8 @@ TEST(Trainer, TiledDxKeepsLossesAndLowersThePeak) {
       o.decoder.tiled_dx = true;
       auto r_tiles = run(o, 2);
       ASSERT_TRUE(r_whole.ok() && r_tiles.ok());
-      EXPECT_LT(r_tiles.value().peak.peak_total, r_whole.value().peak.peak_total) << strategy_name(st) << " " << dtype_name(t);
+      // (Lower, or the same where the step's peak is elsewhere: the recompute's forward.)
+      EXPECT_LE(r_tiles.value().peak.peak_total, r_whole.value().peak.peak_total) << strategy_name(st) << " " << dtype_name(t);
       for (const LiveBuffers& b : r_tiles.value().live_at_peak)
         EXPECT_TRUE(b.what != "d attn_norm output (fp32)" && b.what != "dx fp32 accumulator") << b.what;
     }
@@ -181,14 +183,14 @@ TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r.value().host_peak, offloaded * input) << "keep " << keep << " every " << every;
     EXPECT_EQ(offloaded_input_bytes(o, 2), offloaded * input);
+    // The device's peak: exactly what the closed forms of memory_plan.h give, and each kept
+    // input raises it by at most one (L, E) buffer.
+    EXPECT_EQ(r.value().peak.peak_total, plan_memory(o, 2).peak_total()) << "keep " << keep << " every " << every;
     if (offloaded == N) all_offloaded_peak = r.value().peak.peak_total;
-    // The peak is in the last block's attention backward. When that block's input stays on the
-    // device, its tiles are read from there: the host tile's staging buffer (256 rows, the MLP
-    // tile) is not needed.
-    else
-      EXPECT_EQ(r.value().peak.peak_total - all_offloaded_peak,
-                (N - offloaded) * input - (input_offloaded(o.decoder, N - 1) ? 0 : 256 * E * 4))
-          << "keep " << keep << " every " << every;
+    else {
+      EXPECT_GT(r.value().peak.peak_total, all_offloaded_peak);
+      EXPECT_LE(r.value().peak.peak_total - all_offloaded_peak, (N - offloaded) * input);
+    }
   }
   EXPECT_EQ(offloaded_inputs(o.model, DecoderOptions{.offload_keep_first = 1, .offload_every = 2}), N / 2);
 
@@ -216,9 +218,6 @@ TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
     auto refetched = run(o, 2);
     ASSERT_TRUE(held.ok() && refetched.ok());
     EXPECT_EQ(held.value().losses, refetched.value().losses) << strategy_name(st);
-    // The peak's bytes below are UPipe's, whose peak is in the attention's backward; these toy
-    // shapes put Ulysses' in the recompute (where the fetched input is live either way).
-    if (st != Strategy::kUPipe) continue;
 
     o.rehearsal = true;
     o.steps = 1, o.warmup = 0;
@@ -230,28 +229,32 @@ TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
     auto r_refetched = run(o, 2);
     ASSERT_TRUE(r_held.ok() && r_refetched.ok());
     const int64_t L = o.decoder.seq / 2, E = o.model.hidden;
-    EXPECT_EQ(r_held.value().peak.peak_total - r_refetched.value().peak.peak_total, L * E * 4) << strategy_name(st);
-    // With the attention's input in tiles (the default), the backward fetches x from the host a
-    // tile at a time: the peak keeps that tile (256 rows here, the MLP tile) of the fetched input.
+    // Refetching never raises the peak, and lowers it by at most the (L, E) input it drops.
+    const int64_t saved = r_held.value().peak.peak_total - r_refetched.value().peak.peak_total;
+    EXPECT_GE(saved, 0) << strategy_name(st);
+    EXPECT_LE(saved, L * E * 4) << strategy_name(st);
+    // With the attention's input in tiles (the default), x is read from the host a tile at a time
+    // by the recompute and the backward: never fetched whole.
     o.decoder.attn_tile = 0;
     o.decoder.refetch_inputs = false;
     auto t_held = run(o, 2);
     o.decoder.refetch_inputs = true;
     auto t_refetched = run(o, 2);
     ASSERT_TRUE(t_held.ok() && t_refetched.ok());
-    EXPECT_EQ(t_held.value().peak.peak_total - t_refetched.value().peak.peak_total, (L - 256) * E * 4)
-        << strategy_name(st);
-    // And tiles hold no whole attn_norm(x): one (L, E) buffer less than without them.
-    EXPECT_EQ(r_refetched.value().peak.peak_total - t_refetched.value().peak.peak_total, L * E * 4 - 256 * E * 4)
-        << strategy_name(st);
-    // The allocator's list of what was live at the peak names the fetched input only without.
-    auto names = [](const TrainSummary& s) {
-      std::string all;
-      for (const LiveBuffers& b : s.live_at_peak) all += b.what + ";";
-      return all;
-    };
-    EXPECT_NE(names(r_held.value()).find("block input (fetched);"), std::string::npos) << names(r_held.value());
-    EXPECT_EQ(names(r_refetched.value()).find("block input (fetched"), std::string::npos) << names(r_refetched.value());
+    EXPECT_GE(t_held.value().peak.peak_total, t_refetched.value().peak.peak_total) << strategy_name(st);
+    EXPECT_LE(t_refetched.value().peak.peak_total, r_refetched.value().peak.peak_total) << strategy_name(st);
+    // Every one of these peaks is what the closed forms give.
+    for (auto [refetch, tile, peak] : {std::tuple{false, int64_t{-1}, r_held.value().peak.peak_total},
+                                       {true, int64_t{-1}, r_refetched.value().peak.peak_total},
+                                       {false, int64_t{0}, t_held.value().peak.peak_total},
+                                       {true, int64_t{0}, t_refetched.value().peak.peak_total}}) {
+      o.decoder.refetch_inputs = refetch, o.decoder.attn_tile = tile;
+      EXPECT_EQ(peak, plan_memory(o, 2).peak_total()) << strategy_name(st) << " refetch " << refetch << " tile " << tile;
+    }
+    // The allocator's list of what was live at the peak never names a whole fetched input with
+    // the tiles and refetch (the defaults).
+    for (const LiveBuffers& b : t_refetched.value().live_at_peak)
+      EXPECT_TRUE(b.what != "block input (fetched)" && b.what != "block input (fetched again)") << b.what;
   }
 }
 

@@ -56,6 +56,10 @@ struct AttentionShape {
   // attention merges and sums in fp32. The backward then takes D from the caller
   // (attention_backward_with_delta).
   bool f32_results = false;
+  // With f32_results, backward adds dk and dv into the caller's fp32 buffers (+=) instead of
+  // writing them (=): a sum over several calls (UPipe's stages of a KV round) with no buffer of
+  // its own per call.
+  bool accumulate_dkv = false;
   int64_t block_q = 0;         // tile sizes; 0 = the backend's default
   int64_t block_k = 0;
 };
@@ -67,8 +71,8 @@ void validate(const AttentionShape& s);
 void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse,
                        const void* q, const void* k, const void* v);
 
-// dq (seq_q, H, D) =, dk, dv (seq_k, G, D) = (overwritten, not accumulated), from what the
-// forward saved (q, k, v, out, lse) and dout.
+// dq (seq_q, H, D) =, dk, dv (seq_k, G, D) = (overwritten, or with accumulate_dkv added to), from
+// what the forward saved (q, k, v, out, lse) and dout.
 void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
                         const void* q, const void* k, const void* v, const void* out,
                         const float* lse, const void* dout);

@@ -147,7 +147,8 @@ class Decoder {
   TensorBuffer final_norm_forward(const Tensor& h, const Tensor& weight);
   MlpTile mlp_tile_inputs(const BlockWeights& w, const Tensor& hm_tile);
   // y (L, E) = block(x). With acts, keeps what backward needs.
-  void block_forward(const BlockWeights& w, const Tensor& x, const Tensor& y, BlockActs* acts);
+  // x_on_host: x is the block input's host copy, read a tile at a time (needs attn_tile_).
+  void block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, const Tensor& y, BlockActs* acts);
   // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:
   // the old one is freed as soon as it is folded in, before the attention backward). Block
   // weight gradients (fp32, full local) into g (+=).

@@ -179,6 +179,16 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
         }
       }
       for (int64_t j = 0; j < nk; ++j) {
+        if (a.acc_dkv) {  // fp32 sums of the caller's (f32_results)
+          float* dkr = static_cast<float*>(at(dk, a.out_dtype, k0 + j, a.kv_rs, kvh, a.d));
+          float* dvr = static_cast<float*>(at(dv, a.out_dtype, k0 + j, a.kv_rs, kvh, a.d));
+#pragma omp simd
+          for (int64_t e = 0; e < a.d; ++e) {
+            dkr[e] += dkt[j * a.d + e];
+            dvr[e] += dvt[j * a.d + e];
+          }
+          continue;
+        }
         store_f32(at(dk, a.out_dtype, k0 + j, a.kv_rs, kvh, a.d), a.out_dtype, dkt + j * a.d, a.d);
         store_f32(at(dv, a.out_dtype, k0 + j, a.kv_rs, kvh, a.d), a.out_dtype, dvt + j * a.d, a.d);
       }

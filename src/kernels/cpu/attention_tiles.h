@@ -24,6 +24,7 @@ struct AttnGeom {
   float scale;
   DType dtype;      // storage of q, k, v, dout
   DType out_dtype;  // storage of out, dq, dk, dv: f32 with f32_results, else dtype
+  bool acc_dkv;     // AttentionShape::accumulate_dkv: dk, dv +=
 };
 
 inline AttnGeom make_geom(const AttentionShape& s) {
@@ -49,6 +50,7 @@ inline AttnGeom make_geom(const AttentionShape& s) {
   a.scale = s.scale > 0.0f ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   a.dtype = s.dtype;
   a.out_dtype = s.f32_results ? DType::kF32 : s.dtype;
+  a.acc_dkv = s.accumulate_dkv;
   return a;
 }
 

@@ -332,8 +332,16 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
       float* dvrow = static_cast<float*>(p.dv) + j * a.kv_rs + kv_col + t2;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
-        *reinterpret_cast<float2*>(dkrow + dt * 8) = make_float2(dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale);
-        *reinterpret_cast<float2*>(dvrow + dt * 8) = make_float2(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
+        float2 k2 = make_float2(dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale);
+        float2 v2 = make_float2(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
+        if (p.acc_dkv) {  // this block's keys are written by this CTA alone: no race
+          const float2 k0v = *reinterpret_cast<const float2*>(dkrow + dt * 8);
+          const float2 v0v = *reinterpret_cast<const float2*>(dvrow + dt * 8);
+          k2 = make_float2(__fadd_rn(k0v.x, k2.x), __fadd_rn(k0v.y, k2.y));
+          v2 = make_float2(__fadd_rn(v0v.x, v2.x), __fadd_rn(v0v.y, v2.y));
+        }
+        *reinterpret_cast<float2*>(dkrow + dt * 8) = k2;
+        *reinterpret_cast<float2*>(dvrow + dt * 8) = v2;
       }
       continue;
     }
@@ -512,8 +520,10 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
       const int col = lane + 32 * c;
       if (col >= d) continue;
       if (p.out_f32) {
-        static_cast<float*>(p.dk)[jj * a.kv_rs + kv_col + col] = dk[kk][c] * a.scale;
-        static_cast<float*>(p.dv)[jj * a.kv_rs + kv_col + col] = dv[kk][c];
+        float* dkd = static_cast<float*>(p.dk) + jj * a.kv_rs + kv_col + col;
+        float* dvd = static_cast<float*>(p.dv) + jj * a.kv_rs + kv_col + col;
+        *dkd = p.acc_dkv ? __fadd_rn(*dkd, dk[kk][c] * a.scale) : dk[kk][c] * a.scale;
+        *dvd = p.acc_dkv ? __fadd_rn(*dvd, dv[kk][c]) : dv[kk][c];
       } else {
         from_f32(dkp + jj * a.kv_rs + kv_col + col, dk[kk][c] * a.scale);
         from_f32(dvp + jj * a.kv_rs + kv_col + col, dv[kk][c]);
@@ -605,7 +615,8 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
                                       static_cast<size_t>(a.sq), stream));
 
   const BwdParams p{.a = a, .q = q, .k = k, .v = v, .dout = dout, .lse = lse, .delta = delta, .dq_acc = dq_acc,
-                    .dq_acc_rs = dq_acc_rs, .dk = dk, .dv = dv, .out_f32 = s.f32_results ? 1 : 0};
+                    .dq_acc_rs = dq_acc_rs, .dk = dk, .dv = dv, .out_f32 = s.f32_results ? 1 : 0,
+                    .acc_dkv = s.accumulate_dkv ? 1 : 0};
   if (use_tensor_cores(a, s.dtype, q, k, v, dout, dk, dv)) {
     if (a.d == 64)
       launch_bwd_mma<64>(p, stream);

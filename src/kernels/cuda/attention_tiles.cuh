@@ -70,6 +70,7 @@ struct BwdParams {
   void* dk;            // (sk, G, D), row stride kv_rs: the storage type, or fp32 when out_f32
   void* dv;
   int out_f32 = 0;     // AttentionShape::f32_results (dk, dv in fp32; dq_acc is then dq itself)
+  int acc_dkv = 0;     // AttentionShape::accumulate_dkv (with out_f32: dk, dv +=)
 };
 
 inline AttnGeom make_attn_geom(const AttentionShape& s) {
