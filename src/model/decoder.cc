@@ -184,7 +184,8 @@ TiledInput Decoder::normed_tiles(const BlockWeights& w, const Tensor& x, bool x_
   }};
 }
 
-void Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, const Tensor& y, BlockActs* acts) {
+TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
+                                    const std::string& out_name) {
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -193,7 +194,10 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_ho
   BlockActs& A = acts != nullptr ? *acts : local;
   // a = attn_norm(x);  hm = x + attn(a)   (with attn_tile_, a only ever a tile at a time)
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
-  A.hm = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention");
+  // Without acts (the forward pass) hm becomes the block's output in place (y = hm + mlp(...),
+  // tile by tile): it is allocated as that, the next block's input.
+  A.hm = acts != nullptr ? TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention")
+                         : TensorBuffer(alloc, t, {L, E}, Tag::kActivations, out_name);
   UNTIED_CHECK(!x_on_host || attn_tile_ > 0, "decoder: a block input in host memory needs the attention's tiles");
   if (attn_tile_ > 0) {
     attn_->forward(A.hm, normed_tiles(w, x, x_on_host, A.rstd1.as<float>()), attention_weights(w), *mask_, A.saved);
@@ -212,11 +216,12 @@ void Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_ho
       add_inplace(dev_, rows_of(A.hm, r0, n), rows_of(xt, 0, n));
     }
   }
-  if (acts != nullptr) return;  // recompute for backward: the MLP is recomputed tile by tile there
+  if (acts != nullptr) return TensorBuffer();  // recompute for backward: the MLP is recomputed tile by tile there
   A.saved.reset();
-  // y = hm + mlp(mlp_norm(hm)), tile by tile
-  dev_.copy(y.data(), A.hm.data(), y.bytes());
-  mlp_forward(w, A.hm, y);
+  // y = hm + mlp(mlp_norm(hm)), tile by tile, into hm itself (each tile's rows are read before
+  // they are added to)
+  mlp_forward(w, A.hm, A.hm);
+  return std::move(A.hm);
 }
 
 void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& in, TensorBuffer& dh,
@@ -333,9 +338,7 @@ TensorBuffer Decoder::forward_only(ParameterStore& params, const int32_t* tokens
   if (after_stage && !after_stage(0, h)) return h;
   for (int l = 0; l < m_.layers; ++l) {  // nothing is kept: each block's input is freed once it has run
     const ParamGroup w = params.gather(l + 1);
-    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
-    block_forward(bind_block(m_, w), h, /*x_on_host=*/false, y, nullptr);
-    h = std::move(y);
+    h = block_forward(bind_block(m_, w), h, /*x_on_host=*/false, nullptr, "block " + std::to_string(l + 1) + " input");
     if (after_stage && !after_stage(l + 1, h)) break;
   }
   return h;
@@ -378,8 +381,8 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
   for (int l = 0; l < N; ++l) {
     watchdog_note(1, "forward, block " + std::to_string(l));
     const ParamGroup w = params.gather(l + 1);
-    TensorBuffer y(alloc, t, {L, E}, Tag::kActivations, "block " + std::to_string(l + 1) + " input");
-    block_forward(bind_block(m_, w), h, /*x_on_host=*/false, y, nullptr);
+    TensorBuffer y = block_forward(bind_block(m_, w), h, /*x_on_host=*/false, nullptr,
+                                   "block " + std::to_string(l + 1) + " input");
     if (offloads(l)) {
       TensorBuffer c(*host_, t, {L, E}, Tag::kActivations, "block " + std::to_string(l) + " input (offloaded)");
       dev_.copy(c.data(), h.data(), h.view().bytes());
@@ -457,7 +460,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     }
     const Tensor x = offloads(l) && !from_host ? fetched.view() : inputs[l].view();
     BlockActs acts;
-    block_forward(w, x, from_host, Tensor(), &acts);
+    block_forward(w, x, from_host, &acts);
     BlockInput in{.x = x, .on_host = from_host};
     if (offloads(l) && o_.refetch_inputs && !from_host) {
       in = BlockInput{.x = inputs[l].view(), .on_host = true};

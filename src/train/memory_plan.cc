@@ -273,13 +273,14 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     else if (offloaded)
       it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
     it.push_back({"dh", Tag::kOther, L * E * es});
-  } else {  // the inputs kept so far, the block's own input and its output
+  } else {  // the inputs kept so far and the block's own (its output is hm, made in place)
     int64_t kept = 0;
     for (int64_t l = 0; l + 1 < d.N; ++l) kept += !(o.offload_inputs && input_offloaded(o.decoder, l));
     if (kept > 0) it.push_back({std::to_string(kept) + " block inputs (saved)", Tag::kActivations, kept * L * E * es});
-    it.push_back({"the block's input and output", Tag::kActivations, 2 * L * E * es});
+    it.push_back({"the block's input", Tag::kActivations, L * E * es});
   }
-  it.push_back({"residual after attention", Tag::kOther, L * E * es});
+  it.push_back({in_backward ? "residual after attention" : "residual after attention (the block's output)",
+                in_backward ? Tag::kOther : Tag::kActivations, L * E * es});
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
   it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});

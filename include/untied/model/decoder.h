@@ -146,9 +146,11 @@ class Decoder {
   // final_norm(h) (L, E), for the forward-only paths (no rstd kept).
   TensorBuffer final_norm_forward(const Tensor& h, const Tensor& weight);
   MlpTile mlp_tile_inputs(const BlockWeights& w, const Tensor& hm_tile);
-  // y (L, E) = block(x). With acts, keeps what backward needs.
+  // block(x) (L, E): without acts, returned (a new buffer named out_name, the next block's
+  // input); with acts (the recompute), what backward needs is kept there and nothing returned.
   // x_on_host: x is the block input's host copy, read a tile at a time (needs attn_tile_).
-  void block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, const Tensor& y, BlockActs* acts);
+  TensorBuffer block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
+                             const std::string& out_name = "");
   // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:
   // the old one is freed as soon as it is folded in, before the attention backward). Block
   // weight gradients (fp32, full local) into g (+=).
