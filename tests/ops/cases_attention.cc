@@ -618,6 +618,42 @@ OpCase f32_results_case(const AttnCase& c) {
   return k;
 }
 
+// accumulate_dkv (UPipe's stages adding dk, dv into the round's fp32 sums): the delta-given slot
+// is run first as above, then once more with accumulate_dkv and a zero dO and D, whose dk and dv
+// are exactly zero: added to the first results they must leave them as they are (written over,
+// they would be zeros). Its dq goes to the other slot, which the plain call then writes.
+OpCase accumulate_dkv_case(const AttnCase& c) {
+  OpCase k = f32_results_case(c);
+  k.name = case_name({"attention", "accumulate_dkv", c.name});
+  const int64_t qn = c.seq_q * shape_of(c).q_row_stride, hq = c.heads * c.seq_q;
+  constexpr int kDoutZero = kDv2 + 1, kDeltaZero = kDv2 + 2;
+  BufferSpec dout_zero = input("dout_zero", c.dtype, qn), delta_zero = input("delta_zero", kF, hq);
+  for (BufferSpec* z : {&dout_zero, &delta_zero})
+    z->fill = [](HostBuffer& b, test::Rng&) {
+      for (int64_t i = 0; i < b.elems; ++i) b.set(i, 0.0);
+    };
+  k.buffers.push_back(dout_zero);
+  k.buffers.push_back(delta_zero);
+  AttentionShape s = shape_of(c);
+  s.f32_results = true;
+  k.run = [s](Ctx& x) {
+    attention_forward(x.dev, s, x[kOut], x.as<float>(kLse), x[kQ], x[kK], x[kV]);
+    x.step("forward");
+    attention_backward_with_delta(x.dev, s, x[kDq2], x[kDk2], x[kDv2], x[kQ], x[kK], x[kV], x.as<const float>(kDelta),
+                                  x.as<const float>(kLseSaved), x[kDout]);
+    AttentionShape acc = s;
+    acc.accumulate_dkv = true;
+    attention_backward_with_delta(x.dev, acc, x[kDq], x[kDk2], x[kDv2], x[kQ], x[kK], x[kV],
+                                  x.as<const float>(kDeltaZero), x.as<const float>(kLseSaved), x[kDoutZero]);
+    x.step("backward (dk, dv added to)");
+    attention_backward_with_delta(x.dev, s, x[kDq], x[kDk], x[kDv], x[kQ], x[kK], x[kV], x.as<const float>(kDelta),
+                                  x.as<const float>(kLseSaved), x[kDout]);
+    x.step("backward (delta given)");
+    return std::vector<double>{};
+  };
+  return k;
+}
+
 // attention_merge: the log-sum-exp rule of ring attention. Padded rows and head strides, a ragged
 // size, and LSEs of -inf on either side (a part that saw no key; an accumulator that has none yet).
 // Both sides take the weights in double and combine in fp32, but the CPU build may fuse the
@@ -724,8 +760,10 @@ std::vector<OpCase> attention_cases() {
   for (const AttnCase& c : {AttnCase{"tc_bf16_d128_offsets", kB, 96, 96, 4, 2, 128, true, 96, 0},
                             AttnCase{"tc_bf16_d64_diagonal", kB, 130, 130, 2, 1, 64},
                             AttnCase{"portable_f32_d64_offsets", kF, 70, 70, 4, 2, 64, true, 70, 0},
-                            AttnCase{"portable_bf16_d40", kB, 50, 50, 2, 1, 40}})
+                            AttnCase{"portable_bf16_d40", kB, 50, 50, 2, 1, 40}}) {
     out.push_back(f32_results_case(c));
+    out.push_back(accumulate_dkv_case(c));
+  }
   out.push_back(merge_case(37, 3, 16, 5));
   out.push_back(merge_case(128, 4, 128, 0));
   // The CUDA kernels stop at D = 256 (the CPU goes to 1024): a clear kUnsupported, nothing written.
