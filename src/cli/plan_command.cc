@@ -38,7 +38,8 @@ struct PlanRun {
 
 std::string gib(int64_t b) {
   char s[32];
-  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(b) / (1 << 30));
+  const double g = static_cast<double>(b) / (1 << 30);
+  std::snprintf(s, sizeof s, g >= 10 ? "%.0f" : "%.1f", g);
   return s;
 }
 
