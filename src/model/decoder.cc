@@ -57,6 +57,13 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   return Status::ok_status();
 }
 
+DecoderTiles decoder_tiles(const ModelConfig& m, const DecoderOptions& o, int64_t rows) {
+  DecoderTiles t;
+  t.mlp = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows) : std::min(rows, std::max<int64_t>(m.hidden, 256));
+  t.attn = o.attn_tile < 0 ? 0 : o.attn_tile > 0 ? std::min(o.attn_tile, rows) : t.mlp;
+  return t;
+}
+
 bool input_offloaded(const DecoderOptions& o, int64_t layer) {
   return layer >= o.offload_keep_first && (layer - o.offload_keep_first) % o.offload_every == 0;
 }
@@ -77,8 +84,9 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
       rows_(padded_config(attention_config(m, o), comm.size()).seq / comm.size()), host_(host) {
   Status s = validate(m, o, comm.size());
   UNTIED_CHECK(s.ok(), s.message());
-  tile_ = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows_) : std::min(rows_, std::max<int64_t>(m.hidden, 256));
-  attn_tile_ = o.attn_tile < 0 ? 0 : o.attn_tile > 0 ? std::min(o.attn_tile, rows_) : tile_;
+  const DecoderTiles tiles = decoder_tiles(m, o, rows_);
+  tile_ = tiles.mlp;
+  attn_tile_ = tiles.attn;
   attn_ = make_attention_block(dev, comm, padded_config(attention_config(m, o), comm.size()));
 }
 

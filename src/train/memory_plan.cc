@@ -70,8 +70,9 @@ Dims dims_of(const TrainOptions& o, int ranks) {
   d.t = o.decoder.dtype;
   d.es = dtype_size(d.t);
   d.sched = make_head_schedule(ac.heads, ac.kv_heads, d.C, stage_heads_of(ac, ranks)).value();
-  d.mlp_tile = o.decoder.mlp_tile > 0 ? std::min(o.decoder.mlp_tile, d.L) : std::min(d.L, std::max<int64_t>(d.E, 256));
-  d.attn_tile = o.decoder.attn_tile < 0 ? 0 : o.decoder.attn_tile > 0 ? std::min(o.decoder.attn_tile, d.L) : d.mlp_tile;
+  const DecoderTiles tiles = decoder_tiles(o.model, o.decoder, d.L);
+  d.mlp_tile = tiles.mlp;
+  d.attn_tile = tiles.attn;
   return d;
 }
 
@@ -104,6 +105,40 @@ void add_saved_inputs(const TrainOptions& o, const Dims& d, std::vector<PlanItem
     out.push_back({std::to_string(on_device) + " block inputs (saved)", Tag::kActivations, on_device * d.L * d.E * d.es});
 }
 
+// What every moment of the last block's backward holds before its own buffers (decoder.cc
+// forward_backward, block_backward): the state, the block's gathered weights and full gradients,
+// the saved inputs on the device, the token ids, the block's input when it was fetched whole
+// (refetch_inputs off) or, with `input_tile`, the tile of it read from the host, attn_norm(x)
+// when whole, its rstd and dhm.
+void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, bool input_tile,
+                        std::vector<PlanItem>& it) {
+  const int64_t L = d.L, E = d.E, es = d.es;
+  add_state(descs, d, it);
+  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
+  add_saved_inputs(o, d, it);
+  it.push_back({"token ids", Tag::kOther, L * 4});
+  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
+  if (offloaded && !o.decoder.refetch_inputs)
+    it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
+  else if (offloaded && input_tile && d.attn_tile > 0)
+    it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
+  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
+  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
+  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
+}
+
+// A bf16 block's attention weight gradients in the compute dtype, added into the fp32 ones after
+// the attention's backward (decoder.cc block_backward).
+void add_attention_weight_grads(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
+  if (d.t == DType::kF32) return;
+  it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
+                (2 * d.H * d.D * d.E + 2 * d.G * d.D * d.E + (o.model.qk_norm ? 2 * d.D : 0)) * d.es});
+}
+
+// What the attention's forward saved for its backward, before the backward frees any of it: the
+// output (sequence layout), every stage's LSE, and (ulysses, ring) every stage's q, k and v.
+void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it);
+
 // What ulysses and ring keep of every stage and round from the forward to its backward
 // (head_pipeline.cc, Saving::kKeepStages): q after norm and RoPE, k and v, and with qk_norm the
 // norms' inputs and rstd.
@@ -115,6 +150,12 @@ void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>
   if (o.model.qk_norm)
     it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
                   stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+}
+
+void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
+  it.push_back({"attention output (saved)", Tag::kActivations, d.L * d.H * d.D * d.es});
+  it.push_back({"attention LSE (saved)", Tag::kActivations, d.sched.stages * d.sched.q_per_rank * d.Sg * 4});
+  if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
 }
 
 // The CPU attention backward kernel's scratch (src/kernels/cpu/attention_backward.cc) for a call
@@ -129,9 +170,6 @@ void add_attention_backward_scratch(int64_t sq, int64_t u, const Dims& d, bool d
   out.push_back({"attention backward tiles", Tag::kAttnWorkspace, tile_floats * threads * 4});
 }
 
-// The last block's attention backward, inside the attention kernel of the stage that begins the
-// first round (head_pipeline.cc run_backward; every stage holds as much, the first also its
-// round's first dk/dv sums).
 // The inputs of UPipe's next stage s1, sent off during this stage's attention with --overlap
 // (head_pipeline.cc send_inputs): its recomputed q (send and receive), at a round's first stage
 // its k and v, and its dO with D; with qk_norm the norms' inputs and rstd kept for the backward.
@@ -149,31 +187,18 @@ void add_next_stage(const TrainOptions& o, const Dims& d, int64_t s1, bool backw
                   2 * Sg * u * D * es + 3 * u * Sg * 4});
 }
 
+// The last block's attention backward inside stage s's attention kernel (head_pipeline.cc
+// run_backward): plan_memory takes the stage that holds the most.
 PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, int64_t s) {
   PlanMoment m{.name = "attention backward (last block)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
   const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
-  const int64_t rounds = stages / d.sched.stages_per_round;
   const bool recompute = o.decoder.strategy == Strategy::kUPipe;
   const bool qk = o.model.qk_norm;
-  add_state(descs, d, it);
-  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
-  add_saved_inputs(o, d, it);
-  // The decoder's buffers (decoder.cc block_backward).
-  it.push_back({"token ids", Tag::kOther, L * 4});
-  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
-  if (offloaded && !o.decoder.refetch_inputs)
-    it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
-  else if (offloaded && d.attn_tile > 0)
-    it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
-  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
-  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
+  add_block_backward(o, d, descs, /*input_tile=*/true, it);
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
-  if (d.t != DType::kF32)
-    it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
-                  (2 * d.H * D * E + 2 * d.G * D * E + (qk ? 2 * D : 0)) * es});
+  add_attention_weight_grads(o, d, it);
   // With dx by tiles, the q gradients of the stages before s and the k/v gradients of the rounds
   // before s's, kept for dx.
   const int64_t done_rounds = d.sched.round(s);
@@ -187,7 +212,6 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
       it.push_back({"dv of the earlier rounds (kept for dx)", Tag::kCommunication, done_rounds * Sg * w * D * es});
     }
   }
-  (void)rounds;
   // What the attention's forward saved (kept through its backward).
   it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
   if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
@@ -207,7 +231,8 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
     it.push_back({"dq (head-sharded, fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
     add_attention_backward_scratch(Sg, u, d, /*dq_f32=*/true, o.threads, it);
   } else {
-    it.push_back({"dq (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});  // ring_attention.cc backward: two K/V blocks in flight, fp32 dq and dk/dv sums
+    // ring_attention.cc backward: two K/V blocks in flight, fp32 dq and dk/dv sums
+    it.push_back({"dq (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
     const int64_t lc = Sg / 2;  // a zig-zag chunk
     it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es});
     it.push_back({"ring D and LSE (chunks)", Tag::kAttnWorkspace, 4 * u * lc * 4});
@@ -344,25 +369,11 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
 PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "attention backward (dwo gemm)"};
   auto& it = m.items;
-  const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es, HD = d.H * D;
-  const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
-  const int64_t rounds = stages / d.sched.stages_per_round;
-  add_state(descs, d, it);
-  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
-  add_saved_inputs(o, d, it);
-  it.push_back({"token ids", Tag::kOther, L * 4});
-  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
-  if (offloaded && !o.decoder.refetch_inputs) it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
-  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
-  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
+  const int64_t L = d.L, E = d.E, HD = d.H * d.D;
+  add_block_backward(o, d, descs, /*input_tile=*/false, it);
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
-  if (d.t != DType::kF32)
-    it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
-                  (2 * d.H * D * E + 2 * d.G * D * E + (o.model.qk_norm ? 2 * D : 0)) * es});
-  it.push_back({"attention output (saved)", Tag::kActivations, L * HD * es});
-  it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
-  if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
+  add_attention_weight_grads(o, d, it);
+  add_attention_saved(o, d, it);
   if (d.t != DType::kF32) {  // trans_a gemm: m = E, n = H*D, k = L
     const int64_t t = std::clamp<int64_t>((int64_t{16} << 20) / (4 * std::max(E, HD)), 1, L);
     it.push_back({"gemm A and B rows in fp32", Tag::kOther, t * (E + HD) * 4});
@@ -377,21 +388,10 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
 PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "MLP backward (last block)"};
   auto& it = m.items;
-  const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es, T = d.mlp_tile, F = o.model.ffn;
-  const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
-  const int64_t rounds = stages / d.sched.stages_per_round;
-  add_state(descs, d, it);
-  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
-  add_saved_inputs(o, d, it);
-  it.push_back({"token ids", Tag::kOther, L * 4});
-  const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
-  if (offloaded && !o.decoder.refetch_inputs) it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
-  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
-  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  it.push_back({"dh, residual after attention, d residual after attention", Tag::kOther, 3 * L * E * es});
-  it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
-  it.push_back({"attention LSE (saved)", Tag::kActivations, stages * u * Sg * 4});
-  if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
+  const int64_t L = d.L, E = d.E, es = d.es, T = d.mlp_tile, F = o.model.ffn;
+  add_block_backward(o, d, descs, /*input_tile=*/false, it);
+  it.push_back({"dh and residual after attention", Tag::kOther, 2 * L * E * es});
+  add_attention_saved(o, d, it);
   it.push_back({"mlp gate, up, swiglu and dswiglu (tile)", Tag::kOther, 4 * T * F * es});
   it.push_back({"mlp_norm output and its gradient (tile)", Tag::kOther, 2 * T * E * es});
   it.push_back({"mlp_norm rstd (tile)", Tag::kOther, T * 4});
@@ -408,20 +408,9 @@ PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<Para
   const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
   const int64_t rounds = stages / d.sched.stages_per_round;
   const bool qk = o.model.qk_norm;
-  add_state(descs, d, it);
-  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
-  add_saved_inputs(o, d, it);
-  it.push_back({"token ids", Tag::kOther, L * 4});
   const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
-  if (offloaded && !o.decoder.refetch_inputs) it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
-  else if (offloaded && d.attn_tile > 0)
-    it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
-  if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
-  it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
-  if (d.t != DType::kF32)
-    it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
-                  (2 * d.H * D * E + 2 * d.G * D * E + (qk ? 2 * D : 0)) * es});
+  add_block_backward(o, d, descs, /*input_tile=*/true, it);
+  add_attention_weight_grads(o, d, it);
   if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
   it.push_back({"dq of every stage (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication, stages * Sg * u * D * es});
   it.push_back({"dk of every round (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication, rounds * Sg * w * D * es});

@@ -66,6 +66,13 @@ struct DecoderOptions {
 
 // Validates model + options for `ranks` ranks (including the attention block's rules).
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks);
+// The tiles the Decoder runs with on `rows` tokens per rank: MLP tile rows (DecoderOptions::
+// mlp_tile, 0 = min(rows, max(E, 256))), and the attention input's tile rows (attn_tile; 0 when
+// the input is made whole).
+struct DecoderTiles {
+  int64_t mlp = 0, attn = 0;
+};
+DecoderTiles decoder_tiles(const ModelConfig& m, const DecoderOptions& o, int64_t rows);
 // Whether block `layer`'s saved input is offloaded (with a host allocator), and how many of the
 // model's blocks' are.
 bool input_offloaded(const DecoderOptions& o, int64_t layer);
