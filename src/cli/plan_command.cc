@@ -13,6 +13,7 @@
 
 #include "cli/attn_runner.h"
 #include "cli/commands.h"
+#include "cli/fit_search.h"
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/train_flags.h"
@@ -97,14 +98,9 @@ bool fit(const PlanRun& in, PlanRun* best) {
       fit_offload(o, in.ranks);
       return plan_fits(o, in.ranks);
     };
-    int64_t lo = 0, hi = 0;
-    for (int64_t k = 1; hi == 0 && k <= (int64_t{1} << 24); k *= 2) (fits_at(k) ? lo : hi) = k;
+    const int64_t lo = largest_fitting(fits_at);
     if (lo == 0) continue;
-    while (hi != 0 && hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      (fits_at(mid) ? lo : hi) = mid;
-    }
-    fits_at(lo);
+    fits_at(lo);  // o at the answer (the search's last call may have been past it)
     if (!any || o.decoder.seq > best->o.decoder.seq) *best = PlanRun{o, in.ranks, in.cuda};
     any = true;
   }

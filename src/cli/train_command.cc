@@ -15,6 +15,7 @@
 #include "untied/model/hf_config.h"
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "cli/fit_search.h"
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
@@ -284,20 +285,15 @@ static int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   MemoryStats peak, best_peak;
   int64_t host = 0, best_host = 0;
   std::vector<LiveBuffers> live, best_live;
-  int64_t lo = 0, hi = 0;  // lo fits (0 = none yet), hi does not (0 = not found yet)
-  for (int64_t k = 1; hi == 0 && k <= (int64_t{1} << 24); k *= 2) {
-    if (rehearse_fits(o, data, ranks, k * grain, &peak, &host, &live)) lo = k, best_peak = peak, best_host = host, best_live = live;
-    else hi = k;
-  }
+  const int64_t lo = largest_fitting([&](int64_t k) {
+    if (!rehearse_fits(o, data, ranks, k * grain, &peak, &host, &live)) return false;
+    best_peak = peak, best_host = host, best_live = live;
+    return true;
+  });
   if (lo == 0) {
     std::fprintf(stderr, "untied train: not even S = %lld fits in %s per rank\n", (long long)grain,
                  format_bytes(o.budget_bytes).c_str());
     return 1;
-  }
-  while (hi != 0 && hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (rehearse_fits(o, data, ranks, mid * grain, &peak, &host, &live)) lo = mid, best_peak = peak, best_host = host, best_live = live;
-    else hi = mid;
   }
   TrainOptions best = o;
   best.decoder.seq = lo * grain;

@@ -296,21 +296,20 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
                      w.attn_norm.data(), t != DType::kF32 ? dat_t.data() : da_rows);
     add_inplace(dev_, dhm_n, dx_n);  // dhm + norm'(da): the same sum, in the same order, as dx_n += dhm_n
   };
-  if (o_.tiled_dx) {
-    const TiledGrad da{.tile = tile_, .consume = norm_backward};
+  // The attention's backward into da (a TiledGrad or a whole tensor), its input by tiles or whole.
+  auto attention_backward = [&](const auto& da) {
     if (attn_tile_ > 0)
       attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
                       A.saved);
     else
       attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
+  };
+  if (o_.tiled_dx) {
+    attention_backward(TiledGrad{.tile = tile_, .consume = norm_backward});
   } else {
     // da (the attention's dx) whole in fp32: the attention block accumulates straight into it.
     TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
-    if (attn_tile_ > 0)
-      attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
-                      A.saved);
-    else
-      attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
+    attention_backward(da.view());
     A.a.reset();
     for (int64_t r0 = 0; r0 < L; r0 += tile_) {
       const int64_t n = std::min(tile_, L - r0);
