@@ -64,15 +64,17 @@ Status apply_watchdog_flags(const FlagSet& f) {
   return Status::ok_status();
 }
 
-Status rope_theta_from_flags(const FlagSet& f, double* theta) {
-  const std::string v = f.get_string("rope-theta");
+Status positive_number_from_flag(const FlagSet& f, const std::string& name, double* out) {
+  const std::string v = f.get_string(name);
   if (v.empty()) return Status::ok_status();
   bool ok = false;
   const double t = number_of(v, &ok);
-  if (!ok || !(t > 0)) return Status::invalid_argument("--rope-theta: '" + v + "' is not a positive number");
-  *theta = t;
+  if (!ok || !(t > 0)) return Status::invalid_argument("--" + name + ": '" + v + "' is not a positive number");
+  *out = t;
   return Status::ok_status();
 }
+
+Status rope_theta_from_flags(const FlagSet& f, double* theta) { return positive_number_from_flag(f, "rope-theta", theta); }
 
 Status window_from_flags(const FlagSet& f, int64_t* window) {
   if (f.was_set("window") && f.get_int("window") < 1)

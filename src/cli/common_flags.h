@@ -52,6 +52,9 @@ Status apply_watchdog_flags(const FlagSet& f);
 // --rope-theta (a string flag, empty = the model's): *theta = its value when given; a value that
 // is not a positive number is refused.
 Status rope_theta_from_flags(const FlagSet& f, double* theta);
+// A string flag holding a number > 0 into *out; an empty one leaves *out as it is. The message
+// names the flag and its text.
+Status positive_number_from_flag(const FlagSet& f, const std::string& name, double* out);
 // --window (an int flag, 0 = none): *window = its value; a given value below 1 is refused.
 Status window_from_flags(const FlagSet& f, int64_t* window);
 

@@ -495,17 +495,12 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
   bool given = false;
   for (auto [flag, dst, unit] : {std::tuple{"gemm-tflops", &rates.gemm_flops, 1e12},
                                  {"attn-tflops", &rates.attention_flops, 1e12}, {"link-gbps", &rates.link_bytes, 1e9}}) {
-    if (flags.get_string(flag).empty()) continue;
-    try {
-      size_t pos;
-      const double v = std::stod(flags.get_string(flag), &pos);
-      if (pos != flags.get_string(flag).size() || !(v > 0)) throw 0;
-      *dst = v * unit;
-      given = true;
-    } catch (...) {
-      return refuse(Status::invalid_argument(std::string("--") + flag + ": '" + flags.get_string(flag) +
-                                             "' is not a positive number"));
-    }
+    double v = 0;
+    st = positive_number_from_flag(flags, flag, &v);
+    if (!st.ok()) return refuse(st);
+    if (v == 0) continue;  // not given
+    *dst = v * unit;
+    given = true;
   }
   if (given) {
     char b[160];
