@@ -26,12 +26,14 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   const bool upipe = o.decoder.strategy == Strategy::kUPipe;
   const double a2a = (C - 1) / C, shard = (P - 1) / P;  // the part of a buffer a rank sends
 
-  double group_params[3] = {0, 0, 0};  // embedding, one block, final norm + head
+  double embed_params = 0, block_params = 0, final_params = 0;  // groups 0, 1 (every block alike), N + 1
   for (const ParamDesc& p : parameter_descriptors(o.model)) {
-    const int g = p.group == 0 ? 0 : p.group <= o.model.layers ? 1 : 2;
-    if (g != 1 || p.group == 1) group_params[g] += static_cast<double>(p.shape.numel());
+    const double n = static_cast<double>(p.shape.numel());
+    if (p.group == 0) embed_params += n;
+    else if (p.group == 1) block_params += n;
+    else if (p.group == o.model.layers + 1) final_params += n;
   }
-  const double block_params = group_params[1], head_params = o.model.tied_embeddings ? group_params[0] : group_params[2];
+  const double head_params = o.model.tied_embeddings ? embed_params : final_params;
 
   // One block.
   const double proj = 2 * L * E * D * (H + 2 * Geff), out = 2 * L * H * D * E, mlp = 6 * L * E * F;
@@ -46,7 +48,7 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   f.name = "forward";
   f.gemm_flops = N * fwd_gemm;
   f.attention_flops = N * attn;
-  f.bytes_sent = N * fwd_bytes + (N * block_params + group_params[0]) * es * shard;
+  f.bytes_sent = N * fwd_bytes + (N * block_params + embed_params) * es * shard;
   PhaseWork& l = phases[1];
   l.name = "loss";
   l.gemm_flops = 6 * L * E * V;
@@ -56,7 +58,7 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   b.gemm_flops = N * (fwd_gemm + 2 * fwd_gemm + (upipe ? proj : 0) + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
   b.attention_flops = N * (attn + 2.5 * attn);
   b.bytes_sent = N * (fwd_bytes + (upipe ? qkv_bytes : 0) + 2 * o_bytes + L * 2 * Geff * D * es * a2a + ring_kv + ring_dkv) +
-                 (N * block_params + group_params[0]) * (es + 4) * shard;
+                 (N * block_params + embed_params) * (es + 4) * shard;
   for (PhaseWork& p : phases)
     p.ms = 1e3 * (p.gemm_flops / rates.gemm_flops + p.attention_flops / rates.attention_flops +
                   p.bytes_sent / rates.link_bytes);
