@@ -282,10 +282,9 @@ std::string read_bench_kernels_flags(const FlagSet& flags, KernelBenchOptions* o
 }
 
 // GEMM rates of this device, same threads: C (m, n) = A (m, k) B^T when trans_b.
-Row gemm_row(Communicator& world, Device& dev, const KernelBenchOptions& o, const char* op, int64_t m, int64_t n,
-             int64_t k, bool trans_b, std::string note) {
+Row gemm_row(Communicator& world, Device& dev, const KernelBenchOptions& o, const std::string& op, DType t, int64_t m,
+             int64_t n, int64_t k, bool trans_b, std::string note) {
   Allocator& alloc = dev.allocator();
-  const DType t = o.gemm_dtype();
   TensorBuffer a(alloc, t, {m, k}, Tag::kOther, "bench gemm A");
   TensorBuffer b(alloc, t, trans_b ? Shape{n, k} : Shape{k, n}, Tag::kOther, "bench gemm B");
   TensorBuffer c(alloc, t, {m, n}, Tag::kOther, "bench gemm C");
@@ -299,16 +298,24 @@ Row gemm_row(Communicator& world, Device& dev, const KernelBenchOptions& o, cons
              .note = std::move(note)};
 }
 
-// The square GEMM row, then the projection-shaped one if asked for.
+// The square GEMM row, then the projection-shaped one if asked for. On the CPU with bf16 storage,
+// both again with bf16 operands and C (the projections' path: gemm.h), as gemm_bf16 and
+// gemm_proj_bf16; the f32 square row stays the rate attention is compared with.
 void add_gemm_rows(Communicator& world, Device& dev, const KernelBenchOptions& o, std::vector<Row>* rows) {
-  const std::string type(dtype_name(o.gemm_dtype()));
-  const int64_t n = o.gemm_n;
-  rows->push_back(gemm_row(world, dev, o, "gemm", n, n, n, false, o.gpu() ? std::to_string(n) + "^3 " + type : ""));
-  if (!o.proj.empty()) {
-    const int64_t M = o.proj[0], N = o.proj[1], K = o.proj[2];
-    rows->push_back(gemm_row(world, dev, o, "gemm_proj", M, N, K, true,
-                             std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + type +
-                                 ": x (M, K) wq^T (N, K)"));
+  std::vector<DType> types{o.gemm_dtype()};
+  if (!o.gpu() && o.dtype != DType::kF32) types.push_back(o.dtype);
+  for (DType t : types) {
+    const std::string type(dtype_name(t));
+    const std::string suffix = t == o.gemm_dtype() ? "" : "_" + type;
+    const int64_t n = o.gemm_n;
+    rows->push_back(gemm_row(world, dev, o, "gemm" + suffix, t, n, n, n, false,
+                             o.gpu() || !suffix.empty() ? std::to_string(n) + "^3 " + type : ""));
+    if (!o.proj.empty()) {
+      const int64_t M = o.proj[0], N = o.proj[1], K = o.proj[2];
+      rows->push_back(gemm_row(world, dev, o, "gemm_proj" + suffix, t, M, N, K, true,
+                               std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + type +
+                                   ": x (M, K) wq^T (N, K)"));
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include "untied/attention/attention_block.h"
 #include "untied/attention/head_schedule.h"
 #include "untied/attention/token_layout.h"
+#include "untied/kernels/gemm.h"
 #include "untied/kernels/lm_head_loss.h"
 
 namespace untied {
@@ -318,8 +319,8 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
     it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
   }
-  // After the stages: y = attn_out wo^T, whose bf16 operands the CPU gemm widens to fp32 (A and
-  // C a block of rows at a time, 16 MiB of fp32 per block, B whole: src/kernels/cpu/gemm.cc).
+  // After the stages: y = attn_out wo^T, with the CPU gemm's scratch for bf16 operands
+  // (cpu_gemm_scratch_bytes: fp32 widening, or the bf16 kernel's packing and C rows).
   PlanMoment projection = m;
   projection.name = "attention forward (last block, " + pass + ": output projection)";
   std::erase_if(projection.items, [](const PlanItem& i) {
@@ -327,9 +328,8 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
            i.what == "k and v all-to-all receives (resident)";
   });
   if (d.t != DType::kF32) {
-    const int64_t HD = d.H * D, rows = std::clamp<int64_t>((int64_t{16} << 20) / (4 * std::max(HD, E)), 1, L);
-    projection.items.push_back({"gemm A and C rows in fp32", Tag::kOther, rows * (HD + E) * 4});
-    projection.items.push_back({"gemm B in fp32", Tag::kOther, E * HD * 4});
+    const GemmParams wo{.trans_b = true, .m = L, .n = E, .k = d.H * D, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+    projection.items.push_back({"gemm scratch", Tag::kOther, cpu_gemm_scratch_bytes(wo, o.threads)});
   }
   PlanMoment exchange = m;
   exchange.name = "attention forward (last block, " + pass + ": output exchange)";
@@ -362,9 +362,9 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   return {m, projection, next};
 }
 
-// The last block's attention backward as it begins: dwo = dy^T attn_out, whose bf16 operands the
-// CPU gemm widens to fp32 a block of rows at a time (src/kernels/cpu/gemm.cc: 16 MiB of fp32 per
-// block, C whole), with the saved output and every saved stage still there. The largest moment
+// The last block's attention backward as it begins: dwo = dy^T attn_out, with the CPU gemm's
+// scratch for bf16 operands (cpu_gemm_scratch_bytes), the saved output and every saved stage
+// still there. The largest moment
 // only for small models, where those blocks are whole.
 PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "attention backward (dwo gemm)"};
@@ -374,10 +374,9 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   add_attention_weight_grads(o, d, it);
   add_attention_saved(o, d, it);
-  if (d.t != DType::kF32) {  // trans_a gemm: m = E, n = H*D, k = L
-    const int64_t t = std::clamp<int64_t>((int64_t{16} << 20) / (4 * std::max(E, HD)), 1, L);
-    it.push_back({"gemm A and B rows in fp32", Tag::kOther, t * (E + HD) * 4});
-    it.push_back({"gemm C in fp32", Tag::kOther, E * HD * 4});
+  if (d.t != DType::kF32) {  // dwo = dy^T attn_out
+    const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = L, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+    it.push_back({"gemm scratch", Tag::kOther, cpu_gemm_scratch_bytes(dwo, o.threads)});
   }
   return m;
 }

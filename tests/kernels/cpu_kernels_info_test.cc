@@ -30,6 +30,7 @@ TEST(CpuKernelsInfo, DescriptionNamesBlasCoreAndTiles) {
   const std::string d = cpu_kernels_description();
   EXPECT_NE(d.find(i.blas_core + " kernels"), std::string::npos) << d;
   EXPECT_NE(d.find("attention tiles " + i.tile_gemm), std::string::npos) << d;
+  EXPECT_NE(d.find("bf16 GEMMs"), std::string::npos) << d;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ struct CpuKernelsInfo {
   std::string chosen_by;       // "OpenBLAS", "OPENBLAS_CORETYPE", or "untied (OpenBLAS detected Prescott)"
   std::string cpu_isa;         // the widest vector instructions of this CPU: "avx512", "avx2", "avx", "sse", "neon"
   std::string tile_gemm;       // the attention's own tile kernel: "avx512 12x32"
+  std::string bf16_gemm;       // the bf16 operands' GEMM kernel: "avx512-bf16 12x32", or "none" (widened for BLAS)
   std::string warning;         // non-empty: the kernels are slower than this CPU allows, and what to do
 };
 

@@ -3,8 +3,10 @@
 // op(A) is (m, k), op(B) is (k, n), C is (m, n). lda/ldb/ldc are row strides in elements of
 // the stored matrices (A stored (m, k), or (k, m) when trans_a). beta = 0 overwrites C (its old
 // contents are ignored, NaN included); beta = 1 accumulates.
-// A and B may be f32 or bf16 (bf16 is widened to f32 in scratch from the device allocator,
-// tag `scratch_tag`); C may be f32 or bf16 (bf16 C is computed in f32 and rounded once).
+// A and B may be f32 or bf16; C may be f32 or bf16 (bf16 C is computed in f32 and rounded once).
+// On the CPU, bf16 operands are widened to f32 for BLAS in scratch from the device allocator (tag
+// `scratch_tag`), or, when both are bf16 and the CPU has AVX512-BF16, multiplied as they are by
+// our own kernel (scratch: its packing space, and bf16 C's rows in fp32).
 // REQUIRES: m, n, k >= 0; ld* >= the stored row length.
 #pragma once
 
@@ -36,5 +38,9 @@ struct GemmParams {
 };
 
 void gemm(Device& dev, const GemmParams& p);
+
+// The scratch bytes (all tag p.scratch_tag) the CPU backend's gemm takes for p with `threads`
+// threads: for plans made without a device (memory_plan.h). The pointers in p are not read.
+int64_t cpu_gemm_scratch_bytes(const GemmParams& p, int threads);
 
 }  // namespace untied

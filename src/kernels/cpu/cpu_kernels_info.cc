@@ -18,6 +18,7 @@
 #include <sys/auxv.h>
 #endif
 
+#include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/tile_gemm.h"
 
 namespace untied {
@@ -121,6 +122,7 @@ CpuKernelsInfo cpu_kernels_info() {
   info.blas_threading = par == 2 ? "OpenMP threads" : par == 1 ? "pthreads" : "one thread";
   info.cpu_isa = this_cpu_isa();
   info.tile_gemm = cpu::tile_gemm_description();
+  info.bf16_gemm = cpu::bf16_gemm_description();
   if (const char* fb = std::getenv(kFallbackEnv); fb != nullptr && *fb != '\0')
     info.chosen_by = std::string("untied (OpenBLAS detected ") + fb + ")";
   else if (std::getenv("OPENBLAS_CORETYPE") != nullptr)
@@ -140,6 +142,7 @@ std::string cpu_kernels_description(const CpuKernelsInfo& i) {
   std::string s = i.blas + " " + i.blas_core + " kernels (" + i.blas_threading;
   if (i.chosen_by != "OpenBLAS") s += ", chosen by " + i.chosen_by;
   s += "), attention tiles " + i.tile_gemm;
+  s += i.bf16_gemm == "none" ? ", bf16 GEMMs widened for BLAS" : ", bf16 GEMMs " + i.bf16_gemm;
   return s;
 }
 

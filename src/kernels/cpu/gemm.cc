@@ -1,4 +1,6 @@
-// GEMM on the CPU: BLAS sgemm, with bf16 operands widened to fp32 scratch.
+// GEMM on the CPU: BLAS sgemm, with bf16 operands widened to fp32 scratch; or, when both
+// operands are bf16 and the CPU has AVX512-BF16, our own bf16 kernel (bf16_gemm.h) on them as
+// they are, into fp32 C.
 //
 // Widening is tiled so that scratch does not grow with the long dimension of activations:
 // without transposed A, C is computed in blocks of rows (A's and C's rows widened per block);
@@ -9,6 +11,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/sgemm.h"
 
@@ -35,15 +38,26 @@ int64_t tile_rows(int64_t total, int64_t row_elems) {
   return std::clamp<int64_t>(kTileBytes / (4 * std::max<int64_t>(row_elems, 1)), 1, std::max<int64_t>(total, 1));
 }
 
+// Both operands bf16 and the kernel compiled in: no widening of A or B.
+bool bf16_kernel(const GemmParams& p) {
+  return p.a_dtype == DType::kBF16 && p.b_dtype == DType::kBF16 && bf16_gemm_available();
+}
+
 }  // namespace
 
 // Scratch slots; which are set depends on the operands' dtypes and trans_a (see the top).
-enum GemmScratch { kGemmA, kGemmB, kGemmC };
+enum GemmScratch { kGemmA, kGemmB, kGemmC, kGemmPack };
 
-ScratchRequest gemm_scratch(const Device&, const GemmParams& p) {
+namespace {
+ScratchRequest gemm_scratch_for(int threads, const GemmParams& p) {
   ScratchRequest r;
   const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
   if (p.m == 0 || p.n == 0 || p.k == 0 || (!wa && !wb && !wc)) return r;
+  if (bf16_kernel(p)) {  // packing space; bf16 C in blocks of rows in fp32
+    r.set(kGemmPack, bf16_gemm_pack_bytes(p.m, p.n, p.k, threads), p.scratch_tag, "gemm bf16 packing");
+    if (wc) r.set(kGemmC, tile_rows(p.m, p.n) * p.n * 4, p.scratch_tag, "gemm C rows in fp32");
+    return r;
+  }
   const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
   if (!p.trans_a) {  // A's and C's rows widened per block of t rows, B whole
     const int64_t t = tile_rows(p.m, std::max(p.k, p.n));
@@ -60,8 +74,47 @@ ScratchRequest gemm_scratch(const Device&, const GemmParams& p) {
   if (wc) r.set(kGemmC, p.m * p.n * 4, p.scratch_tag, "gemm C in fp32");
   return r;
 }
+}  // namespace
 
-void gemm(Device&, const GemmParams& p, const Scratch& ws) {
+ScratchRequest gemm_scratch(const Device& dev, const GemmParams& p) { return gemm_scratch_for(dev.threads(), p); }
+
+}  // namespace untied::cpu
+
+namespace untied {
+
+int64_t cpu_gemm_scratch_bytes(const GemmParams& p, int threads) {
+  int64_t sum = 0;
+  for (const auto& item : cpu::gemm_scratch_for(threads, p).items) sum += item.set ? item.bytes : 0;
+  return sum;
+}
+
+}  // namespace untied
+
+namespace untied::cpu {
+
+// C = alpha op(A) op(B) + beta C on the bf16 kernel; with bf16 C, in blocks of rows of C widened
+// to fp32 (op(A)'s rows m0.. start at A + m0 rows, or A + m0 columns when transposed).
+void gemm_bf16_operands(const Device& dev, const GemmParams& p, const Scratch& ws) {
+  const auto* a = static_cast<const uint16_t*>(p.a);
+  const auto* b = static_cast<const uint16_t*>(p.b);
+  void* const pack = ws.data(kGemmPack);
+  if (p.c_dtype == DType::kF32) {
+    bf16_gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, p.lda, b, p.ldb, p.beta, static_cast<float*>(p.c),
+              p.ldc, dev.threads(), pack);
+    return;
+  }
+  float* const c = ws.as<float>(kGemmC);
+  const int64_t t = tile_rows(p.m, p.n);
+  for (int64_t m0 = 0; m0 < p.m; m0 += t) {
+    const int64_t rows = std::min(t, p.m - m0);
+    if (p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, m0, rows, p.n, p.ldc);
+    bf16_gemm(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, p.trans_a ? a + m0 : a + m0 * p.lda, p.lda, b, p.ldb,
+              p.beta, c, p.n, dev.threads(), pack);
+    narrow_rows(p.c, p.c_dtype, c, m0, rows, p.n, p.ldc);
+  }
+}
+
+void gemm(Device& dev, const GemmParams& p, const Scratch& ws) {
   if (p.m == 0 || p.n == 0) return;
   const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
   if (p.k == 0) {
@@ -74,6 +127,10 @@ void gemm(Device&, const GemmParams& p, const Scratch& ws) {
       for (auto& v : row) v = p.beta == 0.0f ? 0.0f : p.beta * v;
       store_f32(c, p.c_dtype, row.data(), p.n);
     }
+    return;
+  }
+  if (bf16_kernel(p)) {
+    gemm_bf16_operands(dev, p, ws);
     return;
   }
   if (!wa && !wb && !wc) {

@@ -1,0 +1,222 @@
+// bf16 GEMM on AVX512-BF16 (bf16_gemm.h).
+//
+// Loops, outermost first: columns of C by kNc; k by kKc, packing that block of op(B) (shared);
+// rows of C by kMc, one block per thread at a time, packing that block of op(A) (the thread's
+// own); 32-column panels of the packed B (one panel, kKc x 32 bf16 = 16 KiB, stays in L1 while
+// every 12-row panel of the A block runs over it); 12-row panels of A. The micro-kernel keeps
+// 12 x 32 fp32 of C in 24 registers and, per pair of k, loads two vectors of B and broadcasts
+// 12 pairs of A: 24 VDPBF16PS, each 32 multiply-adds.
+//
+// Packed layouts (p: index of a pair of k within the block):
+//   B panel: [p][32 columns][2] bf16, the pair (op(B)(2p, j), op(B)(2p + 1, j)) per column;
+//   A panel: [p][12 rows] pairs (op(A)(i, 2p), op(A)(i, 2p + 1)) as 32-bit words.
+// Past the edges of m, n and an odd k, the packs hold zeros and the kernel stores only the
+// rows and columns that exist.
+#include "kernels/cpu/bf16_gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "untied/core/check.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define UNTIED_HAVE_BF16_GEMM 1
+#endif
+
+namespace untied::cpu {
+
+#if defined(UNTIED_HAVE_BF16_GEMM)
+
+namespace {
+
+constexpr int kMr = 12;           // rows of a C register block
+constexpr int kNr = 32;           // columns of a C register block (two vectors)
+constexpr int64_t kKc = 512;      // k per packed block (even): a B panel is 32 KiB
+constexpr int64_t kMc = 12 * kMr;  // rows of A per thread block
+constexpr int64_t kNc = 2048;     // columns of B per packed block (a multiple of kNr)
+
+// Packing space for a shape: the B block, and an A block per thread that has a block of rows.
+struct PackSizes {
+  int64_t b_bytes, a_bytes;
+  int threads;
+};
+PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
+  const int64_t kc = std::min(kKc, (k + 1) / 2 * 2);
+  const int64_t nc = std::min(kNc, (n + kNr - 1) / kNr * kNr);
+  const int64_t mc = std::min(kMc, (m + kMr - 1) / kMr * kMr);
+  const int64_t mblocks = (m + kMc - 1) / kMc;
+  const int used = static_cast<int>(std::clamp<int64_t>(mblocks, 1, std::max(threads, 1)));
+  // Each rounded up to 64 bytes, so that the blocks start aligned.
+  return {(kc * nc * 2 + 63) / 64 * 64, (mc * kc * 2 + 63) / 64 * 64, used};
+}
+
+inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
+
+// Packs columns [j0, j0 + nc) and k [p0, p0 + kc) of op(B) into panels at dst.
+void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t k, int64_t n, int64_t p0,
+            int64_t kc, int64_t j0, int64_t panel) {
+  const int64_t kp = (kc + 1) / 2;
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst + panel * kp * kNr * 2);
+  const int64_t jb = j0 + panel * kNr;
+  for (int64_t p = 0; p < kp; ++p) {
+    const int64_t k0 = p0 + 2 * p;
+    const bool has1 = k0 + 1 < k;
+    uint32_t* o = out + p * kNr;
+    for (int64_t col = 0; col < kNr; ++col) {
+      const int64_t j = jb + col;
+      if (j >= n) {
+        o[col] = 0;
+        continue;
+      }
+      if (trans_b) {  // B is (n, k): the pair is adjacent
+        const uint16_t* src = b + j * ldb + k0;
+        o[col] = pair(src[0], has1 ? src[1] : 0);
+      } else {  // B is (k, n): two rows
+        o[col] = pair(b[k0 * ldb + j], has1 ? b[(k0 + 1) * ldb + j] : 0);
+      }
+    }
+  }
+}
+
+// Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into 12-row panels at dst.
+void pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t k, int64_t i0, int64_t mc,
+            int64_t p0, int64_t kc) {
+  const int64_t kp = (kc + 1) / 2;
+  const int64_t panels = (mc + kMr - 1) / kMr;
+  for (int64_t ip = 0; ip < panels; ++ip) {
+    uint32_t* out = dst + ip * kp * kMr;
+    for (int64_t r = 0; r < kMr; ++r) {
+      const int64_t i = ip * kMr + r;
+      if (i >= mc) {
+        for (int64_t p = 0; p < kp; ++p) out[p * kMr + r] = 0;
+        continue;
+      }
+      const int64_t row = i0 + i;
+      if (!trans_a) {  // A is (m, k): the pair is adjacent
+        const uint16_t* src = a + row * lda + p0;
+        const int64_t full = (std::min(p0 + kc, k) - p0) / 2;
+        for (int64_t p = 0; p < full; ++p) out[p * kMr + r] = pair(src[2 * p], src[2 * p + 1]);
+        if (full < kp) out[full * kMr + r] = pair(src[2 * full], 0);
+      } else {  // A is (k, m): two rows
+        for (int64_t p = 0; p < kp; ++p) {
+          const int64_t k0 = p0 + 2 * p;
+          out[p * kMr + r] = pair(a[k0 * lda + row], k0 + 1 < k ? a[(k0 + 1) * lda + row] : 0);
+        }
+      }
+    }
+  }
+}
+
+// C[0:rows, 0:cols] = alpha * Apanel Bpanel + (accumulate ? beta * C : 0).
+inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, int64_t ldc, int64_t rows,
+                  int64_t cols, float alpha, bool accumulate, float beta) {
+  __m512 acc[kMr][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < kMr; ++r) {
+    acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    // C's rows lie far apart (ldc): fetch them while the products run, not at the end.
+    if (accumulate && r < rows) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
+    }
+  }
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * kNr);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * kNr + kNr);
+    const uint32_t* ar = ap + p * kMr;
+#pragma GCC unroll 12
+    for (int r = 0; r < kMr; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(ar[r]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+#pragma GCC unroll 12
+  for (int r = 0; r < kMr; ++r) {
+    if (r >= rows) break;
+    float* cr = c + r * ldc;
+    __m512 x0 = _mm512_mul_ps(va, acc[r][0]), x1 = _mm512_mul_ps(va, acc[r][1]);
+    if (accumulate) {
+      x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), x0);
+      x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), x1);
+    }
+    _mm512_mask_storeu_ps(cr, m0, x0);
+    _mm512_mask_storeu_ps(cr + 16, m1, x1);
+  }
+}
+
+}  // namespace
+
+bool bf16_gemm_available() { return true; }
+
+int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads) {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const PackSizes ps = pack_sizes(m, n, k, threads);
+  return ps.b_bytes + ps.threads * ps.a_bytes;
+}
+
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
+               void* pack) {
+  if (m <= 0 || n <= 0) return;
+  UNTIED_CHECK(k > 0, "bf16_gemm needs k > 0 (the caller defines C = beta C for k = 0)");
+  const PackSizes ps = pack_sizes(m, n, k, threads);
+  uint16_t* const bpack = static_cast<uint16_t*>(pack);
+  char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
+  const int64_t mblocks = (m + kMc - 1) / kMc;
+
+#pragma omp parallel num_threads(ps.threads)
+  {
+    uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + omp_get_thread_num() * ps.a_bytes);
+    for (int64_t j0 = 0; j0 < n; j0 += kNc) {
+      const int64_t nc = std::min(kNc, n - j0);
+      const int64_t panels = (nc + kNr - 1) / kNr;
+      for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+        const int64_t kc = std::min(kKc, k - p0);
+        const int64_t kp = (kc + 1) / 2;
+        // The first block along k applies beta; later ones add to C.
+        const bool accumulate = p0 > 0 || beta != 0.0f;
+        const float bk = p0 > 0 ? 1.0f : beta;
+#pragma omp for schedule(static)
+        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, k, n, p0, kc, j0, jp);
+#pragma omp for schedule(static)
+        for (int64_t ib = 0; ib < mblocks; ++ib) {
+          const int64_t i0 = ib * kMc, mc = std::min(kMc, m - i0);
+          pack_a(apack, trans_a, a, lda, k, i0, mc, p0, kc);
+          const int64_t apanels = (mc + kMr - 1) / kMr;
+          for (int64_t jp = 0; jp < panels; ++jp) {
+            const uint16_t* bp = bpack + jp * kp * kNr * 2;
+            const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
+            for (int64_t ip = 0; ip < apanels; ++ip) {
+              const int64_t rows = std::min<int64_t>(kMr, mc - ip * kMr);
+              micro(kp, apack + ip * kp * kMr, bp, c + (i0 + ip * kMr) * ldc + j0 + jp * kNr, ldc, rows, cols,
+                    alpha, accumulate, bk);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+std::string bf16_gemm_description() { return "avx512-bf16 " + std::to_string(kMr) + "x" + std::to_string(kNr); }
+
+#else  // no AVX512-BF16 in this build
+
+bool bf16_gemm_available() { return false; }
+int64_t bf16_gemm_pack_bytes(int64_t, int64_t, int64_t, int) { return 0; }
+void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
+               float, float*, int64_t, int, void*) {
+  UNTIED_CHECK(false, "bf16_gemm: this build has no AVX512-BF16 kernel (check bf16_gemm_available())");
+}
+std::string bf16_gemm_description() { return "none"; }
+
+#endif
+
+}  // namespace untied::cpu

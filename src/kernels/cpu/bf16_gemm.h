@@ -1,0 +1,43 @@
+// GEMM of bf16 operands on the CPU's bf16 dot-product instructions (AVX512-BF16), our own
+// kernel: Debian's OpenBLAS is built without sbgemm, and widening both operands to fp32 for
+// sgemm cost a copy of each and half the arithmetic rate.
+//
+//   C (m, n) fp32 = alpha * op(A) op(B) + beta * C        row-major
+//
+//   op(A) = A, (m, k), row stride lda; or with trans_a, A^T where A is (k, m).
+//   op(B) = B, (k, n), row stride ldb; or with trans_b, B^T where B is (n, k).
+//   A and B hold bf16 (the upper 16 bits of an fp32). beta = 0 never reads C.
+//
+// Numerics: every product of two bf16 is exact in fp32, and products are summed in fp32, pairs
+// of k at a time in increasing k, in blocks of kKc along k added into C: the same contract as
+// sgemm on the widened operands (fp32 compute), with a summation order that depends on neither
+// m, n nor the thread count. The instruction treats subnormal inputs (below 1.2e-38) as zero.
+//
+// Cache blocking as in BLIS: a (kKc, kNc) block of op(B) is packed into panels of 32 columns
+// with the k pairs interleaved, and a (kMc, kKc) block of op(A) into panels of 12 rows, per
+// thread; a 12 x 32 block of C stays in registers (its rows prefetched while the products run). Threads (OpenMP, `threads` of them) take
+// blocks of kMc rows. Packing space comes from the caller (bf16_gemm_pack_bytes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace untied::cpu {
+
+// Whether this build has the kernel (compiled for a CPU with AVX512-BF16).
+bool bf16_gemm_available();
+
+// Bytes of packing space bf16_gemm needs for this shape with `threads` threads: at most 2 MiB
+// and 144 KiB per thread, less for small shapes.
+int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads);
+
+// Requires bf16_gemm_available(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
+// aligned.
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
+               void* pack);
+
+// The kernel compiled in, e.g. "avx512-bf16 12x32", or "none".
+std::string bf16_gemm_description();
+
+}  // namespace untied::cpu

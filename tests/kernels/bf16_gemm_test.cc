@@ -1,0 +1,143 @@
+// bf16_gemm (AVX512-BF16) against an fp64 triple loop over the same bf16 values, over every
+// edge of its blocking: m, n, k across the register block (12 x 32), the thread block (144
+// rows), the packed k block (512, odd k included) and the packed column block (2048); all four
+// layouts of A and B; strides wider than the shapes; alpha and beta; beta = 0 over a C full of
+// NaN (which must not be read); 1 and 3 threads, which must give the same bits.
+//
+// Tolerance: each element's error <= 2 (k + 2) FLT_EPSILON x (the sum of |terms| behind it), the
+// bound for an fp32 dot product of length k: products of two bf16 are exact in fp32.
+// Skipped in a build without the kernel (a CPU without AVX512-BF16).
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/bf16_gemm.h"
+#include "untied/core/dtype.h"
+
+namespace untied::cpu {
+namespace {
+
+struct Case {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+struct Pack {
+  Pack(const Case& c, int threads)
+      : bytes(bf16_gemm_pack_bytes(c.m, c.n, c.k, threads)), p(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)) {}
+  ~Pack() { std::free(p); }
+  int64_t bytes;
+  void* p;
+};
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& gen) {
+  std::normal_distribution<float> dist;
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(dist(gen)).bits;
+  return v;
+}
+double val(uint16_t x) { return bf16_to_float(bf16{x}); }
+
+// Returns the number of elements out of bound; the first few are reported. `out` gets C.
+int64_t run_case(const Case& c, std::mt19937& gen, int threads, std::vector<float>* out = nullptr) {
+  std::normal_distribution<float> dist;
+  const int64_t lda = (c.trans_a ? c.m : c.k) + 3, ldb = (c.trans_b ? c.k : c.n) + 5, ldc = c.n + 2;
+  const int64_t a_rows = c.trans_a ? c.k : c.m, b_rows = c.trans_b ? c.n : c.k;
+  const std::vector<uint16_t> a = random_bf16(a_rows * lda, gen), b = random_bf16(b_rows * ldb, gen);
+  std::vector<float> cc(c.m * ldc);
+  for (auto& x : cc) x = c.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : dist(gen);
+  const std::vector<float> c0 = cc;
+  Pack pack(c, threads);
+  bf16_gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, cc.data(), ldc,
+            threads, pack.p);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = cc[i * ldc + j];
+      if (j >= c.n) {  // padding between rows is left alone
+        const bool same = std::isnan(got) ? std::isnan(c0[i * ldc + j]) : got == c0[i * ldc + j];
+        if (!same && bad++ < 3) ADD_FAILURE() << "padding written at (" << i << ", " << j << ")";
+        continue;
+      }
+      double s = 0, mag = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        const double x = val(c.trans_a ? a[p * lda + i] : a[i * lda + p]);
+        const double y = val(c.trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+        s += x * y;
+        mag += std::fabs(x * y);
+      }
+      const double cb = c.beta == 0.0f ? 0.0 : static_cast<double>(c.beta) * c0[i * ldc + j];
+      const double want = c.alpha * s + cb;
+      const double bound = 2.0 * (c.k + 2) * FLT_EPSILON * (std::fabs(c.alpha) * mag + std::fabs(cb)) + 1e-30;
+      if (!(std::fabs(got - want) <= bound) && bad++ < 3)
+        ADD_FAILURE() << "C(" << i << ", " << j << ") = " << got << ", want " << want << " (bound " << bound
+                      << ") for m=" << c.m << " n=" << c.n << " k=" << c.k << " trans_a=" << c.trans_a
+                      << " trans_b=" << c.trans_b;
+    }
+  if (out != nullptr) *out = cc;
+  return bad;
+}
+
+#define SKIP_WITHOUT_KERNEL() \
+  if (!bf16_gemm_available()) GTEST_SKIP() << "this build has no AVX512-BF16 kernel"
+
+TEST(Bf16Gemm, EveryEdgeOfTheRegisterBlock) {
+  SKIP_WITHOUT_KERNEL();
+  std::mt19937 gen(7);
+  int64_t cases = 0, bad = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t m : {1, 5, 11, 12, 13, 25})
+        for (int64_t n : {1, 7, 15, 16, 17, 31, 32, 33, 70})
+          for (int64_t k : {1, 2, 3, 9, 64}) {
+            bad += run_case({ta, tb, m, n, k, 1.0f, 0.0f}, gen, 1);
+            ++cases;
+          }
+  EXPECT_EQ(bad, 0) << "out of " << cases << " cases";
+}
+
+TEST(Bf16Gemm, EveryEdgeOfTheCacheBlocks) {
+  SKIP_WITHOUT_KERNEL();
+  std::mt19937 gen(9);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      EXPECT_EQ(run_case({ta, tb, 145, 40, 513, 1.0f, 0.0f}, gen, 1), 0);   // 2 thread blocks, 2 k blocks, odd k
+      EXPECT_EQ(run_case({ta, tb, 30, 2049, 20, 1.0f, 0.0f}, gen, 2), 0);   // 2 column blocks
+      EXPECT_EQ(run_case({ta, tb, 300, 65, 1100, 0.5f, 1.0f}, gen, 3), 0);   // beta with 3 k blocks
+    }
+}
+
+TEST(Bf16Gemm, AlphaAndBeta) {
+  SKIP_WITHOUT_KERNEL();
+  std::mt19937 gen(8);
+  for (bool ta : {false, true}) {
+    EXPECT_EQ(run_case({ta, true, 128, 128, 128, 0.088f, 1.0f}, gen, 1), 0);
+    EXPECT_EQ(run_case({ta, false, 37, 45, 19, -2.0f, 0.5f}, gen, 1), 0);
+    EXPECT_EQ(run_case({ta, true, 13, 33, 7, 1.0f, -1.0f}, gen, 1), 0);
+  }
+}
+
+TEST(Bf16Gemm, ThreadCountDoesNotChangeTheBits) {
+  SKIP_WITHOUT_KERNEL();
+  std::vector<float> one, three;
+  std::mt19937 g1(11), g3(11);
+  EXPECT_EQ(run_case({false, true, 500, 300, 1030, 1.0f, 0.0f}, g1, 1, &one), 0);
+  EXPECT_EQ(run_case({false, true, 500, 300, 1030, 1.0f, 0.0f}, g3, 3, &three), 0);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t i = 0; i < one.size(); ++i)
+    if (!(one[i] == three[i] || (std::isnan(one[i]) && std::isnan(three[i])))) {
+      ADD_FAILURE() << "element " << i << ": " << one[i] << " with 1 thread, " << three[i] << " with 3";
+      break;
+    }
+}
+
+TEST(Bf16Gemm, Describes) { EXPECT_FALSE(bf16_gemm_description().empty()); }
+
+}  // namespace
+}  // namespace untied::cpu
