@@ -55,58 +55,98 @@ PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
 
 inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
 
-// Packs columns [j0, j0 + nc) and k [p0, p0 + kc) of op(B) into panels at dst.
-void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t k, int64_t n, int64_t p0,
-            int64_t kc, int64_t j0, int64_t panel) {
-  const int64_t kp = (kc + 1) / 2;
+// Interleaving two rows of 32 bf16 (x0 = op(.)(2p, 0:32), x1 = op(.)(2p + 1, 0:32)) into 32 pairs:
+// kLo gives pairs 0..15, kHi pairs 16..31 (permutex2var indices: 0-31 pick from x0, 32-63 from x1).
+const __m512i kLo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                                     36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+const __m512i kHi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22,
+                                     53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+
+inline __mmask32 first_bits32(int64_t n) { return n >= 32 ? ~__mmask32{0} : (__mmask32{1} << std::max<int64_t>(n, 0)) - 1; }
+inline __mmask16 first_bits16(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
+}
+
+// Gathers, for pairs p in [0, pairs), the 32-bit pair at `base` + p pairs of each of the rows
+// selected by `lanes` (row r at r * ld elements from base), into out[p * stride + lane]. Rows
+// whose pairs are adjacent in memory (the operand stored with k along its rows).
+void gather_pairs(uint32_t* out, int64_t stride, __mmask16 lanes, const uint16_t* base, int64_t ld, int64_t pairs,
+                  __mmask16 store_lanes) {
+  const __m512i index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(static_cast<int>(ld)));
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512i g = _mm512_mask_i32gather_epi32(zero, lanes, index, base + 2 * p, 2);
+    _mm512_mask_storeu_epi32(out + p * stride, store_lanes, g);
+  }
+}
+
+// Whether a gather's row offsets (15 rows of ld elements, in bytes) fit its 32-bit indices.
+bool gather_fits(int64_t ld) { return ld <= (int64_t{1} << 31) / 32; }
+
+// Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst.
+void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t n, int64_t p0, int64_t kc,
+            int64_t j0, int64_t panel) {
+  const int64_t kp = (kc + 1) / 2, full = kc / 2;  // pairs; pairs with both halves in k
   uint32_t* out = reinterpret_cast<uint32_t*>(dst + panel * kp * kNr * 2);
   const int64_t jb = j0 + panel * kNr;
-  for (int64_t p = 0; p < kp; ++p) {
-    const int64_t k0 = p0 + 2 * p;
-    const bool has1 = k0 + 1 < k;
-    uint32_t* o = out + p * kNr;
-    for (int64_t col = 0; col < kNr; ++col) {
-      const int64_t j = jb + col;
-      if (j >= n) {
-        o[col] = 0;
-        continue;
-      }
-      if (trans_b) {  // B is (n, k): the pair is adjacent
-        const uint16_t* src = b + j * ldb + k0;
-        o[col] = pair(src[0], has1 ? src[1] : 0);
-      } else {  // B is (k, n): two rows
-        o[col] = pair(b[k0 * ldb + j], has1 ? b[(k0 + 1) * ldb + j] : 0);
-      }
+  const int64_t cols = std::clamp<int64_t>(n - jb, 0, kNr);
+  if (!trans_b) {  // B is (k, n): interleave two rows
+    const __mmask32 cm = first_bits32(cols);
+    for (int64_t p = 0; p < kp; ++p) {
+      const uint16_t* r0 = b + (p0 + 2 * p) * ldb + jb;
+      const __m512i x0 = _mm512_maskz_loadu_epi16(cm, r0);
+      const __m512i x1 = p < full ? _mm512_maskz_loadu_epi16(cm, r0 + ldb) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + p * kNr, _mm512_permutex2var_epi16(x0, kLo, x1));
+      _mm512_storeu_si512(out + p * kNr + 16, _mm512_permutex2var_epi16(x0, kHi, x1));
     }
+    return;
+  }
+  // B is (n, k): each column's pairs are adjacent; gather 16 columns per pair.
+  for (int64_t c0 = 0; c0 < kNr; c0 += 16) {
+    const int64_t here = std::clamp<int64_t>(cols - c0, 0, 16);
+    const uint16_t* base = b + (jb + c0) * ldb + p0;
+    if (gather_fits(ldb)) {
+      gather_pairs(out + c0, kNr, first_bits16(here), base, ldb, full, 0xFFFF);
+    } else {
+      for (int64_t p = 0; p < full; ++p)
+        for (int64_t c = 0; c < 16; ++c) out[p * kNr + c0 + c] = c < here ? pair(base[c * ldb + 2 * p], base[c * ldb + 2 * p + 1]) : 0;
+    }
+    if (full < kp)  // odd k: the last pair's upper half is zero
+      for (int64_t c = 0; c < 16; ++c) out[full * kNr + c0 + c] = c < here ? pair(base[c * ldb + 2 * full], 0) : 0;
   }
 }
 
 // Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into 12-row panels at dst.
-void pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t k, int64_t i0, int64_t mc,
-            int64_t p0, int64_t kc) {
-  const int64_t kp = (kc + 1) / 2;
+void pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+            int64_t kc) {
+  const int64_t kp = (kc + 1) / 2, full = kc / 2;
   const int64_t panels = (mc + kMr - 1) / kMr;
+  constexpr __mmask16 kPanel = (1u << kMr) - 1;
   for (int64_t ip = 0; ip < panels; ++ip) {
     uint32_t* out = dst + ip * kp * kMr;
-    for (int64_t r = 0; r < kMr; ++r) {
-      const int64_t i = ip * kMr + r;
-      if (i >= mc) {
-        for (int64_t p = 0; p < kp; ++p) out[p * kMr + r] = 0;
-        continue;
+    const int64_t rows = std::min<int64_t>(kMr, mc - ip * kMr);
+    const int64_t r0 = i0 + ip * kMr;
+    if (trans_a) {  // A is (k, m): interleave two rows of 12 rows' values
+      const __mmask32 rm = first_bits32(rows);
+      for (int64_t p = 0; p < kp; ++p) {
+        const uint16_t* src = a + (p0 + 2 * p) * lda + r0;
+        const __m512i x0 = _mm512_maskz_loadu_epi16(rm, src);
+        const __m512i x1 = p < full ? _mm512_maskz_loadu_epi16(rm, src + lda) : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(out + p * kMr, kPanel, _mm512_permutex2var_epi16(x0, kLo, x1));
       }
-      const int64_t row = i0 + i;
-      if (!trans_a) {  // A is (m, k): the pair is adjacent
-        const uint16_t* src = a + row * lda + p0;
-        const int64_t full = (std::min(p0 + kc, k) - p0) / 2;
-        for (int64_t p = 0; p < full; ++p) out[p * kMr + r] = pair(src[2 * p], src[2 * p + 1]);
-        if (full < kp) out[full * kMr + r] = pair(src[2 * full], 0);
-      } else {  // A is (k, m): two rows
-        for (int64_t p = 0; p < kp; ++p) {
-          const int64_t k0 = p0 + 2 * p;
-          out[p * kMr + r] = pair(a[k0 * lda + row], k0 + 1 < k ? a[(k0 + 1) * lda + row] : 0);
-        }
-      }
+      continue;
     }
+    // A is (m, k): each row's pairs are adjacent; gather the panel's 12 rows per pair.
+    const uint16_t* base = a + r0 * lda + p0;
+    if (gather_fits(lda)) {
+      gather_pairs(out, kMr, first_bits16(rows), base, lda, full, kPanel);
+    } else {
+      for (int64_t p = 0; p < full; ++p)
+        for (int64_t r = 0; r < kMr; ++r) out[p * kMr + r] = r < rows ? pair(base[r * lda + 2 * p], base[r * lda + 2 * p + 1]) : 0;
+    }
+    if (full < kp)
+      for (int64_t r = 0; r < kMr; ++r) out[full * kMr + r] = r < rows ? pair(base[r * lda + 2 * full], 0) : 0;
   }
 }
 
@@ -184,11 +224,11 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
         const bool accumulate = p0 > 0 || beta != 0.0f;
         const float bk = p0 > 0 ? 1.0f : beta;
 #pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, k, n, p0, kc, j0, jp);
+        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp);
 #pragma omp for schedule(static)
         for (int64_t ib = 0; ib < mblocks; ++ib) {
           const int64_t i0 = ib * kMc, mc = std::min(kMc, m - i0);
-          pack_a(apack, trans_a, a, lda, k, i0, mc, p0, kc);
+          pack_a(apack, trans_a, a, lda, i0, mc, p0, kc);
           const int64_t apanels = (mc + kMr - 1) / kMr;
           for (int64_t jp = 0; jp < panels; ++jp) {
             const uint16_t* bp = bpack + jp * kp * kNr * 2;
