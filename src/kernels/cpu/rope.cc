@@ -1,9 +1,12 @@
 // RoPE on the CPU: one cos/sin table per call, (tokens, D/2), computed in double from each
-// token's global position, then a rotation of every head's pair (i, i + D/2).
+// token's global position (fast_sincos.h: vectorized, and the same floats as glibc's sincos but
+// at arguments within about 2^-51 of a float rounding boundary), then a rotation of every head's
+// pair (i, i + D/2).
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/fast_sincos.h"
 #include "kernels/rope_freq.h"
 
 namespace untied::cpu {
@@ -38,10 +41,13 @@ void rope(Device& dev, const RopeCall& c, const Scratch& scratch) {
   for (int64_t t = 0; t < s.tokens; ++t) {
     float* c = cs + t * half * 2;
     float* sn = c + half;
+    const double pos = static_cast<double>(positions ? positions[t] : s.first_position + t);
+#pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(positions ? positions[t] : s.first_position + t) * inv_freq[i];
-      c[i] = static_cast<float>(std::cos(ang));
-      sn[i] = sign * static_cast<float>(std::sin(ang));
+      double sv, cv;
+      fast_sincos(pos * inv_freq[i], &sv, &cv);
+      c[i] = static_cast<float>(cv);
+      sn[i] = sign * static_cast<float>(sv);
     }
     float row[2048];  // D <= 2048 is checked by validate()
     for (int64_t h = 0; h < s.heads; ++h) {
