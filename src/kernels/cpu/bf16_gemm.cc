@@ -67,22 +67,53 @@ inline __mmask16 first_bits16(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
 }
 
-// Gathers, for pairs p in [0, pairs), the 32-bit pair at `base` + p pairs of each of the rows
-// selected by `lanes` (row r at r * ld elements from base), into out[p * stride + lane]. Rows
-// whose pairs are adjacent in memory (the operand stored with k along its rows).
-void gather_pairs(uint32_t* out, int64_t stride, __mmask16 lanes, const uint16_t* base, int64_t ld, int64_t pairs,
-                  __mmask16 store_lanes) {
-  const __m512i index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(static_cast<int>(ld)));
-  const __m512i zero = _mm512_setzero_si512();
-  for (int64_t p = 0; p < pairs; ++p) {
-    const __m512i g = _mm512_mask_i32gather_epi32(zero, lanes, index, base + 2 * p, 2);
-    _mm512_mask_storeu_epi32(out + p * stride, store_lanes, g);
+// In place: r[i] lane j <- r[j] lane i, for 16 vectors of 16 32-bit lanes (interleaves of 32
+// and 64 bits within 128-bit lanes, then two exchanges of 128-bit lanes). (GCC 12's unpack
+// intrinsics pass an undefined vector as their unused merge source, which -Wmaybe-uninitialized
+// reports as a use.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + j], 128-bit lane L: rows 4i..4i+3 of column 4L + j.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i x = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), y = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+    const __m512i z = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88), w = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_shuffle_i32x4(x, z, 0x88);       // column j
+    r[4 + j] = _mm512_shuffle_i32x4(y, w, 0x88);   // column 4 + j
+    r[8 + j] = _mm512_shuffle_i32x4(x, z, 0xDD);   // column 8 + j
+    r[12 + j] = _mm512_shuffle_i32x4(y, w, 0xDD);  // column 12 + j
   }
 }
+#pragma GCC diagnostic pop
 
-// Whether a gather's row offsets (15 rows of ld elements, in bytes) fit its 32-bit indices.
-bool gather_fits(int64_t ld) { return ld <= (int64_t{1} << 31) / 32; }
+// For an operand stored with k along its rows (so that a pair is one 32-bit word): rows
+// [0, rows) (rows <= 16) of `base`, row stride ld elements, k [0, kc): out[p * stride + row] =
+// pair p of the row, for p < ceil(kc / 2), lanes `store_lanes` written (rows past `rows` and an
+// odd k's last upper half are zero). 16 pairs of 16 rows at a time, transposed in registers.
+void transpose_pairs(uint32_t* out, int64_t stride, __mmask16 store_lanes, const uint16_t* base, int64_t ld,
+                     int64_t rows, int64_t kc) {
+  const int64_t kp = (kc + 1) / 2;
+  __m512i r[16];
+  for (int64_t pb = 0; pb * 16 < kp; ++pb) {
+    const __mmask32 em = first_bits32(kc - 32 * pb);  // elements of this chunk of 16 pairs
+    for (int64_t i = 0; i < 16; ++i)
+      r[i] = i < rows ? _mm512_maskz_loadu_epi16(em, base + i * ld + 32 * pb) : _mm512_setzero_si512();
+    transpose16(r);
+    const int64_t pairs = std::min<int64_t>(16, kp - 16 * pb);
+    for (int64_t q = 0; q < pairs; ++q) _mm512_mask_storeu_epi32(out + (16 * pb + q) * stride, store_lanes, r[q]);
+  }
+}
 
 // Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst.
 void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t n, int64_t p0, int64_t kc,
@@ -102,19 +133,9 @@ void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t
     }
     return;
   }
-  // B is (n, k): each column's pairs are adjacent; gather 16 columns per pair.
-  for (int64_t c0 = 0; c0 < kNr; c0 += 16) {
-    const int64_t here = std::clamp<int64_t>(cols - c0, 0, 16);
-    const uint16_t* base = b + (jb + c0) * ldb + p0;
-    if (gather_fits(ldb)) {
-      gather_pairs(out + c0, kNr, first_bits16(here), base, ldb, full, 0xFFFF);
-    } else {
-      for (int64_t p = 0; p < full; ++p)
-        for (int64_t c = 0; c < 16; ++c) out[p * kNr + c0 + c] = c < here ? pair(base[c * ldb + 2 * p], base[c * ldb + 2 * p + 1]) : 0;
-    }
-    if (full < kp)  // odd k: the last pair's upper half is zero
-      for (int64_t c = 0; c < 16; ++c) out[full * kNr + c0 + c] = c < here ? pair(base[c * ldb + 2 * full], 0) : 0;
-  }
+  // B is (n, k): each column's pairs are adjacent; 16 columns at a time.
+  for (int64_t c0 = 0; c0 < kNr; c0 += 16)
+    transpose_pairs(out + c0, kNr, 0xFFFF, b + (jb + c0) * ldb + p0, ldb, std::clamp<int64_t>(cols - c0, 0, 16), kc);
 }
 
 // Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into 12-row panels at dst.
@@ -137,16 +158,8 @@ void pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t
       }
       continue;
     }
-    // A is (m, k): each row's pairs are adjacent; gather the panel's 12 rows per pair.
-    const uint16_t* base = a + r0 * lda + p0;
-    if (gather_fits(lda)) {
-      gather_pairs(out, kMr, first_bits16(rows), base, lda, full, kPanel);
-    } else {
-      for (int64_t p = 0; p < full; ++p)
-        for (int64_t r = 0; r < kMr; ++r) out[p * kMr + r] = r < rows ? pair(base[r * lda + 2 * p], base[r * lda + 2 * p + 1]) : 0;
-    }
-    if (full < kp)
-      for (int64_t r = 0; r < kMr; ++r) out[full * kMr + r] = r < rows ? pair(base[r * lda + 2 * full], 0) : 0;
+    // A is (m, k): each row's pairs are adjacent.
+    transpose_pairs(out, kMr, kPanel, a + r0 * lda + p0, lda, rows, kc);
   }
 }
 
