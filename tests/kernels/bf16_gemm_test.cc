@@ -137,6 +137,48 @@ TEST(Bf16Gemm, ThreadCountDoesNotChangeTheBits) {
     }
 }
 
+// The attention's tile product: C = alpha A B^T (+ C) on packed tiles, A (m, k) and B (n, k)
+// both stored with k along their rows, row strides wider than k, every edge of the panels.
+TEST(Bf16Gemm, TileProductOnPackedTiles) {
+  SKIP_WITHOUT_KERNEL();
+  std::mt19937 gen(12);
+  std::normal_distribution<float> dist;
+  int64_t bad = 0;
+  for (int64_t m : {1, 12, 13, 128})
+    for (int64_t n : {1, 31, 32, 33, 128})
+      for (int64_t k : {1, 7, 64, 128})
+        for (bool acc : {false, true}) {
+          const int64_t lda = k + 3, ldb = k + 5, ldc = n + 1;
+          const std::vector<uint16_t> a = random_bf16(m * lda, gen), b = random_bf16(n * ldb, gen);
+          std::vector<float> c(m * ldc);
+          for (auto& x : c) x = acc ? dist(gen) : std::numeric_limits<float>::quiet_NaN();
+          const std::vector<float> c0 = c;
+          std::vector<uint32_t> ap(bf16_packed_a_words(m, k)), bp(bf16_packed_b_words(n, k));
+          bf16_pack_a(ap.data(), a.data(), lda, m, k);
+          bf16_pack_b(bp.data(), b.data(), ldb, n, k);
+          const float alpha = 0.125f;
+          bf16_tile_gemm(m, n, k, alpha, ap.data(), bp.data(), acc, c.data(), ldc);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double sum = 0, mag = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                sum += val(a[i * lda + p]) * val(b[j * ldb + p]);
+                mag += std::fabs(val(a[i * lda + p]) * val(b[j * ldb + p]));
+              }
+              const double cb = acc ? c0[i * ldc + j] : 0.0;
+              const double want = alpha * sum + cb;
+              const double bound = 2.0 * (k + 2) * FLT_EPSILON * (alpha * mag + std::fabs(cb)) + 1e-30;
+              if (!(std::fabs(c[i * ldc + j] - want) <= bound) && bad++ < 3)
+                ADD_FAILURE() << "C(" << i << ", " << j << ") = " << c[i * ldc + j] << ", want " << want << " for m=" << m
+                              << " n=" << n << " k=" << k << " accumulate=" << acc;
+            }
+          for (int64_t i = 0; i < m; ++i)  // the column past n is left alone
+            if (!std::isnan(c[i * ldc + n]) && c[i * ldc + n] != c0[i * ldc + n] && bad++ < 3)
+              ADD_FAILURE() << "padding written at row " << i;
+        }
+  EXPECT_EQ(bad, 0);
+}
+
 TEST(Bf16Gemm, Describes) { EXPECT_FALSE(bf16_gemm_description().empty()); }
 
 }  // namespace

@@ -8,7 +8,8 @@
 //        dQ += scale dS K.
 //    dK and dV of the tile stay in per-thread fp32 accumulators and are written once. K^T and
 //    V^T of the tile are packed once per item, so that every product is a tile_gemm (our own
-//    register-blocked kernel, no BLAS) with B read row by row.
+//    register-blocked kernel, no BLAS) with B read row by row; on bf16 storage, where the CPU
+//    has AVX512-BF16, P and dP are products of the bf16 values themselves (bf16_gemm.h).
 // 3. dQ is accumulated in fp32: thread 0 writes to the main accumulator (dq itself when it is
 //    f32, else a workspace), other threads to private ones that are added in thread order at
 //    the end. Work is assigned statically, so results are deterministic for a given thread
@@ -21,6 +22,7 @@
 #include <limits>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/fast_exp2.h"
 #include "kernels/cpu/tile_gemm.h"
@@ -37,6 +39,16 @@ int64_t backward_tile_floats(const AttnGeom& a) {
 // dQ accumulators beyond dq itself: one per thread but the first, plus the first's when dq is bf16.
 int extra_dq_accumulators(const AttnGeom& a, int threads) { return threads - 1 + (a.out_dtype == DType::kF32 ? 0 : 1); }
 enum BackwardScratch { kDelta, kDqAccs, kTiles };
+
+// bf16 storage on a CPU with AVX512-BF16: P = Q K^T and dP = dO V^T on the bf16 dot-product
+// kernel (bf16_gemm.h), whose products of two bf16 are exact in fp32 as the widened ones are. The
+// packed K and V tiles live in the K^T and V^T tiles' space, the packed Q or dO tile in the V
+// tile's, where they fit (tiles of at least 32 keys). The other three products read fp32 P and
+// dS and stay fp32.
+bool use_bf16_dot(const AttnGeom& a) {
+  return a.dtype == DType::kBF16 && bf16_gemm_available() && bf16_packed_b_words(a.bk, a.d) <= a.bk * a.d &&
+         bf16_packed_a_words(a.bq, a.d) <= a.bk * a.d;
+}
 
 }  // namespace
 
@@ -99,6 +111,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
   }
 
   const float s2 = a.scale * kLog2e;  // scores in log2 units
+  const bool bf16_dot = use_bf16_dot(a);
   const int64_t items = a.g * a.nkb;
 
   // Step 2. schedule(static, 1): deterministic assignment; round-robin balances causal work.
@@ -126,9 +139,18 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
       const int64_t k0 = kb * a.bk;
       const int64_t nk = std::min(a.bk, a.sk - k0);
       const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
-      const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
-      transpose_tile(ktt, nk, kr.ptr, kr.ld, nk, a.d);
-      transpose_tile(vtt, nk, vr.ptr, vr.ld, nk, a.d);
+      if (bf16_dot) {  // K and V packed for the products with Q and dO; V is needed for nothing else
+        bf16_pack_b(reinterpret_cast<uint32_t*>(ktt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
+                    a.kv_rs, nk, a.d);
+        bf16_pack_b(reinterpret_cast<uint32_t*>(vtt), static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d)),
+                    a.kv_rs, nk, a.d);
+      } else {
+        const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
+        transpose_tile(ktt, nk, kr.ptr, kr.ld, nk, a.d);
+        transpose_tile(vtt, nk, vr.ptr, vr.ld, nk, a.d);
+      }
+      // The packed Q or dO tile of a product (in the V tile's space, unused then).
+      uint32_t* const rows_packed = reinterpret_cast<uint32_t*>(vt);
       std::fill(dkt, dkt + nk * a.d, 0.0f);
       std::fill(dvt, dvt + nk * a.d, 0.0f);
 
@@ -143,7 +165,12 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, qt);
           const F32Rows dor = f32_rows(at(dout, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, dot);
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
-          tile_gemm(false, nq, nk, a.d, s2, qr.ptr, qr.ld, ktt, nk, 0.0f, pt, nk);
+          if (bf16_dot) {
+            bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq, a.d);
+            bf16_tile_gemm(nq, nk, a.d, s2, rows_packed, reinterpret_cast<const uint32_t*>(ktt), false, pt, nk);
+          } else {
+            tile_gemm(false, nq, nk, a.d, s2, qr.ptr, qr.ld, ktt, nk, 0.0f, pt, nk);
+          }
           const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
                                   (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
           for (int64_t i = 0; i < nq; ++i) {
@@ -164,7 +191,13 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           // dV (nk, D) += P^T dO.
           tile_gemm(true, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
           // dP (nq, nk) = dO V^T; dS = P * (dP - D).
-          tile_gemm(false, nq, nk, a.d, 1.0f, dor.ptr, dor.ld, vtt, nk, 0.0f, dpt, nk);
+          if (bf16_dot) {
+            bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(dout, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq,
+                        a.d);
+            bf16_tile_gemm(nq, nk, a.d, 1.0f, rows_packed, reinterpret_cast<const uint32_t*>(vtt), false, dpt, nk);
+          } else {
+            tile_gemm(false, nq, nk, a.d, 1.0f, dor.ptr, dor.ld, vtt, nk, 0.0f, dpt, nk);
+          }
           for (int64_t i = 0; i < nq; ++i) {
             const float di = delta[hq * a.sq + q0 + i];
             float* prow = pt + i * nk;

@@ -6,7 +6,9 @@
 // queries) = K Q^T, so that the query tile is transposed once per item rather than each key
 // tile once per query tile, and the softmax statistics of all query rows advance together in
 // vector lanes; O += P V is then a GEMM with A = (S^T)^T. Tile products are tile_gemm (our own
-// register-blocked kernel, no BLAS); items are spread over the device's OpenMP threads.
+// register-blocked kernel, no BLAS), and S on bf16 storage the bf16 dot-product kernel where the
+// CPU has one (its products of bf16 exact, as the widened ones are); items are spread over the
+// device's OpenMP threads.
 // Per-thread scratch is independent of the sequence length.
 #include <omp.h>
 
@@ -15,6 +17,7 @@
 #include <limits>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/fast_exp2.h"
 #include "kernels/cpu/tile_gemm.h"
@@ -32,6 +35,15 @@ int64_t forward_tile_floats(const AttnGeom& a) {
   return (n + 15) / 16 * 16;
 }
 enum ForwardScratch { kTiles };
+
+// bf16 storage on a CPU with AVX512-BF16: S = K Q^T on the bf16 dot-product kernel
+// (bf16_gemm.h), whose products of two bf16 are exact in fp32 as the widened ones are; the
+// packed Q tile lives in the Q^T tile's space and the packed K tile in the K tile's, where they
+// fit (tiles of at least 32 queries and 12 keys).
+bool use_bf16_dot(const AttnGeom& a) {
+  return a.dtype == DType::kBF16 && bf16_gemm_available() && bf16_packed_b_words(a.bq, a.d) <= a.d * a.bq &&
+         bf16_packed_a_words(a.bk, a.d) <= a.bk * a.d;
+}
 
 }  // namespace
 
@@ -56,6 +68,7 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
   const float qscale = a.scale * kLog2e;
   const int64_t items = a.h * a.nqb;
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  const bool bf16_dot = use_bf16_dot(a);
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t item = 0; item < items; ++item) {
@@ -79,10 +92,14 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     float* alpha = mnew + a.bq;
     float* sub = alpha + a.bq;        // what exp2 subtracts: mnew, or 0 for a row with nothing visible
 
-    // Scaled query tile, transposed (the widening of bf16 rows borrows acc).
-    const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, h, a.d), a.dtype, nq, a.d, a.q_rs, acc);
-    transpose_tile(qt, nq, qr.ptr, qr.ld, nq, a.d);
-    for (int64_t x = 0; x < a.d * nq; ++x) qt[x] *= qscale;
+    if (bf16_dot) {  // the query tile packed as bf16 pairs; the scale is applied to the products
+      bf16_pack_b(reinterpret_cast<uint32_t*>(qt), static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)),
+                  a.q_rs, nq, a.d);
+    } else {  // scaled query tile, transposed (the widening of bf16 rows borrows acc)
+      const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, h, a.d), a.dtype, nq, a.d, a.q_rs, acc);
+      transpose_tile(qt, nq, qr.ptr, qr.ld, nq, a.d);
+      for (int64_t x = 0; x < a.d * nq; ++x) qt[x] *= qscale;
+    }
     std::fill(acc, acc + nq * a.d, 0.0f);
     std::fill(m, m + nq, neg_inf);
     std::fill(l, l + nq, 0.0f);
@@ -95,10 +112,17 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     const int64_t k_begin = first_visible_key(a, q0), k_end = visible_keys(a, q0 + nq - 1);
     for (int64_t k0 = k_begin; k0 < k_end; k0 += a.bk) {
       const int64_t nk = std::min(a.bk, a.sk - k0);
-      const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
       const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
       // st (nk, nq) = K Q^T, in log2 units.
-      tile_gemm(false, nk, nq, a.d, 1.0f, kr.ptr, kr.ld, qt, nq, 0.0f, st, nq);
+      if (bf16_dot) {
+        bf16_pack_a(reinterpret_cast<uint32_t*>(kt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
+                    a.kv_rs, nk, a.d);
+        bf16_tile_gemm(nk, nq, a.d, qscale, reinterpret_cast<const uint32_t*>(kt), reinterpret_cast<const uint32_t*>(qt),
+                       false, st, nq);
+      } else {
+        const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
+        tile_gemm(false, nk, nq, a.d, 1.0f, kr.ptr, kr.ld, qt, nq, 0.0f, st, nq);
+      }
       const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
                               (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
       if (needs_mask) {

@@ -258,6 +258,30 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
 }
 
+int64_t bf16_packed_a_words(int64_t m, int64_t k) { return (m + kMr - 1) / kMr * kMr * ((k + 1) / 2); }
+int64_t bf16_packed_b_words(int64_t n, int64_t k) { return (n + kNr - 1) / kNr * kNr * ((k + 1) / 2); }
+
+void bf16_pack_a(uint32_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64_t k) {
+  pack_a(dst, /*trans_a=*/false, a, lda, 0, m, 0, k);
+}
+
+void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64_t k) {
+  const int64_t panels = (n + kNr - 1) / kNr;
+  for (int64_t jp = 0; jp < panels; ++jp) pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/true, b, ldb, n, 0, k, 0, jp);
+}
+
+void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
+                    bool accumulate, float* c, int64_t ldc) {
+  const int64_t kp = (k + 1) / 2;
+  for (int64_t jp = 0; jp * kNr < n; ++jp) {
+    const auto* bp = reinterpret_cast<const uint16_t*>(b_packed + jp * kp * kNr);
+    const int64_t cols = std::min<int64_t>(kNr, n - jp * kNr);
+    for (int64_t ip = 0; ip * kMr < m; ++ip)
+      micro(kp, a_packed + ip * kp * kMr, bp, c + ip * kMr * ldc + jp * kNr, ldc, std::min<int64_t>(kMr, m - ip * kMr),
+            cols, alpha, accumulate, 1.0f);
+  }
+}
+
 std::string bf16_gemm_description() { return "avx512-bf16 " + std::to_string(kMr) + "x" + std::to_string(kNr); }
 
 #else  // no AVX512-BF16 in this build
@@ -267,6 +291,17 @@ int64_t bf16_gemm_pack_bytes(int64_t, int64_t, int64_t, int) { return 0; }
 void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                float, float*, int64_t, int, void*) {
   UNTIED_CHECK(false, "bf16_gemm: this build has no AVX512-BF16 kernel (check bf16_gemm_available())");
+}
+int64_t bf16_packed_a_words(int64_t, int64_t) { return 0; }
+int64_t bf16_packed_b_words(int64_t, int64_t) { return 0; }
+void bf16_pack_a(uint32_t*, const uint16_t*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "bf16_pack_a: this build has no AVX512-BF16 kernel");
+}
+void bf16_pack_b(uint32_t*, const uint16_t*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "bf16_pack_b: this build has no AVX512-BF16 kernel");
+}
+void bf16_tile_gemm(int64_t, int64_t, int64_t, float, const uint32_t*, const uint32_t*, bool, float*, int64_t) {
+  UNTIED_CHECK(false, "bf16_tile_gemm: this build has no AVX512-BF16 kernel");
 }
 std::string bf16_gemm_description() { return "none"; }
 

@@ -37,6 +37,18 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
                void* pack);
 
+// ---- the attention's tile products on the same kernel ----
+// A tile product C (m, n) fp32 = alpha A B^T (+ C with accumulate) of two bf16 tiles stored with
+// k along their rows (A (m, k), B (n, k): q against k, dO against v), each packed once and used
+// for many products. Single-threaded (the attention's threads each run their own); no
+// allocation: packs live in the caller's scratch, sizes in 32-bit words below.
+int64_t bf16_packed_a_words(int64_t m, int64_t k);  // ceil(m / 12) * 12 * ceil(k / 2)
+int64_t bf16_packed_b_words(int64_t n, int64_t k);  // ceil(n / 32) * 32 * ceil(k / 2)
+void bf16_pack_a(uint32_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64_t k);
+void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64_t k);
+void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
+                    bool accumulate, float* c, int64_t ldc);
+
 // The kernel compiled in, e.g. "avx512-bf16 12x32", or "none".
 std::string bf16_gemm_description();
 
