@@ -7,6 +7,7 @@
 #include "untied/attention/attention_block.h"
 #include "untied/attention/head_schedule.h"
 #include "untied/attention/token_layout.h"
+#include "untied/kernels/attention.h"
 #include "untied/kernels/gemm.h"
 #include "untied/kernels/lm_head_loss.h"
 
@@ -159,16 +160,16 @@ void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanI
   if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
 }
 
-// The CPU attention backward kernel's scratch (src/kernels/cpu/attention_backward.cc) for a call
-// of sq query rows and u heads: dQ accumulators, one per thread but the first, plus the first's
-// when dq is not fp32; and each thread's tiles (128 x 128 blocks of q, k, v, dO, dk, dv, S, dP).
+// The CPU attention backward kernel's scratch (cpu_attention_backward_scratch_bytes) for a call
+// of sq query rows and u heads, D given: dQ accumulators, one per thread but the first, plus the
+// first's when dq is not fp32; and each thread's tiles.
 void add_attention_backward_scratch(int64_t sq, int64_t u, const Dims& d, bool dq_f32, int threads,
                                     std::vector<PlanItem>& out) {
-  const int64_t extra = threads - 1 + (dq_f32 ? 0 : 1);
-  if (extra > 0) out.push_back({"attention backward dQ accumulators", Tag::kAttnWorkspace, extra * sq * u * d.D * 4});
-  const int64_t bq = 128, bk = 128;
-  const int64_t tile_floats = (6 * bk * d.D + 2 * bq * d.D + 2 * bq * bk + 15) / 16 * 16;
-  out.push_back({"attention backward tiles", Tag::kAttnWorkspace, tile_floats * threads * 4});
+  const AttentionShape s{.seq_q = sq, .seq_k = sq, .heads = u, .kv_heads = 1, .head_dim = d.D, .dtype = d.t,
+                         .f32_results = dq_f32};
+  const CpuAttentionBackwardScratch b = cpu_attention_backward_scratch_bytes(s, /*delta_from_out=*/false, threads);
+  if (b.dq_accumulators > 0) out.push_back({"attention backward dQ accumulators", Tag::kAttnWorkspace, b.dq_accumulators});
+  out.push_back({"attention backward tiles", Tag::kAttnWorkspace, b.tiles});
 }
 
 // The inputs of UPipe's next stage s1, sent off during this stage's attention with --overlap
@@ -334,11 +335,10 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   PlanMoment exchange = m;
   exchange.name = "attention forward (last block, " + pass + ": output exchange)";
   exchange.items.push_back({"attention output all-to-all receive", Tag::kCommunication, Sg * u * D * es});
-  // The CPU attention forward kernel's tiles per thread (src/kernels/cpu/attention_forward.cc).
-  auto forward_tiles = [&](int64_t) {
-    const int64_t bq = 128, bk = 128;
-    const int64_t n = 4 * bq + D * bq + 2 * bk * D + bk * bq + bq * D + 5 * bq;
-    return (n + 15) / 16 * 16 * o.threads * 4;
+  // The CPU attention forward kernel's tiles per thread (cpu_attention_forward_scratch_bytes).
+  auto forward_tiles = [&](int64_t rows) {
+    const AttentionShape s{.seq_q = rows, .seq_k = rows, .heads = u, .kv_heads = 1, .head_dim = D, .dtype = d.t};
+    return cpu_attention_forward_scratch_bytes(s, o.threads);
   };
   if (d.R == 1) {
     it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(Sg)});

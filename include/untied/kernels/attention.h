@@ -100,6 +100,17 @@ void attention_merge(Device& dev, const AttentionMergeShape& s, float* acc, floa
 
 // FLOPs used in benchmarks: forward 4*Sq*Sk*D*H (halved when causal with Sq == Sk),
 // backward 2.5x forward.
+// The CPU backend's attention scratch for a call of shape s with `threads` threads, in bytes (all
+// Tag::kAttnWorkspace): for plans made without a device (memory_plan.h). Pointers are not read.
+int64_t cpu_attention_forward_scratch_bytes(const AttentionShape& s, int threads);
+struct CpuAttentionBackwardScratch {
+  int64_t delta = 0;            // D = rowsum(dO * O), when the kernel computes it from out
+  int64_t dq_accumulators = 0;  // fp32 dQ accumulators beyond dq itself
+  int64_t tiles = 0;            // every thread's tiles
+};
+CpuAttentionBackwardScratch cpu_attention_backward_scratch_bytes(const AttentionShape& s, bool delta_from_out,
+                                                                 int threads);
+
 double attention_forward_flops(const AttentionShape& s);
 double attention_backward_flops(const AttentionShape& s);
 

@@ -53,15 +53,30 @@ bool use_bf16_dot(const AttnGeom& a) {
 }  // namespace
 
 ScratchRequest attention_backward_scratch(const Device& dev, const AttentionBackwardCall& c) {
-  const AttnGeom a = make_geom(c.s);
-  const int threads = dev.threads();
+  const CpuAttentionBackwardScratch b =
+      cpu_attention_backward_scratch_bytes(c.s, c.delta_source == DeltaSource::kFromOut, dev.threads());
   ScratchRequest r;
-  if (c.delta_source == DeltaSource::kFromOut) r.set(kDelta, a.h * a.sq * 4, Tag::kAttnWorkspace, "attention backward D");
-  r.set(kDqAccs, extra_dq_accumulators(a, threads) * a.sq * a.h * a.d * 4, Tag::kAttnWorkspace,
-        "attention backward dQ accumulators");
-  r.set(kTiles, backward_tile_floats(a) * threads * 4, Tag::kAttnWorkspace, "attention backward tiles");
+  if (b.delta > 0) r.set(kDelta, b.delta, Tag::kAttnWorkspace, "attention backward D");
+  r.set(kDqAccs, b.dq_accumulators, Tag::kAttnWorkspace, "attention backward dQ accumulators");
+  r.set(kTiles, b.tiles, Tag::kAttnWorkspace, "attention backward tiles");
   return r;
 }
+
+}  // namespace untied::cpu
+
+namespace untied {
+
+CpuAttentionBackwardScratch cpu_attention_backward_scratch_bytes(const AttentionShape& s, bool delta_from_out,
+                                                                 int threads) {
+  const cpu::AttnGeom a = cpu::make_geom(s);
+  return {.delta = delta_from_out ? a.h * a.sq * 4 : 0,
+          .dq_accumulators = cpu::extra_dq_accumulators(a, threads) * a.sq * a.h * a.d * 4,
+          .tiles = cpu::backward_tile_floats(a) * threads * 4};
+}
+
+}  // namespace untied
+
+namespace untied::cpu {
 
 void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch) {
   // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).

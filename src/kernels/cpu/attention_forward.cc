@@ -54,6 +54,18 @@ ScratchRequest attention_forward_scratch(const Device& dev, const AttentionForwa
   return r;
 }
 
+}  // namespace untied::cpu
+
+namespace untied {
+
+int64_t cpu_attention_forward_scratch_bytes(const AttentionShape& s, int threads) {
+  return cpu::forward_tile_floats(cpu::make_geom(s)) * threads * 4;
+}
+
+}  // namespace untied
+
+namespace untied::cpu {
+
 void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch& scratch) {
   // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
   const auto& shape = c.s;

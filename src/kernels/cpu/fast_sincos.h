@@ -19,6 +19,24 @@
 
 namespace untied::cpu {
 
+// Taylor coefficients as polynomials in r^2, highest degree first: sin r = r + r^3 P(r^2) with
+// P's 1/17!, -1/15!, ..., -1/3!; cos r = 1 + r^2 Q(r^2) with Q's 1/16!, -1/14!, ..., -1/2!.
+inline constexpr double kSinTaylor[] = {2.8114572543455206e-15, -7.647163731819816e-13, 1.6059043836821613e-10,
+                                        -2.505210838544172e-08, 2.7557319223985893e-06, -1.984126984126984e-04,
+                                        8.333333333333333e-03,  -1.6666666666666666e-01};
+inline constexpr double kCosTaylor[] = {4.779477332387385e-14, -1.1470745597729725e-11, 2.08767569878681e-09,
+                                        -2.755731922398589e-07, 2.48015873015873e-05,  -1.3888888888888889e-03,
+                                        4.1666666666666664e-02, -0.5};
+
+// c[0] x^(N-1) + ... + c[N-1], by Horner's rule.
+template <int N>
+inline double horner(double x, const double (&c)[N]) {
+  double p = c[0];
+#pragma GCC unroll 16
+  for (int i = 1; i < N; ++i) p = p * x + c[i];
+  return p;
+}
+
 inline void fast_sincos(double x, double* sin_out, double* cos_out) {
   constexpr double kTwoOverPi = 0.6366197723675814;
   constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52
@@ -31,24 +49,8 @@ inline void fast_sincos(double x, double* sin_out, double* cos_out) {
   r = std::fma(-k, kC3, r);
   const double r2 = r * r;
   // sin r = r + r^3 (-1/3! + r^2 (1/5! - ...)), to r^17; cos r = 1 + r^2 (-1/2! + ...), to r^16.
-  double ps = 2.8114572543455206e-15;   //  1/17!
-  ps = ps * r2 - 7.647163731819816e-13;  // -1/15!
-  ps = ps * r2 + 1.6059043836821613e-10;  //  1/13!
-  ps = ps * r2 - 2.505210838544172e-08;  // -1/11!
-  ps = ps * r2 + 2.7557319223985893e-06;  //  1/9!
-  ps = ps * r2 - 1.984126984126984e-04;  // -1/7!
-  ps = ps * r2 + 8.333333333333333e-03;  //  1/5!
-  ps = ps * r2 - 1.6666666666666666e-01;  // -1/3!
-  const double sp = std::fma(r * r2, ps, r);
-  double pc = 4.779477332387385e-14;   //  1/16!
-  pc = pc * r2 - 1.1470745597729725e-11;  // -1/14!
-  pc = pc * r2 + 2.08767569878681e-09;   //  1/12!
-  pc = pc * r2 - 2.755731922398589e-07;  // -1/10!
-  pc = pc * r2 + 2.48015873015873e-05;   //  1/8!
-  pc = pc * r2 - 1.3888888888888889e-03;  // -1/6!
-  pc = pc * r2 + 4.1666666666666664e-02;  //  1/4!
-  pc = pc * r2 - 0.5;                     // -1/2!
-  const double cp = std::fma(r2, pc, 1.0);
+  const double sp = std::fma(r * r2, horner(r2, kSinTaylor), r);
+  const double cp = std::fma(r2, horner(r2, kCosTaylor), 1.0);
   // Quadrant q: (sin, cos) = (sp, cp), (cp, -sp), (-sp, -cp), (-cp, sp).
   const bool swap = (q & 1) != 0;
   const double s0 = swap ? cp : sp, c0 = swap ? sp : cp;
