@@ -14,9 +14,11 @@
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/bf16_gemm.h"
+#include "kernels/test_util.h"
 #include "untied/core/dtype.h"
 
 namespace untied::cpu {
@@ -56,30 +58,12 @@ int64_t run_case(const Case& c, std::mt19937& gen, int threads, std::vector<floa
   Pack pack(c, threads);
   bf16_gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, cc.data(), ldc,
             threads, pack.p);
-  int64_t bad = 0;
-  for (int64_t i = 0; i < c.m; ++i)
-    for (int64_t j = 0; j < ldc; ++j) {
-      const float got = cc[i * ldc + j];
-      if (j >= c.n) {  // padding between rows is left alone
-        const bool same = std::isnan(got) ? std::isnan(c0[i * ldc + j]) : got == c0[i * ldc + j];
-        if (!same && bad++ < 3) ADD_FAILURE() << "padding written at (" << i << ", " << j << ")";
-        continue;
-      }
-      double s = 0, mag = 0;
-      for (int64_t p = 0; p < c.k; ++p) {
-        const double x = val(c.trans_a ? a[p * lda + i] : a[i * lda + p]);
-        const double y = val(c.trans_b ? b[j * ldb + p] : b[p * ldb + j]);
-        s += x * y;
-        mag += std::fabs(x * y);
-      }
-      const double cb = c.beta == 0.0f ? 0.0 : static_cast<double>(c.beta) * c0[i * ldc + j];
-      const double want = c.alpha * s + cb;
-      const double bound = 2.0 * (c.k + 2) * FLT_EPSILON * (std::fabs(c.alpha) * mag + std::fabs(cb)) + 1e-30;
-      if (!(std::fabs(got - want) <= bound) && bad++ < 3)
-        ADD_FAILURE() << "C(" << i << ", " << j << ") = " << got << ", want " << want << " (bound " << bound
-                      << ") for m=" << c.m << " n=" << c.n << " k=" << c.k << " trans_a=" << c.trans_a
-                      << " trans_b=" << c.trans_b;
-    }
+  const int64_t bad = test::check_gemm(
+      cc, c0, c.m, c.n, c.k, ldc, c.alpha, c.beta,
+      [&](int64_t i, int64_t p) { return val(c.trans_a ? a[p * lda + i] : a[i * lda + p]); },
+      [&](int64_t p, int64_t j) { return val(c.trans_b ? b[j * ldb + p] : b[p * ldb + j]); },
+      "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+          " trans_a=" + std::to_string(c.trans_a) + " trans_b=" + std::to_string(c.trans_b));
   if (out != nullptr) *out = cc;
   return bad;
 }
@@ -158,23 +142,11 @@ TEST(Bf16Gemm, TileProductOnPackedTiles) {
           bf16_pack_b(bp.data(), b.data(), ldb, n, k);
           const float alpha = 0.125f;
           bf16_tile_gemm(m, n, k, alpha, ap.data(), bp.data(), acc, c.data(), ldc);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              double sum = 0, mag = 0;
-              for (int64_t p = 0; p < k; ++p) {
-                sum += val(a[i * lda + p]) * val(b[j * ldb + p]);
-                mag += std::fabs(val(a[i * lda + p]) * val(b[j * ldb + p]));
-              }
-              const double cb = acc ? c0[i * ldc + j] : 0.0;
-              const double want = alpha * sum + cb;
-              const double bound = 2.0 * (k + 2) * FLT_EPSILON * (alpha * mag + std::fabs(cb)) + 1e-30;
-              if (!(std::fabs(c[i * ldc + j] - want) <= bound) && bad++ < 3)
-                ADD_FAILURE() << "C(" << i << ", " << j << ") = " << c[i * ldc + j] << ", want " << want << " for m=" << m
-                              << " n=" << n << " k=" << k << " accumulate=" << acc;
-            }
-          for (int64_t i = 0; i < m; ++i)  // the column past n is left alone
-            if (!std::isnan(c[i * ldc + n]) && c[i * ldc + n] != c0[i * ldc + n] && bad++ < 3)
-              ADD_FAILURE() << "padding written at row " << i;
+          bad += test::check_gemm(
+              c, c0, m, n, k, ldc, alpha, acc ? 1.0f : 0.0f, [&](int64_t i, int64_t p) { return val(a[i * lda + p]); },
+              [&](int64_t p, int64_t j) { return val(b[j * ldb + p]); },
+              "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                  " accumulate=" + std::to_string(acc));
         }
   EXPECT_EQ(bad, 0);
 }

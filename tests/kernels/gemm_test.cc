@@ -203,7 +203,9 @@ TEST(Gemm, Bf16ScratchUsesTheGivenTagAndIsReleased) {
   const int tag = static_cast<int>(Tag::kAttnWorkspace);
   EXPECT_GT(st.peak[tag], 0) << "no scratch under the tag";
   EXPECT_EQ(st.peak[tag], cpu_gemm_scratch_bytes(params, dev->threads()));
-  if (!cpu::bf16_gemm_available()) EXPECT_GE(st.peak[tag], (32 * 64 + 64 * 48) * 4) << "A and B widened to fp32";
+  if (!cpu::bf16_gemm_available()) {
+    EXPECT_GE(st.peak[tag], (32 * 64 + 64 * 48) * 4) << "A and B widened to fp32";
+  }
   EXPECT_EQ(st.live[tag], 0) << "scratch still live after gemm";
   EXPECT_EQ(st.peak[static_cast<int>(Tag::kOther)], 0) << "scratch went to a different tag";
 }

@@ -1,11 +1,44 @@
-// Stored: strided storage with guarded padding (test_util.h).
+// Stored: strided storage with guarded padding; check_gemm (test_util.h).
 #include "kernels/test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
 namespace untied::test {
+
+// ---- check_gemm ----------------------------------------------------------------------------
+
+int64_t check_gemm(const std::vector<float>& c, const std::vector<float>& c0, int64_t m, int64_t n, int64_t k,
+                   int64_t ldc, float alpha, float beta, const std::function<double(int64_t, int64_t)>& a,
+                   const std::function<double(int64_t, int64_t)>& b, const std::string& label) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = c[i * ldc + j];
+      if (j >= n) {  // padding between rows is left alone
+        const bool same = std::isnan(got) ? std::isnan(c0[i * ldc + j]) : got == c0[i * ldc + j];
+        if (!same && bad++ < 3) ADD_FAILURE() << "padding written at (" << i << ", " << j << ") for " << label;
+        continue;
+      }
+      double s = 0, mag = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double t = a(i, p) * b(p, j);
+        s += t;
+        mag += std::fabs(t);
+      }
+      const double cb = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c0[i * ldc + j];
+      const double want = alpha * s + cb;
+      const double bound = 2.0 * (k + 2) * FLT_EPSILON * (std::fabs(alpha) * mag + std::fabs(cb)) + 1e-30;
+      if (!(std::fabs(got - want) <= bound) && bad++ < 3)
+        ADD_FAILURE() << "C(" << i << ", " << j << ") = " << got << ", want " << want << " (bound " << bound << ") for "
+                      << label;
+    }
+  return bad;
+}
 
 // ---- Stored --------------------------------------------------------------------------------
 

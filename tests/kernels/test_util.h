@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "common/compare.h"
@@ -11,6 +13,17 @@
 #include "untied/core/dtype.h"
 
 namespace untied::test {
+
+// ---- GEMM results -------------------------------------------------------------------------
+
+// Checks C (m, n) with row stride ldc against alpha op(A) op(B) + beta C0 in fp64, element by
+// element within 2 (k + 2) FLT_EPSILON x (the sum of |terms| behind it), the bound for an fp32
+// dot product of length k; and that the padding between rows (columns n..ldc-1) is C0's, bit for
+// bit. a(i, p) and b(p, j) give op(A) and op(B). Returns the elements out of bound (the first few
+// are reported, with `label`).
+int64_t check_gemm(const std::vector<float>& c, const std::vector<float>& c0, int64_t m, int64_t n, int64_t k,
+                   int64_t ldc, float alpha, float beta, const std::function<double(int64_t, int64_t)>& a,
+                   const std::function<double(int64_t, int64_t)>& b, const std::string& label);
 
 // ---- strided storage ----------------------------------------------------------------------
 

@@ -10,9 +10,11 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/tile_gemm.h"
+#include "kernels/test_util.h"
 
 namespace untied::cpu {
 namespace {
@@ -34,29 +36,12 @@ int64_t run_case(const Case& c, std::mt19937& gen) {
   for (auto& x : cc) x = c.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : dist(gen);
   const std::vector<float> c0 = cc;
   tile_gemm(c.trans_a, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, cc.data(), ldc);
-  int64_t bad = 0;
-  for (int64_t i = 0; i < c.m; ++i)
-    for (int64_t j = 0; j < ldc; ++j) {
-      const float got = cc[i * ldc + j];
-      if (j >= c.n) {  // padding between rows is left alone
-        const bool same = std::isnan(got) ? std::isnan(c0[i * ldc + j]) : got == c0[i * ldc + j];
-        if (!same && bad++ < 3) ADD_FAILURE() << "padding written at (" << i << ", " << j << ")";
-        continue;
-      }
-      double s = 0, mag = 0;
-      for (int64_t p = 0; p < c.k; ++p) {
-        const double x = c.trans_a ? a[p * lda + i] : a[i * lda + p];
-        s += x * b[p * ldb + j];
-        mag += std::fabs(x * b[p * ldb + j]);
-      }
-      const double cb = c.beta == 0.0f ? 0.0 : static_cast<double>(c.beta) * c0[i * ldc + j];
-      const double want = c.alpha * s + cb;
-      const double bound = 2.0 * (c.k + 2) * FLT_EPSILON * (std::fabs(c.alpha) * mag + std::fabs(cb)) + 1e-30;
-      if (!(std::fabs(got - want) <= bound) && bad++ < 3)
-        ADD_FAILURE() << "C(" << i << ", " << j << ") = " << got << ", want " << want << " (bound " << bound
-                      << ") for m=" << c.m << " n=" << c.n << " k=" << c.k << " trans_a=" << c.trans_a;
-    }
-  return bad;
+  return test::check_gemm(
+      cc, c0, c.m, c.n, c.k, ldc, c.alpha, c.beta,
+      [&](int64_t i, int64_t p) { return double{c.trans_a ? a[p * lda + i] : a[i * lda + p]}; },
+      [&](int64_t p, int64_t j) { return double{b[p * ldb + j]}; },
+      "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+          " trans_a=" + std::to_string(c.trans_a));
 }
 
 TEST(TileGemm, EveryEdgeOfTheBlocking) {
