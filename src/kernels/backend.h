@@ -19,6 +19,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 
 #include "untied/core/allocator.h"
@@ -184,7 +185,19 @@ void run_op(Device& dev, OpEntry<Call> KernelTable::*entry, const char* op, cons
   Scratch scratch;
   if (e.scratch != nullptr) scratch = allocate_scratch(dev, e.scratch(dev, call));
   if (!dev.backed()) return;
+  OpTimes* const times = dev.kind() == DeviceKind::kCpu ? dev.op_times : nullptr;
+  if (times == nullptr) {
+    e.run(dev, call, scratch);
+    return;
+  }
+  // The op's own time: its callees' (ops it runs itself) are taken off it and counted as theirs.
+  times->nested.push_back(0.0);
+  const auto t0 = std::chrono::steady_clock::now();
   e.run(dev, call, scratch);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  times->seconds[op] += total - times->nested.back();
+  times->nested.pop_back();
+  if (!times->nested.empty()) times->nested.back() += total;
 }
 
 // ---- scratch layouts that every backend shares ----

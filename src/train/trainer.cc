@@ -95,6 +95,7 @@ struct StepMetrics {
   double lr = 0, grad_norm = 0, tokens_per_s_per_rank = 0;
   double step_s = 0, data_s = 0, forward_backward_s = 0, optimizer_s = 0;
   const MemoryStats* mem = nullptr;  // peaks since the start of the run, max over ranks
+  const OpTimes* ops = nullptr;      // rank 0's kernel ops in this step (CPU); null: none
 };
 
 std::string metrics_line(const StepMetrics& m) {
@@ -109,6 +110,11 @@ std::string metrics_line(const StepMetrics& m) {
   j["phase_ms"] = Json{{"data", as_printed("%.2f", m.data_s * 1e3)},
                        {"forward_backward", as_printed("%.2f", m.forward_backward_s * 1e3)},
                        {"optimizer", as_printed("%.2f", m.optimizer_s * 1e3)}};
+  if (m.ops != nullptr) {  // rank 0's own time in each kernel op this step; the rest is communication and glue
+    Json ops = Json::object();
+    for (const auto& [name, sec] : m.ops->seconds) ops[std::string(name)] = as_printed("%.2f", sec * 1e3);
+    j["op_ms"] = ops;
+  }
   j["peak_bytes_by_tag"] = peak_bytes_by_tag(*m.mem);
   return json_line(j);
 }
@@ -255,6 +261,14 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   std::vector<uint8_t> answer(tokens.size());
   const SampleShape shape{.seq = S, .padded_seq = Sp, .window = o.window, .doc_mask = o.doc_mask};
 
+  // Each kernel op's time per step, for the metrics (CPU ranks); unset when train returns.
+  OpTimes op_times;
+  struct OpTimesGuard {
+    Device& dev;
+    ~OpTimesGuard() { dev.op_times = nullptr; }
+  } op_times_guard{dev};
+  dev.op_times = &op_times;
+
   TrainSummary sum;
   sum.first_step = start;
   const int64_t end = o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
@@ -268,6 +282,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       const int i = std::min(fault.param, params.num_params() - 1);
       if (params.owned_elems(i) > 0) dev.copy(params.master(i), &nan, sizeof nan);
     }
+    op_times.seconds.clear();
     const double t0 = now_s();
     Status ds;
     std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));
@@ -398,7 +413,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       if (metrics) {
         const std::string line = metrics_line(StepMetrics{
             .step = s + 1, .loss = loss, .accuracy = acc, .lr = lr, .grad_norm = norm, .tokens_per_s_per_rank = tps,
-            .step_s = step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1, .optimizer_s = t3 - t2, .mem = &mem});
+            .step_s = step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1, .optimizer_s = t3 - t2, .mem = &mem,
+            .ops = dev.kind() == DeviceKind::kCpu && dev.backed() ? &op_times : nullptr});
         std::fprintf(metrics, "%s\n", line.c_str());
         std::fflush(metrics);
       }

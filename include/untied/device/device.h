@@ -13,8 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "untied/core/allocator.h"
 
@@ -23,6 +26,15 @@ namespace untied {
 enum class DeviceKind { kCpu, kCuda };
 
 struct KernelTable;  // the kernels that run on a device (src/kernels/backend.h)
+
+// Seconds spent in each kernel op (named as the kernels layer's dispatch names it: "gemm",
+// "attention_forward", ...), each op's own time without the ops it calls (the loss calls gemm).
+// Kept while Device::op_times is set, for devices whose kernels run on the calling thread (the
+// CPU); a GPU's kernels are asynchronous and are not timed here.
+struct OpTimes {
+  std::map<std::string_view, double> seconds;  // op names are string literals
+  std::vector<double> nested;                  // the running ops' callees' seconds, innermost last
+};
 
 class Device {
  public:
@@ -49,6 +61,8 @@ class Device {
   virtual int threads() const = 0;
   // False in rehearsal: buffers are counted, not backed, and kernels skip their compute.
   bool backed() { return allocator().backed(); }
+  // Set by a caller that wants each kernel op's time (OpTimes); null: none kept.
+  OpTimes* op_times = nullptr;
   // The kernel table of this device's backend, for the kernels layer's dispatch; null: the host
   // (CPU) kernels. A backend that runs kernels elsewhere (CUDA) hands out its own.
   virtual const KernelTable* kernels() const { return nullptr; }
