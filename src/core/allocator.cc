@@ -43,8 +43,9 @@ namespace {
 // glibc gives each thread (each in-process rank) an arena of its own, whose heaps are at most
 // 64 MiB, so that those threads' larger blocks were mapped anew on every allocation and their
 // pages cleared by the kernel on first touch (about 10% of an 8-rank attention block's time).
-// Allocations here are few and large, so one lock costs nothing measurable. Set at load, before
-// any thread has taken an arena.
+// The process allocates rarely next to its compute (kernels take their scratch from the
+// allocator, per call), so one lock costs nothing measurable. Set at load, before any thread has
+// taken an arena.
 [[maybe_unused]] const bool kMallocTuned = [] {
   mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_THRESHOLD, 512 << 20);

@@ -328,10 +328,9 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     return i.what == "attention output (head-sharded)" || i.what == "q all-to-all receive" ||
            i.what == "k and v all-to-all receives (resident)";
   });
-  if (d.t != DType::kF32) {
-    const GemmParams wo{.trans_b = true, .m = L, .n = E, .k = d.H * D, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
-    projection.items.push_back({"gemm scratch", Tag::kOther, cpu_gemm_scratch_bytes(wo, o.threads)});
-  }
+  const GemmParams wo{.trans_b = true, .m = L, .n = E, .k = d.H * D, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  if (const int64_t b = cpu_gemm_scratch_bytes(wo, o.threads); b > 0)
+    projection.items.push_back({"gemm scratch", Tag::kOther, b});
   PlanMoment exchange = m;
   exchange.name = "attention forward (last block, " + pass + ": output exchange)";
   exchange.items.push_back({"attention output all-to-all receive", Tag::kCommunication, Sg * u * D * es});
@@ -374,10 +373,8 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   add_attention_weight_grads(o, d, it);
   add_attention_saved(o, d, it);
-  if (d.t != DType::kF32) {  // dwo = dy^T attn_out
-    const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = L, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
-    it.push_back({"gemm scratch", Tag::kOther, cpu_gemm_scratch_bytes(dwo, o.threads)});
-  }
+  const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = L, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  if (const int64_t b = cpu_gemm_scratch_bytes(dwo, o.threads); b > 0) it.push_back({"gemm scratch", Tag::kOther, b});
   return m;
 }
 

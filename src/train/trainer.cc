@@ -95,7 +95,7 @@ struct StepMetrics {
   double lr = 0, grad_norm = 0, tokens_per_s_per_rank = 0;
   double step_s = 0, data_s = 0, forward_backward_s = 0, optimizer_s = 0;
   const MemoryStats* mem = nullptr;  // peaks since the start of the run, max over ranks
-  const OpTimes* ops = nullptr;      // rank 0's kernel ops in this step (CPU); null: none
+  const OpTimes* ops = nullptr;      // rank 0's kernel ops in this step; null: none timed (a GPU, rehearsal)
 };
 
 std::string metrics_line(const StepMetrics& m) {
@@ -414,7 +414,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
         const std::string line = metrics_line(StepMetrics{
             .step = s + 1, .loss = loss, .accuracy = acc, .lr = lr, .grad_norm = norm, .tokens_per_s_per_rank = tps,
             .step_s = step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1, .optimizer_s = t3 - t2, .mem = &mem,
-            .ops = dev.kind() == DeviceKind::kCpu && dev.backed() ? &op_times : nullptr});
+            .ops = op_times.seconds.empty() ? nullptr : &op_times});
         std::fprintf(metrics, "%s\n", line.c_str());
         std::fflush(metrics);
       }

@@ -2,7 +2,7 @@
 //
 // Loops, outermost first: columns of C by kNc; k by kKc, packing that block of op(B) (shared);
 // rows of C by kMc, one block per thread at a time, packing that block of op(A) (the thread's
-// own); 32-column panels of the packed B (one panel, kKc x 32 bf16 = 16 KiB, stays in L1 while
+// own); 32-column panels of the packed B (one panel, kKc x 32 bf16 = 32 KiB, stays in L1 while
 // every 12-row panel of the A block runs over it); 12-row panels of A. The micro-kernel keeps
 // 12 x 32 fp32 of C in 24 registers and, per pair of k, loads two vectors of B and broadcasts
 // 12 pairs of A: 24 VDPBF16PS, each 32 multiply-adds.
@@ -17,7 +17,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "untied/core/check.h"
 
@@ -53,8 +52,6 @@ PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
   return {(kc * nc * 2 + 63) / 64 * 64, (mc * kc * 2 + 63) / 64 * 64, used};
 }
 
-inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
-
 // Interleaving two rows of 32 bf16 (x0 = op(.)(2p, 0:32), x1 = op(.)(2p + 1, 0:32)) into 32 pairs:
 // kLo gives pairs 0..15, kHi pairs 16..31 (permutex2var indices: 0-31 pick from x0, 32-63 from x1).
 const __m512i kLo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
@@ -63,9 +60,6 @@ const __m512i kHi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58,
                                      53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
 
 inline __mmask32 first_bits32(int64_t n) { return n >= 32 ? ~__mmask32{0} : (__mmask32{1} << std::max<int64_t>(n, 0)) - 1; }
-inline __mmask16 first_bits16(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
-}
 
 // In place: r[i] lane j <- r[j] lane i, for 16 vectors of 16 32-bit lanes (interleaves of 32
 // and 64 bits within 128-bit lanes, then two exchanges of 128-bit lanes). (GCC 12's unpack
