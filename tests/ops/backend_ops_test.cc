@@ -209,7 +209,7 @@ Outcome run_on(Device& dev, const OpCase& c, const std::vector<HostBuffer>& init
     if (rule.increment)
       for (size_t k = 0; k < d.size(); ++k) d[k] = w[k] - z[k];
     const double mx = test::max_abs(d);
-    scale = mx > 0 ? mx : 1.0;
+    scale = mx > 0 ? std::max(mx, rule.min_scale) : 1.0;
   }
   return test::expect_close_each(
       what, g, w,

@@ -362,7 +362,9 @@ OpCase emu_loss_case(const EmuLossCase& c, DType dt_h, DType wt) {
                           .dtype = dt_h,
                           .weight_dtype = wt};
   BufferSpec l{.name = "labels", .elem = Elem::kI32, .elems = c.tokens, .fill = fill_ints(labels)};
-  const Rule dh = Rule{.kind = Rule::Kind::kClose, .rel = 1e-5, .per_elem_rel = dt_h == kB ? std::ldexp(1.0, -8) : 0.0};
+  // bf16 dh: the two sides' fp32 values, summed in another order, may round to neighbouring bf16
+  // values: one ulp, up to 2^-7 of the element (seen on an H200: 2 of 20480 elements at e 4096).
+  const Rule dh = Rule{.kind = Rule::Kind::kClose, .rel = 1e-5, .per_elem_rel = dt_h == kB ? std::ldexp(1.0, -7) : 0.0};
   const Rule dw = Rule{.kind = Rule::Kind::kClose, .rel = 1e-5, .init_rel = std::ldexp(1.0, -22), .increment = true};
   OpCase k =
       loss_case(case_name({"lm_head_loss", "emu", "h" + dt(dt_h), "w" + dt(wt), "t" + n(c.tokens), "e" + n(c.dim),

@@ -136,8 +136,9 @@ std::string Rule::describe() const {
     case Kind::kCustom:
       return "the case's own check";
     case Kind::kClose:
-      std::snprintf(buf, sizeof buf, "%g x %s%s%s", rel,
+      std::snprintf(buf, sizeof buf, "%g x %s%s%s%s", rel,
                     absolute ? "1 (absolute)" : (increment ? "max |want - init|" : "max |want|"),
+                    min_scale > 0 && !absolute ? " (at least the terms' size)" : "",
                     per_elem_rel > 0 ? " + per element" : "", init_rel > 0 ? " + |init| part" : "");
       return buf;
   }

@@ -86,7 +86,7 @@ inline Region rows_of(int64_t rows, int64_t cols, int64_t stride) { return Regio
 //   kSameValues: the same value (NaN matches NaN with any payload; +0 and -0 differ);
 //   kClose:      |got_i - want_i| <= rel * scale + per_elem_rel * |want_i| + init_rel * |init_i|,
 //                scale = max |want| over the region (of want - init with `increment`; 1 where it is
-//                0) or 1 with `absolute`;
+//                0), at least `min_scale`, or 1 with `absolute`;
 //   kCustom:     not compared here (the case's own check does it).
 struct Rule {
   enum class Kind { kBits, kSameValues, kClose, kCustom };
@@ -96,6 +96,9 @@ struct Rule {
   double init_rel = 0;
   bool increment = false;
   bool absolute = false;
+  // A floor for the scale, for outputs that are a cancellation (0 in exact arithmetic): there
+  // max |want| is itself rounding, and the error is measured against the size of the terms.
+  double min_scale = 0;
   std::string describe() const;
 };
 inline Rule bits() { return Rule{}; }
