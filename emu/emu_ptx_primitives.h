@@ -13,6 +13,15 @@
 
 inline unsigned char* dynamic_smem() { return ::emu::g_block->smem.data(); }
 
+// The shared-window address of p: its offset in the block's shared memory (which starts at 0, as
+// a kernel's dynamic shared memory without static shared arrays does on a GPU).
+inline uint32_t smem_addr(const void* p) {
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  const unsigned char* lo = ::emu::g_block->smem.data();
+  if (c < lo || c > lo + ::emu::g_block->smem.size()) ::emu::die("smem_addr of a pointer outside shared memory");
+  return static_cast<uint32_t>(c - lo);
+}
+
 inline void cp_async(void* dst, const void* src, bool valid, int bytes) {
   ::emu::check_smem(dst, bytes, bytes);
   if (valid && reinterpret_cast<uintptr_t>(src) % bytes != 0) ::emu::die("misaligned cp.async source");

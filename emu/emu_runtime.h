@@ -60,6 +60,8 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -163,7 +165,8 @@ inline Block* g_block = nullptr;
 inline void* g_scheduler_sp = nullptr;
 inline uint3 g_block_idx, g_block_dim, g_grid_dim;
 inline long long g_switches = 0;
-inline long long g_mma_ops = 0;  // mma.sync instructions executed (per lane), for the tests
+inline long long g_mma_ops = 0;    // mma.sync instructions executed (per lane), for the tests
+inline long long g_wgmma_ops = 0;  // wgmma instructions issued (per thread), for the tests
 
 // Fiber stacks, mapped once and reused: 512 KiB each (enough under AddressSanitizer) with an
 // inaccessible guard page below, so an overflow faults instead of corrupting a neighbour.
@@ -228,12 +231,18 @@ inline void complete(const AsyncCopy& c) {
   if (c.bytes > c.src_bytes) std::memset(c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
 }
 
+// Checks run when a thread exits: each answers what it finds outstanding (a message), or null.
+// The emulated instruction sets register theirs (emu_wgmma_primitives.h).
+inline std::vector<const char* (*)(const Fiber*)> g_exit_checks;
+
 inline void fiber_main() {
   g_block->body();
   g_cur->done = true;
   bool pending = !g_cur->uncommitted.empty();
   for (auto& group : g_cur->groups) pending = pending || !group.empty();
   if (pending) die("a thread exits with cp.async copies not waited for");
+  for (auto check : g_exit_checks)
+    if (const char* what = check(g_cur)) die("a thread exits with", what);
   emu_fiber_switch(&g_cur->sp, g_scheduler_sp);
   die("a finished fiber was resumed");
 }

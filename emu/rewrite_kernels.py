@@ -13,6 +13,10 @@ emulated build has emu_cublas.cc). These textual changes, nothing else:
   - every static shared array or variable `__shared__ T name[N]...;` / `__shared__ T name;`
     becomes `static T name[N]...; ::emu::shared_array(&name, sizeof(name));` (one copy for the
     fibers of a block, refilled with a NaN pattern at each block start; see emu_runtime.h);
+  - attention_forward_sm90.cu: the block between the "wgmma primitives" markers is replaced by
+    #include "emu_wgmma_primitives.h" (CPU versions of the Hopper instructions), and the file
+    starts with #define UNTIED_SM90A_KERNELS 1, as the sm_90a build defines it, so that an
+    emulated compute capability 9.0 device runs its kernels where they are asked for;
   - embedding.cu's `#include <cub/device/device_radix_sort.cuh>` becomes
     #include "emu_cub_radix_sort.h" (a host stand-in for cub::DeviceRadixSort::SortPairs).
 A source whose markers or launches are missing, or a .cu file this script does not list, fails
@@ -27,8 +31,10 @@ BEGIN = '// ---- PTX primitives (sm_80+) ----'
 END = '// ---- end PTX primitives ----'
 LAUNCH = re.compile(r'((?:\w+::)*\w+(?:<[^<>;()]*>)?)<<<(.+?)>>>\((.*?)\);', re.S)
 SHARED = re.compile(r'\b__shared__\s+([\w:<>, ]+?)\s+(\w+)((?:\[[^\]\[;]+\])*);')
+WG_BEGIN = '// ---- wgmma primitives (sm_90a) ----'
+WG_END = '// ---- end wgmma primitives ----'
 CUB_SORT = '#include <cub/device/device_radix_sort.cuh>'
-KERNELS = ('attention_forward', 'attention_backward', 'rope', 'rmsnorm', 'swiglu', 'tensor_ops', 'adamw',
+KERNELS = ('attention_forward', 'attention_forward_sm90', 'attention_backward', 'rope', 'rmsnorm', 'swiglu', 'tensor_ops', 'adamw',
            'embedding', 'lm_head_loss')
 
 
@@ -82,7 +88,14 @@ def main():
             if CUB_SORT not in text:
                 sys.exit('rewrite_kernels.py: embedding.cu lacks "%s"' % CUB_SORT)
             text = text.replace(CUB_SORT, '#include "emu_cub_radix_sort.h"')
-        elif 'cub/' in text or 'cub::' in text:
+        elif name == 'attention_forward_sm90':
+            a, b = text.find(WG_BEGIN), text.find(WG_END)
+            if a < 0 or b < a:
+                sys.exit('rewrite_kernels.py: %s.cu lacks the markers "%s" ... "%s"' % (name, WG_BEGIN, WG_END))
+            resume = '#line %d "%s"\n' % (text[:b].count('\n'), os.path.join(src, name + '.cu'))
+            text = ('#define UNTIED_SM90A_KERNELS 1\n' + text[:a] + '#include "emu_wgmma_primitives.h"\n' + resume +
+                    text[b:])
+        if name != 'embedding' and ('cub/' in text or 'cub::' in text):
             sys.exit('rewrite_kernels.py: %s.cu uses CUB beyond what the emulator stands in for' % name)
         write(os.path.join(out, name + '.cc'), text)
 

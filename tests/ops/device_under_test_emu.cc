@@ -72,6 +72,6 @@ void set_compute_capability(int major) {
   }
 }
 
-long long tensor_core_ops() { return emu::g_mma_ops; }
+long long tensor_core_ops() { return emu::g_mma_ops + emu::g_wgmma_ops; }
 
 }  // namespace untied::ops

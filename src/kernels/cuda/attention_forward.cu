@@ -9,10 +9,12 @@
 // wholly above the causal diagonal are never visited, and only tiles that cross it (or the end
 // of the keys) are masked.
 //
-// Tensor-core kernel (bf16, D in {64, 128}): kWarps warps, each owning kMT 16-row slices of the
-// query tile; S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 in, fp32 accumulate), operands
-// from shared memory through ldmatrix, P reused from the S accumulators as A fragments (rounded to
-// bf16, as FlashAttention does; l is summed from the fp32 p). K and V tiles are double-buffered:
+// Tensor-core kernel (bf16, D in {64, 128}; on compute capability 9.0 with
+// UNTIED_CUDA_ATTENTION=wgmma, the wgmma kernel of attention_forward_sm90.cu instead): kWarps
+// warps, each owning kMT 16-row slices of the query tile; S = Q K^T and O += P V with mma.sync
+// m16n8k16 (bf16 in, fp32 accumulate), operands from shared memory through ldmatrix, P reused
+// from the S accumulators as A fragments (rounded to bf16, as FlashAttention does; l is summed
+// from the fp32 p). K and V tiles are double-buffered:
 // tile kb+1 is copied with cp.async while tile kb is computed, one __syncthreads per tile.
 //
 // Portable kernel (f32, or bf16 with other D, or older GPUs; D <= 256): 4 warps x 4 query rows,
@@ -28,29 +30,6 @@
 namespace untied::cuda {
 namespace attn {
 namespace {
-
-// The (query tile, head) a forward block works on, from blockIdx.x: heads fastest, query tiles
-// longest first (block 0 takes the last tile, which sees the most keys under the causal mask).
-// Rows from q0 (kBr of them, fewer in the last tile); nkb = the key tiles any of its rows sees.
-struct FwdTile {
-  int h, kvh;
-  int64_t q0, kb0, nkb;  // key tiles [kb0, nkb): from the first row's first key to the last row's last
-};
-
-template <int kBr, int kBc>
-__device__ __forceinline__ FwdTile fwd_tile(const AttnGeom& a) {
-  const int64_t nqb = (a.sq + kBr - 1) / kBr;
-  const int64_t item = blockIdx.x;
-  FwdTile t;
-  t.h = static_cast<int>(item % a.h);
-  t.q0 = (nqb - 1 - item / a.h) * kBr;
-  t.kvh = t.h / a.group;
-  const int64_t q_last = (t.q0 + kBr < a.sq ? t.q0 + kBr : a.sq) - 1;
-  t.nkb = (visible_keys(a, q_last) + kBc - 1) / kBc;
-  t.kb0 = first_visible_key(a, t.q0) / kBc;
-  if (t.kb0 > t.nkb) t.kb0 = t.nkb;
-  return t;
-}
 
 // ---------------------------------------------------------------- tensor-core kernel
 
@@ -482,6 +461,7 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
   const FwdParams p{.a = a, .q = q, .k = k, .v = v, .out = out, .lse = lse, .out_f32 = s.f32_results ? 1 : 0};
   cudaStream_t stream = static_cast<CudaDevice&>(dev).stream();
   if (use_tensor_cores(a, s.dtype, q, k, v, out)) {
+    if (attention_forward_sm90(p, stream)) return;
     if (a.d == 64) return launch_fwd_mma<64>(p, stream);
     return launch_fwd_mma<128>(p, stream);
   }

@@ -151,6 +151,29 @@ __host__ __device__ __forceinline__ int clamp_to(int64_t x, int hi) {
   return x < 0 ? 0 : (x > hi ? hi : static_cast<int>(x));
 }
 
+// The (query tile, head) a forward block works on, from blockIdx.x: heads fastest, query tiles
+// longest first (block 0 takes the last tile, which sees the most keys under the causal mask).
+// Rows from q0 (kBr of them, fewer in the last tile); nkb = the key tiles any of its rows sees.
+struct FwdTile {
+  int h, kvh;
+  int64_t q0, kb0, nkb;  // key tiles [kb0, nkb): from the first row's first key to the last row's last
+};
+
+template <int kBr, int kBc>
+__device__ __forceinline__ FwdTile fwd_tile(const AttnGeom& a) {
+  const int64_t nqb = (a.sq + kBr - 1) / kBr;
+  const int64_t item = blockIdx.x;
+  FwdTile t;
+  t.h = static_cast<int>(item % a.h);
+  t.q0 = (nqb - 1 - item / a.h) * kBr;
+  t.kvh = t.h / a.group;
+  const int64_t q_last = (t.q0 + kBr < a.sq ? t.q0 + kBr : a.sq) - 1;
+  t.nkb = (visible_keys(a, q_last) + kBc - 1) / kBc;
+  t.kb0 = first_visible_key(a, t.q0) / kBc;
+  if (t.kb0 > t.nkb) t.kb0 = t.nkb;
+  return t;
+}
+
 // ---- PTX primitives (sm_80+) ----
 __device__ __forceinline__ unsigned char* dynamic_smem() {
   extern __shared__ __align__(16) unsigned char untied_attn_smem[];
@@ -300,6 +323,11 @@ inline DeviceCaps device_caps() {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The forward's wgmma kernel (attention_forward_sm90.cu) on a compute capability 9.0 GPU, for
+// what use_tensor_cores accepts, where UNTIED_CUDA_ATTENTION=wgmma: launches it and answers true,
+// or answers false (not asked for, another GPU, a build without sm_90a code) and launches nothing.
+bool attention_forward_sm90(const FwdParams& p, cudaStream_t stream);
 
 // True when the tensor-core path applies (see the top of this file); `ptrs` are every tensor the
 // kernel reads or writes with 16-byte (or 4-byte bf16x2) accesses.
