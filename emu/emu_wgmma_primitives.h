@@ -1,15 +1,15 @@
-// CPU versions of the wgmma primitives of src/kernels/cuda/attention_forward_sm90.cu (the block
-// between its "wgmma primitives" markers), for the emulator in emu_runtime.h. rewrite_kernels.py
-// includes this file in place of that block, inside namespace untied::cuda::attn, so the names
-// and signatures must stay those of the real primitives.
+// CPU versions of the wgmma primitives of src/kernels/cuda/wgmma.cuh (the block between its
+// "wgmma primitives" markers), for the emulator in emu_runtime.h. rewrite_kernels.py includes this
+// file in place of that block, inside namespace untied::cuda::attn, so the names and signatures
+// must stay those of the real primitives.
 //
 // Emulated as the PTX ISA describes wgmma.mma_async (m64nNk16, bf16 x bf16 -> fp32):
 //   - the shared-memory matrix descriptor: start address, leading and stride byte offsets, the
 //     128-byte swizzle (byte address bits [4, 7) XOR bits [7, 10) of every address the
 //     instruction forms; other swizzle modes and a non-zero base offset abort);
 //   - K-major operands (row i of M or N at start + (i / 8) * SBO + (i % 8) * 128, k at 2k bytes
-//     on) and the transposed MN-major B (k at (k / 8) * SBO + (k % 8) * 128, column n at
-//     (n / 64) * LBO + (n % 64) * 2 bytes on);
+//     on) and transposed, MN-major ones (k at (k / 8) * SBO + (k % 8) * 128, index i of M or N
+//     at (i / 64) * LBO + (i % 64) * 2 bytes on);
 //   - A in registers: per warp of the warpgroup, the m16n8k16 A fragment of its 16 rows;
 //   - the accumulator: per warp 16 rows, each 8-column block laid out as mma.sync's C fragment;
 //   - asynchrony: an instruction reads its shared-memory operands and writes its accumulator when
@@ -64,8 +64,9 @@ struct Op {
   float* d;
   int n;                 // N: the accumulator holds n / 2 floats per thread
   bool accumulate;       // scale-d: d = A B + d (true) or A B
-  bool a_in_registers;   // A from registers (a_frag) or shared memory (desc_a, K-major)
-  bool b_transposed;     // B MN-major
+  bool a_in_registers;   // A from registers (a_frag) or shared memory (desc_a)
+  bool a_transposed;     // A in shared memory M-major
+  bool b_transposed;     // B N-major
   uint64_t desc_a, desc_b;
   uint32_t a_frag[32][4];  // the warp's A fragments, lane by lane
   std::vector<float> d_before;  // d at issue, for the first instruction on d outstanding
@@ -110,6 +111,8 @@ inline void compute(const Op& op, std::vector<float>& d) {
           float f;
           std::memcpy(&f, &bits, 4);
           a = f;
+        } else if (op.a_transposed) {
+          a = load(da.start + (k / 8) * da.sbo + (k % 8) * 128 + (row / 64) * da.lbo + (row % 64) * 2);
         } else {
           a = load(da.start + (row / 8) * da.sbo + (row % 8) * 128 + 2 * k);
         }
@@ -172,10 +175,20 @@ inline void wgmma_wait_all() {
   wgmma_emu::states().erase(::emu::g_cur);
 }
 
-inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+template <int kTransA, int kTransB, int kN>
+inline void wgmma_ss_emu(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
   wgmma_emu::Op op{};
-  op.d = d, op.n = 128, op.accumulate = accumulate != 0, op.desc_a = desc_a, op.desc_b = desc_b;
+  op.d = d, op.n = kN, op.accumulate = accumulate != 0, op.desc_a = desc_a, op.desc_b = desc_b;
+  op.a_transposed = kTransA != 0, op.b_transposed = kTransB != 0;
   wgmma_emu::issue(std::move(op));
+}
+template <int kTransA, int kTransB>
+inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  wgmma_ss_emu<kTransA, kTransB, 128>(d, desc_a, desc_b, accumulate);
+}
+template <int kTransA, int kTransB>
+inline void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  wgmma_ss_emu<kTransA, kTransB, 64>(d, desc_a, desc_b, accumulate);
 }
 
 template <int kN>

@@ -3,7 +3,7 @@
 
   rewrite_kernels.py SRC_DIR OUT_DIR
 
-SRC_DIR is src/kernels/cuda. OUT_DIR receives cuda_util.cuh, attention_tiles.cuh and one .cc
+SRC_DIR is src/kernels/cuda. OUT_DIR receives cuda_util.cuh, attention_tiles.cuh, wgmma.cuh and one .cc
 per .cu file: every kernel of the backend (its GEMMs are cuBLAS, not kernels of ours: the
 emulated build has emu_cublas.cc). These textual changes, nothing else:
   - attention_tiles.cuh: the block between the "PTX primitives" markers is replaced by
@@ -13,10 +13,11 @@ emulated build has emu_cublas.cc). These textual changes, nothing else:
   - every static shared array or variable `__shared__ T name[N]...;` / `__shared__ T name;`
     becomes `static T name[N]...; ::emu::shared_array(&name, sizeof(name));` (one copy for the
     fibers of a block, refilled with a NaN pattern at each block start; see emu_runtime.h);
-  - attention_forward_sm90.cu: the block between the "wgmma primitives" markers is replaced by
-    #include "emu_wgmma_primitives.h" (CPU versions of the Hopper instructions), and the file
-    starts with #define UNTIED_SM90A_KERNELS 1, as the sm_90a build defines it, so that an
-    emulated compute capability 9.0 device runs its kernels where they are asked for;
+  - wgmma.cuh: the block between its "wgmma primitives" markers is replaced by
+    #include "emu_wgmma_primitives.h" (CPU versions of the Hopper instructions);
+  - the Hopper kernels (*_sm90.cu) start with #define UNTIED_SM90A_KERNELS 1, as their sm_90a
+    build defines it, so that an emulated compute capability 9.0 device runs them where they are
+    asked for;
   - embedding.cu's `#include <cub/device/device_radix_sort.cuh>` becomes
     #include "emu_cub_radix_sort.h" (a host stand-in for cub::DeviceRadixSort::SortPairs).
 A source whose markers or launches are missing, or a .cu file this script does not list, fails
@@ -34,7 +35,7 @@ SHARED = re.compile(r'\b__shared__\s+([\w:<>, ]+?)\s+(\w+)((?:\[[^\]\[;]+\])*);'
 WG_BEGIN = '// ---- wgmma primitives (sm_90a) ----'
 WG_END = '// ---- end wgmma primitives ----'
 CUB_SORT = '#include <cub/device/device_radix_sort.cuh>'
-KERNELS = ('attention_forward', 'attention_forward_sm90', 'attention_backward', 'rope', 'rmsnorm', 'swiglu', 'tensor_ops', 'adamw',
+KERNELS = ('attention_forward', 'attention_forward_sm90', 'attention_backward', 'attention_backward_sm90', 'rope', 'rmsnorm', 'swiglu', 'tensor_ops', 'adamw',
            'embedding', 'lm_head_loss')
 
 
@@ -81,6 +82,14 @@ def main():
     tiles = tiles[:a] + '#include "emu_ptx_primitives.h"\n' + tiles[b:]
     # The tiled launch helper lives in the header; the attention kernels' launches go through it.
     write(os.path.join(out, 'attention_tiles.cuh'), rewrite_launches(src, 'attention_tiles', '.cuh', tiles))
+    with open(os.path.join(src, 'wgmma.cuh')) as f:
+        wg = f.read()
+    a, b = wg.find(WG_BEGIN), wg.find(WG_END)
+    if a < 0 or b < a:
+        sys.exit('rewrite_kernels.py: wgmma.cuh lacks the markers "%s" ... "%s"' % (WG_BEGIN, WG_END))
+    resume = '#line %d "%s"\n' % (wg[:b].count('\n') + 1, os.path.join(src, 'wgmma.cuh'))
+    wg = wg[:a] + '#include "emu_wgmma_primitives.h"\n' + resume + wg[b:]
+    write(os.path.join(out, 'wgmma.cuh'), rewrite_launches(src, 'wgmma', '.cuh', wg, required=False))
 
     for name in KERNELS:
         text = rewrite_launches(src, name, '.cu', required=not name.startswith('attention_'))
@@ -88,13 +97,8 @@ def main():
             if CUB_SORT not in text:
                 sys.exit('rewrite_kernels.py: embedding.cu lacks "%s"' % CUB_SORT)
             text = text.replace(CUB_SORT, '#include "emu_cub_radix_sort.h"')
-        elif name == 'attention_forward_sm90':
-            a, b = text.find(WG_BEGIN), text.find(WG_END)
-            if a < 0 or b < a:
-                sys.exit('rewrite_kernels.py: %s.cu lacks the markers "%s" ... "%s"' % (name, WG_BEGIN, WG_END))
-            resume = '#line %d "%s"\n' % (text[:b].count('\n'), os.path.join(src, name + '.cu'))
-            text = ('#define UNTIED_SM90A_KERNELS 1\n' + text[:a] + '#include "emu_wgmma_primitives.h"\n' + resume +
-                    text[b:])
+        elif name.endswith('_sm90'):
+            text = '#define UNTIED_SM90A_KERNELS 1\n' + text
         if name != 'embedding' and ('cub/' in text or 'cub::' in text):
             sys.exit('rewrite_kernels.py: %s.cu uses CUB beyond what the emulator stands in for' % name)
         write(os.path.join(out, name + '.cc'), text)

@@ -13,12 +13,14 @@
 //    atomic additions varies; the differences are fp32 rounding).
 // 3. When dq is bf16, the accumulator is converted into dq (row stride q_row_stride).
 //
-// Tensor-core kernel (bf16, D in {64, 128}): 8 warps, a 128-key tile (16 keys per warp), query
-// tiles of kBr rows. The warp computes S^T and dP^T for its keys with mma.sync (K, V as A
-// operands; Q, dO as B through ldmatrix), keeps P^T and dS^T in the accumulator registers and
-// reuses them as A fragments for dV and dK. dS^T goes to shared memory (bf16) for dQ = dS K,
-// which the 8 warps split by (16 query rows, D / (8 / (kBr / 16)) columns). Q, dO, lse and delta
-// of the next step are copied with cp.async while the current step is computed.
+// Tensor-core kernel (bf16, D in {64, 128}; on compute capability 9.0 at D = 128 with
+// UNTIED_CUDA_ATTENTION=wgmma, the wgmma kernel of attention_backward_sm90.cu instead): 8 warps,
+// a 128-key tile (16 keys per warp), query tiles of kBr rows. The warp computes S^T and dP^T for
+// its keys with mma.sync (K, V as A operands; Q, dO as B through ldmatrix), keeps P^T and dS^T in
+// the accumulator registers and reuses them as A fragments for dV and dK. dS^T goes to shared
+// memory (bf16) for dQ = dS K, which the 8 warps split by (16 query rows, D / (8 / (kBr / 16))
+// columns). Q, dO, lse and delta of the next step are copied with cp.async while the current step
+// is computed.
 //
 // Portable kernel (f32, or bf16 with other D, or older GPUs; D <= 256): 32-key tiles, 16 (8 when
 // D > 128) query rows per step, fp32 shared tiles, exact fp32 arithmetic; a lane owns a key for
@@ -618,7 +620,9 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
                     .dq_acc_rs = dq_acc_rs, .dk = dk, .dv = dv, .out_f32 = s.f32_results ? 1 : 0,
                     .acc_dkv = s.accumulate_dkv ? 1 : 0};
   if (use_tensor_cores(a, s.dtype, q, k, v, dout, dk, dv)) {
-    if (a.d == 64)
+    if (attention_backward_sm90(p, stream)) {
+      // the Hopper kernel ran (UNTIED_CUDA_ATTENTION=wgmma on compute capability 9.0, D = 128)
+    } else if (a.d == 64)
       launch_bwd_mma<64>(p, stream);
     else
       launch_bwd_mma<128>(p, stream);

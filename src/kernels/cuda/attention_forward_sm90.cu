@@ -12,8 +12,8 @@
 //     fragments, so the masking and softmax code is that of the mma.sync kernel);
 //   O (64 x D, fp32 registers) += P V: 8 wgmma m64nDk16 with P from registers (the C fragments
 //     of S rounded to bf16 are the A fragments) and V from shared memory, transposed (MN-major).
-// Q, K and V live in shared memory as 128-byte swizzled tiles (swizzled_tile below), the layout
-// wgmma's descriptors name; K and V are double-buffered with cp.async: tile kb+1 is copied while
+// Q, K and V live in shared memory as 128-byte swizzled tiles (wgmma.cuh), the layout wgmma's
+// descriptors name; K and V are double-buffered with cp.async: tile kb+1 is copied while
 // tile kb is computed.
 //
 // Built for sm_90a only (its own library, CMakeLists.txt: UNTIED_SM90A_KERNELS); elsewhere
@@ -22,97 +22,11 @@
 // against the CPU (docs/gpu.md); unset or "mma", the mma.sync kernel runs.
 //
 // Workspace: none.
-#include <cstdlib>
-#include <cstring>
-
 #include "device/cuda/cuda_device.h"
-#include "kernels/cuda/attention_tiles.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace untied::cuda::attn {
 namespace {
-
-// The shared-memory tiles: rows of 64 bf16 (128 bytes) in column blocks of 64 elements, block b
-// of a (rows x D) tile at b * rows * 128 bytes, row r of a block at r * 128; within a row, the
-// 16-byte chunk c lives at chunk c ^ (r % 8) (the 128-byte swizzle: byte address bits [4, 7)
-// XOR bits [7, 10), on 1024-byte aligned tiles). wgmma reads such a tile as
-//   K-major (the rows are the M or N index, D the reduction): start at row r0 of block b plus
-//     32 bytes per 16-element k step, 1024 bytes (8 rows) between 8-row groups;
-//   MN-major (the rows are the reduction index, D the N index): start at row 16 kk, 1024 bytes
-//     between 8-row groups of the reduction, rows * 128 bytes between the 64-column blocks.
-__host__ __device__ constexpr int swizzled_offset(int rows, int r, int chunk) {
-  return (chunk / 8) * rows * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) * 16);
-}
-
-template <int kRows, int kD, int kThreads>
-__device__ __forceinline__ void load_swizzled_async(unsigned char* dst, const bf16* src, int64_t row0, int64_t nrows,
-                                                    int64_t rs, int64_t col0, int tid) {
-  constexpr int kChunks = kD / 8;
-  constexpr int kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "whole chunks per thread");
-#pragma unroll
-  for (int it = 0; it < kTotal / kThreads; ++it) {
-    const int idx = tid + it * kThreads;
-    const int r = idx / kChunks;
-    const int c = idx % kChunks;
-    const int64_t row = row0 + r;
-    const bool valid = row < nrows;
-    cp_async_16(dst + swizzled_offset(kRows, r, c), valid ? src + row * rs + col0 + c * 8 : src, valid);
-  }
-}
-
-// ---- wgmma primitives (sm_90a) ----
-// UNTIED_WGMMA: 1 where the wgmma instructions exist (device code for sm_90a), else 0.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define UNTIED_WGMMA 1
-// A shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading
-// and stride byte offsets (each >> 4), 128-byte swizzle.
-__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((smem_addr(p) & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Makes this thread's completed generic-proxy writes to shared memory (cp.async) visible to the
-// async proxy that wgmma reads through; a barrier must follow.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// The wgmma forms this kernel uses (the accumulator is the asm's operand list, hence one function
-// per shape).
-// d (64 x 128, fp32 fragments) = A (64 x 16, shared, K-major) * B (16 x 128, shared, K-major)
-// (+ d when accumulate).
-__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// d (64 x 128) += A (64 x 16 in registers: per warp, the m16n8k16 A fragment of its 16 rows) *
-// B (16 x 128, shared, MN-major).
-__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-// d (64 x 64) += A (64 x 16 in registers: per warp, the m16n8k16 A fragment of its 16 rows) *
-// B (16 x 64, shared, MN-major).
-__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-#else
-#define UNTIED_WGMMA 0
-#endif
-// ---- end wgmma primitives ----
 
 template <int kD>
 struct Sm90FwdConfig {
@@ -137,8 +51,7 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const FwdParams p) {
   constexpr int kDT = kD / 8;   // 8-column n-tiles of O
 
   const AttnGeom& a = p.a;
-  unsigned char* raw = dynamic_smem();
-  unsigned char* qs = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+  unsigned char* qs = aligned_smem();
   unsigned char* ks = qs + Cfg::kQBytes;        // 2 stages
   unsigned char* vs = ks + 2 * Cfg::kKvBytes;   // 2 stages
 
@@ -204,7 +117,7 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const FwdParams p) {
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint64_t da = smem_desc(qs + (kk / 4) * kBr * 128 + wg * 64 * 128 + (kk % 4) * 32, 16, 1024);
       const uint64_t db = smem_desc(kst + (kk / 4) * kBc * 128 + (kk % 4) * 32, 16, 1024);
-      wgmma_ss_n128(s, da, db, kk > 0 ? 1 : 0);
+      wgmma_ss_n128<0, 0>(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -302,19 +215,6 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const FwdParams p) {
 }
 
 #if defined(UNTIED_SM90A_KERNELS)
-// Whether the wgmma kernels may run: UNTIED_CUDA_ATTENTION=wgmma; unset, empty or "mma" keeps the
-// mma.sync kernels; anything else is refused.
-bool wgmma_wanted() {
-  static const bool wanted = [] {
-    const char* e = std::getenv("UNTIED_CUDA_ATTENTION");
-    if (e == nullptr || *e == '\0' || std::strcmp(e, "mma") == 0) return false;
-    UNTIED_CHECK_KIND(ErrorKind::kInvalidArgument, std::strcmp(e, "wgmma") == 0, "UNTIED_CUDA_ATTENTION='", e,
-                      "': use mma (the default) or wgmma");
-    return true;
-  }();
-  return wanted;
-}
-
 template <int kD>
 void launch_fwd_wgmma(const FwdParams& p, cudaStream_t stream) {
   using Cfg = Sm90FwdConfig<kD>;
@@ -327,9 +227,7 @@ void launch_fwd_wgmma(const FwdParams& p, cudaStream_t stream) {
 
 bool attention_forward_sm90(const FwdParams& p, cudaStream_t stream) {
 #if defined(UNTIED_SM90A_KERNELS)
-  if (!wgmma_wanted()) return false;
-  const DeviceCaps c = device_caps();
-  if (c.major != 9 || c.minor != 0) return false;  // sm_90a code runs on compute capability 9.0 only
+  if (!wgmma_wanted() || !sm90a_device()) return false;
   if (p.a.d == 128) return launch_fwd_wgmma<128>(p, stream), true;
   if (p.a.d == 64) return launch_fwd_wgmma<64>(p, stream), true;
 #else

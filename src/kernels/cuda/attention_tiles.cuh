@@ -328,6 +328,8 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // what use_tensor_cores accepts, where UNTIED_CUDA_ATTENTION=wgmma: launches it and answers true,
 // or answers false (not asked for, another GPU, a build without sm_90a code) and launches nothing.
 bool attention_forward_sm90(const FwdParams& p, cudaStream_t stream);
+// The backward's (attention_backward_sm90.cu; D = 128), likewise.
+bool attention_backward_sm90(const BwdParams& p, cudaStream_t stream);
 
 // True when the tensor-core path applies (see the top of this file); `ptrs` are every tensor the
 // kernel reads or writes with 16-byte (or 4-byte bf16x2) accesses.
