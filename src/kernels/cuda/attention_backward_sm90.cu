@@ -278,14 +278,17 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
 }  // namespace
 
 bool attention_backward_sm90(const BwdParams& p, cudaStream_t stream) {
+  if (!wgmma_wanted()) return false;
 #if defined(UNTIED_SM90A_KERNELS)
-  if (!wgmma_wanted() || !sm90a_device() || p.a.d != Sm90BwdConfig::kD) return false;
+  if (!sm90a_device()) return wgmma_unavailable("this GPU's compute capability is not 9.0"), false;
+  if (p.a.d != Sm90BwdConfig::kD) return false;  // the mma.sync backward at D = 64
   launch_tiled(bwd_wgmma_kernel, Sm90BwdConfig::kThreads, Sm90BwdConfig::kSmemBytes, p.a.sk, Sm90BwdConfig::kBc,
                p.a.g, p, stream, "attention backward (sm_90a)");
   return true;
 #else
   (void)p;
   (void)stream;
+  wgmma_unavailable("this build has no sm_90a code (its CUDA architectures do not include 90)");
   return false;
 #endif
 }

@@ -226,13 +226,15 @@ void launch_fwd_wgmma(const FwdParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool attention_forward_sm90(const FwdParams& p, cudaStream_t stream) {
+  if (!wgmma_wanted()) return false;
 #if defined(UNTIED_SM90A_KERNELS)
-  if (!wgmma_wanted() || !sm90a_device()) return false;
+  if (!sm90a_device()) return wgmma_unavailable("this GPU's compute capability is not 9.0"), false;
   if (p.a.d == 128) return launch_fwd_wgmma<128>(p, stream), true;
   if (p.a.d == 64) return launch_fwd_wgmma<64>(p, stream), true;
 #else
   (void)p;
   (void)stream;
+  wgmma_unavailable("this build has no sm_90a code (its CUDA architectures do not include 90)");
 #endif
   return false;
 }

@@ -16,8 +16,10 @@
 // A from registers: per warp, the m16n8k16 A fragment of its 16 rows.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "kernels/cuda/attention_tiles.cuh"
 
@@ -41,6 +43,15 @@ inline bool wgmma_wanted() {
 inline bool sm90a_device() {
   const DeviceCaps c = device_caps();
   return c.major == 9 && c.minor == 0;
+}
+
+// Says once, on stderr, that UNTIED_CUDA_ATTENTION=wgmma was asked for where the Hopper kernels
+// cannot run (`why`), and that the mma.sync kernels run instead.
+inline void wgmma_unavailable(const char* why) {
+  static std::once_flag once;
+  std::call_once(once, [why] {
+    std::fprintf(stderr, "untied: UNTIED_CUDA_ATTENTION=wgmma: %s; the mma.sync attention kernels run instead\n", why);
+  });
 }
 
 __host__ __device__ constexpr int swizzled_offset(int rows, int r, int chunk) {
