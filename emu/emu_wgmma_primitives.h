@@ -19,7 +19,8 @@
 //     with wgmma work outstanding.
 // Not exact: each instruction's 16 products are summed in fp64 and rounded once (as the mma.sync
 // emulation); the descriptors' agreement across the warpgroup is checked within each warp only.
-// wgmma.fence and fence.proxy.async order nothing here (the emulator's memory is coherent).
+// wgmma.fence, fence.proxy.async and wgmma_hold order nothing here (the emulator's memory is
+// coherent and its compiler sees plain function calls).
 // (Included inside a namespace: the standard headers it uses come with emu_runtime.h.)
 #pragma once
 
@@ -32,6 +33,10 @@ inline uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
 
 inline void wgmma_fence() {}
 inline void fence_proxy_async() {}
+template <int kN>
+inline void wgmma_hold(float (&)[kN]) {}
+template <int kN>
+inline void wgmma_hold(uint32_t (&)[kN][4]) {}
 
 namespace wgmma_emu {
 

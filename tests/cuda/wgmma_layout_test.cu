@@ -1,11 +1,17 @@
 // The shared-memory layouts and descriptors of the Hopper attention kernels (src/kernels/cuda/
-// wgmma.cuh, *_sm90.cu), on the GPU against a CPU product: one warpgroup runs, with the kernels'
-// own primitives and as they call them, S = A K^T (both operands K-major from 128-byte swizzled
-// tiles, m64n128), O = P V (P from registers, V MN-major, m64n128) and Q = T^T K0 (A read M-major
-// from a 128 x 64 tile, B = K's first 64-column block read N-major, m64n64: the backward's dQ). For each
-// product it also tries the other reading of the MN-major descriptor's two offsets, so that a
-// failure says which convention the GPU follows. The emulator (emu/emu_wgmma_primitives.h)
-// models the kernel's reading; the attention op tests check the whole kernel on both.
+// wgmma.cuh, *_sm90.cu), on the GPU against a CPU product. Two warpgroups (warpgroup w on rows
+// [64 w, 64 w + 64), as in the kernels) run every wgmma form the kernels use, with the kernels'
+// own primitives and as they call them:
+//   S   = A K^T        m64n128, both operands K-major from 128-byte swizzled tiles (forward S);
+//   S64 = A K[:64]^T   m64n64, likewise (backward S^T and dP^T);
+//   O   = P V          m64n128, P from registers, V read N-major (forward P V, backward dV, dK);
+//   O64 = P V[:, :64]  m64n64, likewise (forward P V at D = 64);
+//   Q   = T^T K        m64n64 per warpgroup on K's column block w, A = T (keys x queries) read
+//                      M-major, B N-major (backward dQ).
+// Where the kernels' reading of the N/M-major descriptors fails, the run is repeated with their two
+// offsets swapped, so that the failure says which reading the GPU has (the tiles have room for the
+// swapped reach). The emulator (emu/emu_wgmma_primitives.h) models the kernels' reading; the
+// attention op cases check the whole kernels on both.
 // Exit 0: the kernels' conventions hold; 1: they do not; 77: no compute capability 9.0 GPU
 // (skipped).
 #include "kernels/cuda/wgmma.cuh"
@@ -18,59 +24,108 @@
 namespace wgmma_layout {
 
 using namespace untied::cuda::attn;
-constexpr int kD = 128, kM = 64, kN = 128;
+constexpr int kD = 128;       // columns of A, K, V; rows of K, V, T (the keys)
+constexpr int kM = 128;       // rows of A and P: 64 per warpgroup
+constexpr int kQ = 64;        // columns of T (queries)
+constexpr int kTile = 32768;  // bytes per tile in shared memory (T's 16 KiB, with room for the swapped reach)
 
-__global__ void products(const bf16* a, const bf16* k, const bf16* v, const float* p, const bf16* tt, float* s_out,
-                         float* o_out, float* q_out, uint32_t mn_lbo, uint32_t mn_sbo) {
+struct Out {
+  float *s, *s64, *o, *o64, *q;
+};
+
+template <int kN>
+__device__ void store(float* out, int ld, int row0, int col0, const float* d) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane >> 2, t2 = (lane & 3) * 2;
+  for (int nt = 0; nt < kN / 8; ++nt)
+    for (int e = 0; e < 4; ++e)
+      out[(row0 + warp * 16 + g + (e >> 1) * 8) * ld + col0 + nt * 8 + t2 + (e & 1)] = d[nt * 4 + e];
+}
+
+__global__ void products(const bf16* a, const bf16* k, const bf16* v, const float* p, const bf16* t, Out out,
+                         uint32_t mn_lbo, uint32_t mn_sbo) {
 #if UNTIED_WGMMA
   unsigned char* as = aligned_smem();
-  unsigned char* ks = as + kM * kD * 2;
-  unsigned char* vs = ks + kN * kD * 2;
-  unsigned char* ts = vs + kN * kD * 2;  // T: kN rows of kM
-  const int tid = threadIdx.x;
-  load_swizzled_async<kM, kD, 128>(as, a, 0, kM, kD, 0, tid);
-  load_swizzled_async<kN, kD, 128>(ks, k, 0, kN, kD, 0, tid);
-  load_swizzled_async<kN, kD, 128>(vs, v, 0, kN, kD, 0, tid);
-  load_swizzled_async<kN, kM, 128>(ts, tt, 0, kN, kM, 0, tid);
+  unsigned char* ks = as + kTile;
+  unsigned char* vs = ks + kTile;
+  unsigned char* ts = vs + kTile;
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane >> 2, t2 = (lane & 3) * 2;
+  load_swizzled_async<kM, kD, 256>(as, a, 0, kM, kD, 0, tid);
+  load_swizzled_async<kD, kD, 256>(ks, k, 0, kD, kD, 0, tid);
+  load_swizzled_async<kD, kD, 256>(vs, v, 0, kD, kD, 0, tid);
+  load_swizzled_async<kD, kQ, 256>(ts, t, 0, kD, kQ, 0, tid);
   cp_async_commit();
   cp_async_wait_all();
   fence_proxy_async();
   __syncthreads();
-  const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t2 = (lane & 3) * 2;
-  float s[kN / 2];
-  for (int i = 0; i < kN / 2; ++i) s[i] = 0.0f;
+  const int a_row = wg * 64 * 128;  // this warpgroup's first row of A, in bytes
+
+  float s[64];
+  for (int i = 0; i < 64; ++i) s[i] = 0.0f;
+  wgmma_hold(s);
   wgmma_fence();
   for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss_n128<0, 0>(s, smem_desc(as + (kk / 4) * kM * 128 + (kk % 4) * 32, 16, 1024),
-                  smem_desc(ks + (kk / 4) * kN * 128 + (kk % 4) * 32, 16, 1024), kk > 0 ? 1 : 0);
+    wgmma_ss_n128<0, 0>(s, smem_desc(as + (kk / 4) * kM * 128 + a_row + (kk % 4) * 32, 16, 1024),
+                        smem_desc(ks + (kk / 4) * kD * 128 + (kk % 4) * 32, 16, 1024), kk > 0 ? 1 : 0);
   wgmma_commit();
   wgmma_wait_all();
-  for (int nt = 0; nt < kN / 8; ++nt)
-    for (int e = 0; e < 4; ++e) s_out[(warp * 16 + g + (e >> 1) * 8) * kN + nt * 8 + t2 + (e & 1)] = s[nt * 4 + e];
-  uint32_t pa[kN / 16][4];
-  for (int kk = 0; kk < kN / 16; ++kk)
+  wgmma_hold(s);
+  store<128>(out.s, 128, wg * 64, 0, s);
+
+  float s64[32];
+  for (int i = 0; i < 32; ++i) s64[i] = 0.0f;
+  wgmma_hold(s64);
+  wgmma_fence();
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wgmma_ss_n64<0, 0>(s64, smem_desc(as + (kk / 4) * kM * 128 + a_row + (kk % 4) * 32, 16, 1024),
+                       smem_desc(ks + (kk / 4) * kD * 128 + (kk % 4) * 32, 16, 1024), kk > 0 ? 1 : 0);
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_hold(s64);
+  store<64>(out.s64, 64, wg * 64, 0, s64);
+
+  // P's rows of this warpgroup as A fragments (rounded to bf16), key slice kk.
+  uint32_t pa[kD / 16][4];
+  for (int kk = 0; kk < kD / 16; ++kk)
     for (int j = 0; j < 4; ++j) {
-      const float* row = p + (warp * 16 + g + (j & 1) * 8) * kN + kk * 16 + t2 + (j >> 1) * 8;
+      const float* row = p + (wg * 64 + warp * 16 + g + (j & 1) * 8) * kD + kk * 16 + t2 + (j >> 1) * 8;
       pa[kk][j] = pack_bf16(row[0], row[1]);
     }
-  float o[kD / 2];
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  float o[64];
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  wgmma_hold(o);
+  wgmma_hold(pa);
   wgmma_fence();
-  for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs_n128(o, pa[kk], smem_desc(vs + kk * 16 * 128, mn_lbo, mn_sbo));
+  for (int kk = 0; kk < kD / 16; ++kk) wgmma_rs_n128(o, pa[kk], smem_desc(vs + kk * 16 * 128, mn_lbo, mn_sbo));
   wgmma_commit();
   wgmma_wait_all();
-  for (int dt = 0; dt < kD / 8; ++dt)
-    for (int e = 0; e < 4; ++e) o_out[(warp * 16 + g + (e >> 1) * 8) * kD + dt * 8 + t2 + (e & 1)] = o[dt * 4 + e];
+  wgmma_hold(o);
+  wgmma_hold(pa);
+  store<128>(out.o, 128, wg * 64, 0, o);
+
+  float o64[32];
+  for (int i = 0; i < 32; ++i) o64[i] = 0.0f;
+  wgmma_hold(o64);
+  wgmma_hold(pa);
+  wgmma_fence();
+  for (int kk = 0; kk < kD / 16; ++kk) wgmma_rs_n64(o64, pa[kk], smem_desc(vs + kk * 16 * 128, mn_lbo, mn_sbo));
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_hold(o64);
+  wgmma_hold(pa);
+  store<64>(out.o64, 64, wg * 64, 0, o64);
+
   float q[32];
   for (int i = 0; i < 32; ++i) q[i] = 0.0f;
+  wgmma_hold(q);
   wgmma_fence();
-  for (int kk = 0; kk < kN / 16; ++kk)
-    wgmma_ss_n64<1, 1>(q, smem_desc(ts + kk * 16 * 128, mn_lbo, mn_sbo), smem_desc(ks + kk * 16 * 128, mn_lbo, mn_sbo),
-                       kk > 0 ? 1 : 0);
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wgmma_ss_n64<1, 1>(q, smem_desc(ts + kk * 16 * 128, mn_lbo, mn_sbo),
+                       smem_desc(ks + wg * kD * 128 + kk * 16 * 128, mn_lbo, mn_sbo), kk > 0 ? 1 : 0);
   wgmma_commit();
   wgmma_wait_all();
-  for (int nt = 0; nt < 8; ++nt)
-    for (int e = 0; e < 4; ++e) q_out[(warp * 16 + g + (e >> 1) * 8) * 64 + nt * 8 + t2 + (e & 1)] = q[nt * 4 + e];
+  wgmma_hold(q);
+  store<64>(out.q, 128, 0, wg * 64, q);
 #endif
 }
 
@@ -84,6 +139,29 @@ __global__ void products(const bf16* a, const bf16* k, const bf16* v, const floa
   } while (0)
 
 float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// c (rows x cols) = sum over r < n of x(i, r) y(r, j), each a function of its indices.
+template <typename X, typename Y>
+std::vector<double> product(int rows, int cols, int n, X x, Y y) {
+  std::vector<double> c(static_cast<size_t>(rows) * cols);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      double acc = 0;
+      for (int r = 0; r < n; ++r) acc += static_cast<double>(x(i, r)) * y(r, j);
+      c[static_cast<size_t>(i) * cols + j] = acc;
+    }
+  return c;
+}
+
+// Max error over max |reference|; NaN (an element never written) counts as infinite.
+double rel_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double e = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    e = std::max(e, std::isnan(got[i]) ? INFINITY : std::fabs(got[i] - want[i]));
+    scale = std::max(scale, std::fabs(want[i]));
+  }
+  return e / scale;
+}
 
 }  // namespace wgmma_layout
 
@@ -102,85 +180,85 @@ int main() {
   }
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> a(kM * kD), k(kN * kD), v(kN * kD), p(kM * kN), tt(kN * kM);
-  for (auto* t : {&a, &k, &v, &p, &tt})
-    for (float& x : *t) x = round_bf16(u(rng));
+  std::vector<float> a(kM * kD), k(kD * kD), v(kD * kD), p(kM * kD), t(kD * kQ);
+  for (auto* x : {&a, &k, &v, &p, &t})
+    for (float& e : *x) e = round_bf16(u(rng));
   auto to_bf16 = [](const std::vector<float>& x) {
     std::vector<bf16> b(x.size());
     for (size_t i = 0; i < x.size(); ++i) b[i] = __float2bfloat16_rn(x[i]);
     return b;
   };
-  const std::vector<bf16> ab = to_bf16(a), kb = to_bf16(k), vb = to_bf16(v), tb = to_bf16(tt);
-  bf16 *da, *dk, *dv, *dt;
-  float *dp, *ds, *dout, *dq;
-  CHECK(cudaMalloc(&da, ab.size() * 2));
-  CHECK(cudaMalloc(&dk, kb.size() * 2));
-  CHECK(cudaMalloc(&dv, vb.size() * 2));
-  CHECK(cudaMalloc(&dp, p.size() * 4));
-  CHECK(cudaMalloc(&ds, kM * kN * 4));
-  CHECK(cudaMalloc(&dout, kM * kD * 4));
-  CHECK(cudaMalloc(&dt, tb.size() * 2));
-  CHECK(cudaMalloc(&dq, kM * 64 * 4));
-  CHECK(cudaMemcpy(dt, tb.data(), tb.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(da, ab.data(), ab.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dk, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dv, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dp, p.data(), p.size() * 4, cudaMemcpyHostToDevice));
-  std::vector<double> s_ref(kM * kN), o_ref(kM * kD), q_ref(kM * 64);
-  double s_max = 0, o_max = 0, q_max = 0;
-  for (int i = 0; i < kM; ++i)
-    for (int c = 0; c < 64; ++c) {
-      double acc = 0;
-      for (int j = 0; j < kN; ++j) acc += static_cast<double>(tt[j * kM + i]) * k[j * kD + c];
-      q_ref[i * 64 + c] = acc;
-      q_max = std::max(q_max, std::fabs(acc));
-    }
-  for (int i = 0; i < kM; ++i)
-    for (int j = 0; j < kN; ++j) {
-      double acc = 0;
-      for (int c = 0; c < kD; ++c) acc += static_cast<double>(a[i * kD + c]) * k[j * kD + c];
-      s_ref[i * kN + j] = acc;
-      s_max = std::max(s_max, std::fabs(acc));
-    }
-  for (int i = 0; i < kM; ++i)
-    for (int c = 0; c < kD; ++c) {
-      double acc = 0;
-      for (int j = 0; j < kN; ++j) acc += static_cast<double>(p[i * kN + j]) * v[j * kD + c];
-      o_ref[i * kD + c] = acc;
-      o_max = std::max(o_max, std::fabs(acc));
-    }
-  const int smem = (kM + 2 * kN) * kD * 2 + kN * kM * 2 + 1024;
+  // The references: S = A K^T, S64 its first 64 columns, O = P V, O64 its first 64 columns,
+  // Q = T^T K (64 x 128).
+  const auto s_ref = product(kM, kD, kD, [&](int i, int c) { return a[i * kD + c]; },
+                             [&](int c, int j) { return k[j * kD + c]; });
+  const auto s64_ref = product(kM, 64, kD, [&](int i, int c) { return a[i * kD + c]; },
+                               [&](int c, int j) { return k[j * kD + c]; });
+  const auto o_ref = product(kM, kD, kD, [&](int i, int j) { return p[i * kD + j]; },
+                             [&](int j, int c) { return v[j * kD + c]; });
+  const auto o64_ref = product(kM, 64, kD, [&](int i, int j) { return p[i * kD + j]; },
+                               [&](int j, int c) { return v[j * kD + c]; });
+  const auto q_ref = product(kQ, kD, kD, [&](int i, int j) { return t[j * kQ + i]; },
+                             [&](int j, int c) { return k[j * kD + c]; });
+
+  std::vector<void*> buffers;
+  auto upload = [&](const auto& host) {
+    void* d = nullptr;
+    if (cudaMalloc(&d, host.size() * sizeof(host[0])) != cudaSuccess) return d;
+    buffers.push_back(d);
+    cudaMemcpy(d, host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice);
+    return d;
+  };
+  const std::vector<bf16> ab = to_bf16(a), kb = to_bf16(k), vb = to_bf16(v), tb = to_bf16(t);
+  auto* da = static_cast<bf16*>(upload(ab));
+  auto* dk = static_cast<bf16*>(upload(kb));
+  auto* dv = static_cast<bf16*>(upload(vb));
+  auto* dt = static_cast<bf16*>(upload(tb));
+  auto* dp = static_cast<float*>(upload(p));
+  Out out{};
+  for (auto [ptr, n] : {std::pair{&out.s, kM * kD}, {&out.s64, kM * 64}, {&out.o, kM * kD}, {&out.o64, kM * 64},
+                        {&out.q, kQ * kD}})
+    CHECK(cudaMalloc(ptr, n * 4));
+  if (!da || !dk || !dv || !dt || !dp) {
+    std::fprintf(stderr, "wgmma_layout_test: cudaMalloc failed\n");
+    return 1;
+  }
+  const int smem = 4 * kTile + 1024;
   CHECK(cudaFuncSetAttribute(products, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // The kernels' reading of the MN-major descriptors first: LBO between 64-column blocks, SBO
-  // between 8-row groups; then the two swapped.
-  const uint32_t conventions[2][2] = {{kN * 128, 1024}, {1024, kN * 128}};
+
+  // The kernels' reading of the N/M-major descriptors (LBO between 64-element blocks, SBO
+  // between 8-row groups), then, only if it fails, the two swapped.
+  const uint32_t conventions[2][2] = {{kD * 128, 1024}, {1024, kD * 128}};
   bool kernel_ok = false;
-  for (int c = 0; c < 2; ++c) {
-    CHECK(cudaMemset(ds, 0xFF, kM * kN * 4));
-    CHECK(cudaMemset(dout, 0xFF, kM * kD * 4));
-    CHECK(cudaMemset(dq, 0xFF, kM * 64 * 4));
-    products<<<1, 128, smem>>>(da, dk, dv, dp, dt, ds, dout, dq, conventions[c][0], conventions[c][1]);
+  for (int c = 0; c < 2 && !kernel_ok; ++c) {
+    for (auto [ptr, n] : {std::pair{out.s, kM * kD}, {out.s64, kM * 64}, {out.o, kM * kD}, {out.o64, kM * 64},
+                          {out.q, kQ * kD}})
+      CHECK(cudaMemset(ptr, 0xFF, n * 4));
+    products<<<1, 256, smem>>>(da, dk, dv, dp, dt, out, conventions[c][0], conventions[c][1]);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
-    std::vector<float> s(kM * kN), o(kM * kD), qv(kM * 64);
-    CHECK(cudaMemcpy(s.data(), ds, s.size() * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(o.data(), dout, o.size() * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(qv.data(), dq, qv.size() * 4, cudaMemcpyDeviceToHost));
-    // Max error over max |reference|; NaN (an element never written) counts as infinite.
-    auto rel_err = [](const std::vector<float>& got, const std::vector<double>& want, double scale) {
-      double e = 0;
-      for (size_t i = 0; i < got.size(); ++i) e = std::max(e, std::isnan(got[i]) ? INFINITY : std::fabs(got[i] - want[i]));
-      return e / scale;
+    auto fetch = [](const float* d, int n) {
+      std::vector<float> h(n);
+      cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost);
+      return h;
     };
-    const double s_err = rel_err(s, s_ref, s_max), o_err = rel_err(o, o_ref, o_max), q_err = rel_err(qv, q_ref, q_max);
-    // Exact bf16 products summed in fp32: a few fp32 ulps of the largest element.
-    const bool s_ok = s_err < 1e-5, o_ok = o_err < 1e-5, q_ok = q_err < 1e-5;
-    std::printf("wgmma_layout_test: MN-major LBO %u, SBO %u%s: S = A K^T max error %.2e (%s), O = P V %.2e (%s), "
-                "Q = T^T K0 %.2e (%s)\n",
-                conventions[c][0], conventions[c][1], c == 0 ? " (the kernels')" : " (swapped)", s_err,
-                s_ok ? "ok" : "WRONG", o_err, o_ok ? "ok" : "WRONG", q_err, q_ok ? "ok" : "WRONG");
-    if (c == 0) kernel_ok = s_ok && o_ok && q_ok;
+    const double errs[5] = {rel_error(fetch(out.s, kM * kD), s_ref), rel_error(fetch(out.s64, kM * 64), s64_ref),
+                            rel_error(fetch(out.o, kM * kD), o_ref), rel_error(fetch(out.o64, kM * 64), o64_ref),
+                            rel_error(fetch(out.q, kQ * kD), q_ref)};
+    const char* names[5] = {"S = A K^T (m64n128)", "S64 (m64n64)", "O = P V (m64n128, N-major B)",
+                            "O64 (m64n64, N-major B)", "Q = T^T K (m64n64, M-major A, N-major B)"};
+    bool all = true;
+    std::printf("wgmma_layout_test: N/M-major LBO %u, SBO %u%s:\n", conventions[c][0], conventions[c][1],
+                c == 0 ? " (the kernels')" : " (swapped)");
+    for (int i = 0; i < 5; ++i) {
+      // Exact bf16 products summed in fp32: a few fp32 ulps of the largest element.
+      const bool ok = errs[i] < 1e-5;
+      all = all && ok;
+      std::printf("  %-42s max error %.2e  %s\n", names[i], errs[i], ok ? "ok" : "WRONG");
+    }
+    if (c == 0) kernel_ok = all;
   }
   std::printf("wgmma_layout_test: %s\n", kernel_ok ? "the kernels' conventions hold" : "FAILED");
+  for (void* b : buffers) cudaFree(b);
   return kernel_ok ? 0 : 1;
 }

@@ -96,8 +96,10 @@ AttentionShape with_docs(AttentionShape s, const AttnCase& c, const int64_t* sta
   return s;
 }
 
-// The path attention_tiles.cuh chooses (every tensor of these cases is 16-byte aligned).
+// The path attention_tiles.cuh chooses (every tensor of these cases is 16-byte aligned); kAny
+// where no row sees a key, since then neither path runs an instruction the emulator counts.
 Path path_of(const AttnCase& c) {
+  if (c.causal && c.q_offset + c.seq_q - 1 < c.k_offset) return Path::kAny;
   const AttentionShape s = shape_of(c);
   const bool tc = c.dtype == kB && (c.head_dim == 64 || c.head_dim == 128) && s.q_row_stride % 8 == 0 &&
                   s.kv_row_stride % 8 == 0 && (c.cc_major == 0 || c.cc_major >= 8);

@@ -139,6 +139,8 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
     float dpacc[kBr / 2];
 #pragma unroll
     for (int i = 0; i < kBr / 2; ++i) sacc[i] = dpacc[i] = 0.0f;
+    wgmma_hold(sacc);
+    wgmma_hold(dpacc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -154,6 +156,8 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
     }
     wgmma_commit();
     wgmma_wait_all();
+    wgmma_hold(sacc);
+    wgmma_hold(dpacc);
 
     // P^T = exp2(S^T scale log2(e) - lse log2(e)), zero where the query row does not see the key
     // (rows with lse = -inf see no key at all: +inf makes their p exactly 0); documents and
@@ -204,6 +208,10 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
         da[kk][j] = pack_bf16(dpacc[8 * kk + 2 * j], dpacc[8 * kk + 2 * j + 1]);
       }
     }
+    wgmma_hold(dv);
+    wgmma_hold(dk);
+    wgmma_hold(pa);
+    wgmma_hold(da);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) wgmma_rs_n128(dv, pa[kk], smem_desc(dost + kk * 16 * 128, kBr * 128, 1024));
@@ -220,6 +228,7 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
     float dqa[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) dqa[i] = 0.0f;
+    wgmma_hold(dqa);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
@@ -227,6 +236,11 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
                          smem_desc(ks + wg * kBc * 128 + kk * 16 * 128, kBc * 128, 1024), kk > 0 ? 1 : 0);
     wgmma_commit();
     wgmma_wait_all();  // dV, dK and dQ of this step
+    wgmma_hold(dv);
+    wgmma_hold(dk);
+    wgmma_hold(pa);
+    wgmma_hold(da);
+    wgmma_hold(dqa);
 
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {

@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const FwdParams p) {
     float s[kBc / 2];
 #pragma unroll
     for (int i = 0; i < kBc / 2; ++i) s[i] = 0.0f;
+    wgmma_hold(s);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -121,6 +122,7 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const FwdParams p) {
     }
     wgmma_commit();
     wgmma_wait_all();
+    wgmma_hold(s);
 
     // Online softmax, one row half (g or g+8) at a time; the 4 lanes of a quad share a row.
     const bool masked = k0 + kBc > vis_first || lo_last > k0;
@@ -175,6 +177,8 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const FwdParams p) {
       pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
     }
+    wgmma_hold(o);
+    wgmma_hold(pa);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
@@ -186,6 +190,8 @@ __global__ void __launch_bounds__(256, 1) fwd_wgmma_kernel(const FwdParams p) {
     }
     wgmma_commit();
     wgmma_wait_all();
+    wgmma_hold(o);
+    wgmma_hold(pa);
   }
 
   // out = O / l (0 for rows that saw no key), lse = (m + log2 l) ln 2 (-inf for those rows).

@@ -101,6 +101,23 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 // visible to the async proxy that wgmma reads through; a barrier must follow.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Pins registers that an in-flight wgmma reads or writes (accumulators, A fragments): an empty asm
+// that the compiler must assume reads and writes each of them, so that it neither moves their
+// initialization past a wgmma_fence nor their use before a wgmma_wait_all. Called on every such
+// array just before the fence and just after the wait.
+template <int kN>
+__device__ __forceinline__ void wgmma_hold(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void wgmma_hold(uint32_t (&a)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
 // The wgmma forms the kernels use (the accumulator is the asm's operand list, hence one function
 // per shape).
 // d (64 x 128) = A (64 x 16) B (16 x 128) (+ d when accumulate), both from shared memory: A
