@@ -41,6 +41,21 @@ __device__ void store(float* out, int ld, int row0, int col0, const float* d) {
       out[(row0 + warp * 16 + g + (e >> 1) * 8) * ld + col0 + nt * 8 + t2 + (e & 1)] = d[nt * 4 + e];
 }
 
+#if UNTIED_WGMMA
+// One product into d as the kernels run one: d zeroed and pinned, the fence, the wgmma
+// instructions `issue` makes, commit, wait, d pinned.
+template <int kN, typename Issue>
+__device__ void product(float (&d)[kN], Issue issue) {
+  for (int i = 0; i < kN; ++i) d[i] = 0.0f;
+  wgmma_hold(d);
+  wgmma_fence();
+  issue();
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_hold(d);
+}
+#endif
+
 __global__ void products(const bf16* a, const bf16* k, const bf16* v, const float* p, const bf16* t, Out out,
                          uint32_t mn_lbo, uint32_t mn_sbo) {
 #if UNTIED_WGMMA
@@ -61,70 +76,49 @@ __global__ void products(const bf16* a, const bf16* k, const bf16* v, const floa
   const int a_row = wg * 64 * 128;  // this warpgroup's first row of A, in bytes
 
   float s[64];
-  for (int i = 0; i < 64; ++i) s[i] = 0.0f;
-  wgmma_hold(s);
-  wgmma_fence();
-  for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss_n128<0, 0>(s, smem_desc(as + (kk / 4) * kM * 128 + a_row + (kk % 4) * 32, 16, 1024),
-                        smem_desc(ks + (kk / 4) * kD * 128 + (kk % 4) * 32, 16, 1024), kk > 0 ? 1 : 0);
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_hold(s);
+  product(s, [&] {
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_ss_n128<0, 0>(s, smem_desc(as + (kk / 4) * kM * 128 + a_row + (kk % 4) * 32, 16, 1024),
+                          smem_desc(ks + (kk / 4) * kD * 128 + (kk % 4) * 32, 16, 1024), kk > 0 ? 1 : 0);
+  });
   store<128>(out.s, 128, wg * 64, 0, s);
 
   float s64[32];
-  for (int i = 0; i < 32; ++i) s64[i] = 0.0f;
-  wgmma_hold(s64);
-  wgmma_fence();
-  for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss_n64<0, 0>(s64, smem_desc(as + (kk / 4) * kM * 128 + a_row + (kk % 4) * 32, 16, 1024),
-                       smem_desc(ks + (kk / 4) * kD * 128 + (kk % 4) * 32, 16, 1024), kk > 0 ? 1 : 0);
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_hold(s64);
+  product(s64, [&] {
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_ss_n64<0, 0>(s64, smem_desc(as + (kk / 4) * kM * 128 + a_row + (kk % 4) * 32, 16, 1024),
+                         smem_desc(ks + (kk / 4) * kD * 128 + (kk % 4) * 32, 16, 1024), kk > 0 ? 1 : 0);
+  });
   store<64>(out.s64, 64, wg * 64, 0, s64);
 
-  // P's rows of this warpgroup as A fragments (rounded to bf16), key slice kk.
+  // P's rows of this warpgroup as A fragments (rounded to bf16), key slice kk; pinned from before
+  // the first product that reads them to after the last.
   uint32_t pa[kD / 16][4];
   for (int kk = 0; kk < kD / 16; ++kk)
     for (int j = 0; j < 4; ++j) {
       const float* row = p + (wg * 64 + warp * 16 + g + (j & 1) * 8) * kD + kk * 16 + t2 + (j >> 1) * 8;
       pa[kk][j] = pack_bf16(row[0], row[1]);
     }
+  wgmma_hold(pa);
   float o[64];
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  wgmma_hold(o);
-  wgmma_hold(pa);
-  wgmma_fence();
-  for (int kk = 0; kk < kD / 16; ++kk) wgmma_rs_n128(o, pa[kk], smem_desc(vs + kk * 16 * 128, mn_lbo, mn_sbo));
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_hold(o);
-  wgmma_hold(pa);
+  product(o, [&] {
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_rs_n128(o, pa[kk], smem_desc(vs + kk * 16 * 128, mn_lbo, mn_sbo));
+  });
   store<128>(out.o, 128, wg * 64, 0, o);
 
   float o64[32];
-  for (int i = 0; i < 32; ++i) o64[i] = 0.0f;
-  wgmma_hold(o64);
-  wgmma_hold(pa);
-  wgmma_fence();
-  for (int kk = 0; kk < kD / 16; ++kk) wgmma_rs_n64(o64, pa[kk], smem_desc(vs + kk * 16 * 128, mn_lbo, mn_sbo));
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_hold(o64);
+  product(o64, [&] {
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_rs_n64(o64, pa[kk], smem_desc(vs + kk * 16 * 128, mn_lbo, mn_sbo));
+  });
   wgmma_hold(pa);
   store<64>(out.o64, 64, wg * 64, 0, o64);
 
   float q[32];
-  for (int i = 0; i < 32; ++i) q[i] = 0.0f;
-  wgmma_hold(q);
-  wgmma_fence();
-  for (int kk = 0; kk < kD / 16; ++kk)
-    wgmma_ss_n64<1, 1>(q, smem_desc(ts + kk * 16 * 128, mn_lbo, mn_sbo),
-                       smem_desc(ks + wg * kD * 128 + kk * 16 * 128, mn_lbo, mn_sbo), kk > 0 ? 1 : 0);
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_hold(q);
+  product(q, [&] {
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_ss_n64<1, 1>(q, smem_desc(ts + kk * 16 * 128, mn_lbo, mn_sbo),
+                         smem_desc(ks + wg * kD * 128 + kk * 16 * 128, mn_lbo, mn_sbo), kk > 0 ? 1 : 0);
+  });
   store<64>(out.q, 128, 0, wg * 64, q);
 #endif
 }

@@ -119,15 +119,9 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
   const int lane = tid % 32;
   const int g = lane >> 2;
   const int t2 = (lane & 3) * 2;
-  const int64_t item = blockIdx.x;
-  const int kvh = static_cast<int>(item % a.g);
-  const int64_t k0 = (item / a.g) * kBc;
-  const int64_t i_first = first_row_seeing(a, k0);  // no earlier query row sees any key of the tile
-  // Documents and window: no later row than i_end sees any key of the tile either.
-  const int64_t i_end = rows_seeing_end(a, (k0 + kBc < a.sk ? k0 + kBc : a.sk) - 1);
-  const int64_t qb0 = i_first / kBr;
-  const int64_t nq = i_first >= i_end ? 0 : (i_end + kBr - 1) / kBr - qb0;  // query tiles per head
-  const int64_t steps = nq * a.group;
+  const BwdTile tile = bwd_tile<kBr, kBc>(a);
+  const int kvh = tile.kvh;
+  const int64_t k0 = tile.k0, steps = tile.steps;
   const int krow = warp * 16;  // this warp's first key row in the tile
   const int64_t kv_col = static_cast<int64_t>(kvh) * kD;
   const bf16* q = static_cast<const bf16*>(p.q);
@@ -144,21 +138,12 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
 
   // Q, dO, lse, delta of step t (query head, query tile) into stage st.
   auto load_step = [&](int64_t t, int st) {
-    const int hq = kvh * a.group + static_cast<int>(t / nq);
-    const int64_t q0 = (qb0 + t % nq) * kBr;
+    const int hq = tile.head(t);
+    const int64_t q0 = tile.q_tile(t) * kBr;
     const int64_t q_col = static_cast<int64_t>(hq) * kD;
     load_tile_async<kBr, kD, kThreads>(qs + st * kBr * kLd, q, q0, a.sq, a.q_rs, q_col, tid);
     load_tile_async<kBr, kD, kThreads>(dos + st * kBr * kLd, dout, q0, a.sq, a.q_rs, q_col, tid);
-    const int r = tid < kBr ? tid : tid - kBr;
-    const int64_t i = q0 + r;
-    const bool valid = i < a.sq;
-    const int64_t off = static_cast<int64_t>(hq) * a.sq + (valid ? i : 0);
-    if (tid < kBr) {
-      cp_async_4(lse_s + st * kBr + r, p.lse + off, valid);
-      lo_s[st * kBr + r] = static_cast<int>(first_visible_key(a, i));
-    }
-    else if (tid < 2 * kBr)
-      cp_async_4(delta_s + st * kBr + r, p.delta + off, valid);
+    load_row_values_async<kBr>(p, hq, q0, lse_s + st * kBr, delta_s + st * kBr, lo_s + st * kBr, tid);
   };
 
   if (steps > 0) {
@@ -170,8 +155,8 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
 
   for (int64_t t = 0; t < steps; ++t) {
     const int st = static_cast<int>(t & 1);
-    const int hq = kvh * a.group + static_cast<int>(t / nq);
-    const int64_t q0 = (qb0 + t % nq) * kBr;
+    const int hq = tile.head(t);
+    const int64_t q0 = tile.q_tile(t) * kBr;
     // Step t has landed and is visible; every warp is done with step t-1 (its stage and dS^T).
     cp_async_wait_all();
     __syncthreads();
@@ -323,37 +308,14 @@ __global__ void __launch_bounds__(256, kMinBlocks) bwd_mma_kernel(const BwdParam
   }
 
   // dK = scale dS^T Q, dV (zeros for keys no query row sees).
-  bf16* dkp = static_cast<bf16*>(p.dk);
-  bf16* dvp = static_cast<bf16*>(p.dv);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t j = k0 + krow + g + hf * 8;
     if (j >= a.sk) continue;
-    if (p.out_f32) {
-      float* dkrow = static_cast<float*>(p.dk) + j * a.kv_rs + kv_col + t2;
-      float* dvrow = static_cast<float*>(p.dv) + j * a.kv_rs + kv_col + t2;
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        float2 k2 = make_float2(dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale);
-        float2 v2 = make_float2(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
-        if (p.acc_dkv) {  // this block's keys are written by this CTA alone: no race
-          const float2 k0v = *reinterpret_cast<const float2*>(dkrow + dt * 8);
-          const float2 v0v = *reinterpret_cast<const float2*>(dvrow + dt * 8);
-          k2 = make_float2(__fadd_rn(k0v.x, k2.x), __fadd_rn(k0v.y, k2.y));
-          v2 = make_float2(__fadd_rn(v0v.x, v2.x), __fadd_rn(v0v.y, v2.y));
-        }
-        *reinterpret_cast<float2*>(dkrow + dt * 8) = k2;
-        *reinterpret_cast<float2*>(dvrow + dt * 8) = v2;
-      }
-      continue;
-    }
-    bf16* dkrow = dkp + j * a.kv_rs + kv_col + t2;
-    bf16* dvrow = dvp + j * a.kv_rs + kv_col + t2;
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      *reinterpret_cast<uint32_t*>(dkrow + dt * 8) = pack_bf16(dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dvrow + dt * 8) = pack_bf16(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
-    }
+    for (int dt = 0; dt < kDT; ++dt)
+      store_dkv_pair(p, j, kv_col + dt * 8 + t2, dk[dt][2 * hf] * a.scale, dk[dt][2 * hf + 1] * a.scale,
+                     dv[dt][2 * hf], dv[dt][2 * hf + 1]);
   }
 }
 
@@ -400,14 +362,9 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int d = a.d;
-  const int64_t item = blockIdx.x;
-  const int kvh = static_cast<int>(item % a.g);
-  const int64_t k0 = (item / a.g) * kBc;
-  const int64_t i_first = first_row_seeing(a, k0);
-  const int64_t i_end = rows_seeing_end(a, (k0 + kBc < a.sk ? k0 + kBc : a.sk) - 1);  // documents, window
-  const int64_t qb0 = i_first / kBr;
-  const int64_t nq = i_first >= i_end ? 0 : (i_end + kBr - 1) / kBr - qb0;
-  const int64_t steps = nq * a.group;
+  const BwdTile tile = bwd_tile<kBr, kBc>(a);
+  const int kvh = tile.kvh;
+  const int64_t k0 = tile.k0, steps = tile.steps;
   const int64_t kv_col = static_cast<int64_t>(kvh) * d;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
@@ -432,8 +389,8 @@ __global__ void __launch_bounds__(BwdSimtConfig<kDMax>::kThreads) bwd_simt_kerne
 
   const int64_t j = k0 + lane;  // this lane's key in the score phase
   for (int64_t t = 0; t < steps; ++t) {
-    const int hq = kvh * a.group + static_cast<int>(t / nq);
-    const int64_t q0 = (qb0 + t % nq) * kBr;
+    const int hq = tile.head(t);
+    const int64_t q0 = tile.q_tile(t) * kBr;
     const int64_t q_col = static_cast<int64_t>(hq) * d;
     __syncthreads();  // the previous step's readers are done (K and V are written on the first)
     for (int idx = tid; idx < kBr * kDMax; idx += kThreads) {

@@ -30,6 +30,30 @@
 namespace untied::cuda::attn {
 namespace {
 
+// The causal limit for key row j against a step's kBr query columns from q0: columns
+// [0, returned) do not see it (all of them past the keys' end). `masked`: the key tile crosses the
+// causal diagonal or the keys' end (else 0).
+template <int kBr>
+__device__ __forceinline__ int first_query_seeing(const AttnGeom& a, int64_t j, int64_t q0, bool masked) {
+  if (!masked) return 0;
+  return j >= a.sk ? kBr : (a.causal ? clamp_to(j - a.diff - q0, kBr) : 0);
+}
+
+// P^T of key row j and query column qc from its score s, the step's per-row lse and first visible
+// keys, and the key's first_query_seeing: exp2(s scale log2(e) - lse log2(e)), 0 where the query
+// does not see the key (a row with lse = -inf sees none: +inf makes its p exactly 0). `docs`: some
+// row of the step starts after the tile's first key (documents, window).
+__device__ __forceinline__ float backward_p(const AttnGeom& a, float s, int64_t j, int qc, int first_query, bool docs,
+                                            const float* lse, const int* row_lo) {
+  const float lv = lse[qc];
+  const float l2 = lv == -INFINITY ? INFINITY : lv * kLog2e;
+  const float pv = exp2_ftz(s * a.scale_log2 - l2);
+  return qc < first_query || (docs && j < row_lo[qc]) ? 0.0f : pv;
+}
+
+// (The mma.sync kernel computes the same inline: with these functions ptxas spilled 52 bytes of its
+// registers there against 36 inline, and here none against 16.)
+
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
   static constexpr int kThreads = 256;           // 2 warpgroups
@@ -71,15 +95,9 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
   const int qrow = (warp % 4) * 16;  // this warp's first query row of dQ's 64
   const int g = lane >> 2;
   const int t2 = (lane & 3) * 2;
-  const int64_t item = blockIdx.x;
-  const int kvh = static_cast<int>(item % a.g);
-  const int64_t k0 = (item / a.g) * kBc;
-  const int64_t i_first = first_row_seeing(a, k0);  // no earlier query row sees any key of the tile
-  // Documents and window: no later row than i_end sees any key of the tile either.
-  const int64_t i_end = rows_seeing_end(a, (k0 + kBc < a.sk ? k0 + kBc : a.sk) - 1);
-  const int64_t qb0 = i_first / kBr;
-  const int64_t nq = i_first >= i_end ? 0 : (i_end + kBr - 1) / kBr - qb0;  // query tiles per head
-  const int64_t steps = nq * a.group;
+  const BwdTile tile = bwd_tile<kBr, kBc>(a);
+  const int kvh = tile.kvh;
+  const int64_t k0 = tile.k0, steps = tile.steps;
   const int64_t kv_col = static_cast<int64_t>(kvh) * kD;
   const bf16* q = static_cast<const bf16*>(p.q);
   const bf16* k = static_cast<const bf16*>(p.k);
@@ -93,21 +111,12 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
 
   // Q, dO, lse, delta and first visible keys of step t (query head, query tile) into stage st.
   auto load_step = [&](int64_t t, int st) {
-    const int hq = kvh * a.group + static_cast<int>(t / nq);
-    const int64_t q0 = (qb0 + t % nq) * kBr;
+    const int hq = tile.head(t);
+    const int64_t q0 = tile.q_tile(t) * kBr;
     const int64_t q_col = static_cast<int64_t>(hq) * kD;
     load_swizzled_async<kBr, kD, kThreads>(qs + st * Cfg::kQBytes, q, q0, a.sq, a.q_rs, q_col, tid);
     load_swizzled_async<kBr, kD, kThreads>(dos + st * Cfg::kQBytes, dout, q0, a.sq, a.q_rs, q_col, tid);
-    const int r = tid < kBr ? tid : tid - kBr;
-    const int64_t i = q0 + r;
-    const bool valid = i < a.sq;
-    const int64_t off = static_cast<int64_t>(hq) * a.sq + (valid ? i : 0);
-    if (tid < kBr) {
-      cp_async_4(lse_s + st * kBr + r, p.lse + off, valid);
-      lo_s[st * kBr + r] = static_cast<int>(first_visible_key(a, i));
-    } else if (tid < 2 * kBr) {
-      cp_async_4(delta_s + st * kBr + r, p.delta + off, valid);
-    }
+    load_row_values_async<kBr>(p, hq, q0, lse_s + st * kBr, delta_s + st * kBr, lo_s + st * kBr, tid);
   };
 
   if (steps > 0) {
@@ -119,8 +128,8 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
 
   for (int64_t t = 0; t < steps; ++t) {
     const int st = static_cast<int>(t & 1);
-    const int hq = kvh * a.group + static_cast<int>(t / nq);
-    const int64_t q0 = (qb0 + t % nq) * kBr;
+    const int hq = tile.head(t);
+    const int64_t q0 = tile.q_tile(t) * kBr;
     // Step t has landed and is visible (to wgmma too); every thread is done with step t-1 (its
     // wgmma groups completed): its stage and dS^T may be refilled.
     cp_async_wait_all();
@@ -165,24 +174,15 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
     // dS^T = P^T (dP^T - delta), in dpacc.
     const bool lo_masked = a.has_lo && lost[kBr - 1] > k0;
     const bool masked = k0 + kBc > a.sk || (a.causal && k0 + kBc - 1 - q0 > a.diff);
-    int fq[2] = {0, 0};  // query columns [0, fq[hf]) of the tile do not see key row krow + g + 8 hf
-    if (masked) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int64_t j = k0 + krow + g + hf * 8;
-        fq[hf] = j >= a.sk ? kBr : (a.causal ? clamp_to(j - a.diff - q0, kBr) : 0);
-      }
-    }
+    const int fq[2] = {first_query_seeing<kBr>(a, k0 + krow + g, q0, masked),
+                       first_query_seeing<kBr>(a, k0 + krow + g + 8, q0, masked)};
 #pragma unroll
     for (int nt = 0; nt < kQT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = nt * 8 + t2 + (e & 1);
-        const float lv = lst[qc];
-        const float l2 = lv == -INFINITY ? INFINITY : lv * kLog2e;
-        const float pv = exp2_ftz(sacc[nt * 4 + e] * a.scale_log2 - l2);
-        const bool before_doc = lo_masked && k0 + krow + g + (e >> 1) * 8 < lost[qc];
-        const float pm = qc < fq[e >> 1] || before_doc ? 0.0f : pv;
+        const float pm =
+            backward_p(a, sacc[nt * 4 + e], k0 + krow + g + (e >> 1) * 8, qc, fq[e >> 1], lo_masked, lst, lost);
         sacc[nt * 4 + e] = pm;
         dpacc[nt * 4 + e] = pm * (dpacc[nt * 4 + e] - dlt[qc]);
       }
@@ -259,32 +259,10 @@ __global__ void __launch_bounds__(256, 1) bwd_wgmma_kernel(const BwdParams p) {
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t j = k0 + krow + g + hf * 8;
     if (j >= a.sk) continue;
-    if (p.out_f32) {
-      float* dkrow = static_cast<float*>(p.dk) + j * a.kv_rs + kv_col + t2;
-      float* dvrow = static_cast<float*>(p.dv) + j * a.kv_rs + kv_col + t2;
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        float2 k2 = make_float2(dk[dt * 4 + 2 * hf] * a.scale, dk[dt * 4 + 2 * hf + 1] * a.scale);
-        float2 v2 = make_float2(dv[dt * 4 + 2 * hf], dv[dt * 4 + 2 * hf + 1]);
-        if (p.acc_dkv) {  // this block's keys are written by this block alone: no race
-          const float2 k_old = *reinterpret_cast<const float2*>(dkrow + dt * 8);
-          const float2 v_old = *reinterpret_cast<const float2*>(dvrow + dt * 8);
-          k2 = make_float2(__fadd_rn(k_old.x, k2.x), __fadd_rn(k_old.y, k2.y));
-          v2 = make_float2(__fadd_rn(v_old.x, v2.x), __fadd_rn(v_old.y, v2.y));
-        }
-        *reinterpret_cast<float2*>(dkrow + dt * 8) = k2;
-        *reinterpret_cast<float2*>(dvrow + dt * 8) = v2;
-      }
-      continue;
-    }
-    bf16* dkrow = static_cast<bf16*>(p.dk) + j * a.kv_rs + kv_col + t2;
-    bf16* dvrow = static_cast<bf16*>(p.dv) + j * a.kv_rs + kv_col + t2;
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      *reinterpret_cast<uint32_t*>(dkrow + dt * 8) =
-          pack_bf16(dk[dt * 4 + 2 * hf] * a.scale, dk[dt * 4 + 2 * hf + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dvrow + dt * 8) = pack_bf16(dv[dt * 4 + 2 * hf], dv[dt * 4 + 2 * hf + 1]);
-    }
+    for (int dt = 0; dt < kDT; ++dt)
+      store_dkv_pair(p, j, kv_col + dt * 8 + t2, dk[dt * 4 + 2 * hf] * a.scale, dk[dt * 4 + 2 * hf + 1] * a.scale,
+                     dv[dt * 4 + 2 * hf], dv[dt * 4 + 2 * hf + 1]);
   }
 #endif  // UNTIED_WGMMA
 }

@@ -151,39 +151,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        int lo = 0, lim = kBc;  // keys [k0 + lo, k0 + lim) of this tile are visible to the row
-        if (masked) {
-          lo = clamp_to(row_lo[mt][hf] - k0, kBc);
-          lim = clamp_to(visible_keys(a, q0 + wrow + mt * 16 + g + hf * 8) - k0, kBc);
-        }
-        // Row max of the raw scores (scale > 0 keeps the order), then in base-2 units.
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = nt * 8 + t2 + e;
-            if (col >= lim || col < lo) s[mt][nt][hf * 2 + e] = -INFINITY;
-            mx = fmaxf(mx, s[mt][nt][hf * 2 + e]);
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[mt][hf], mx * a.scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, not NaN
-        const float alpha = exp2_ftz(m[mt][hf] - m_use);
-        m[mt][hf] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = exp2_ftz(fmaf(s[mt][nt][hf * 2 + e], a.scale_log2, -m_use));
-            s[mt][nt][hf * 2 + e] = pv;
-            sum += pv;
-          }
-        }
-        l[mt][hf] = l[mt][hf] * alpha + sum;  // this lane's partial row sum
+        const float alpha =
+            online_softmax_row<kNT>([&](int nt, int e) -> float& { return s[mt][nt][hf * 2 + e]; }, a, masked, k0,
+                                    q0 + wrow + mt * 16 + g + hf * 8, row_lo[mt][hf], t2, m[mt][hf], l[mt][hf]);
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
           o[mt][dt][hf * 2] *= alpha;
@@ -217,34 +187,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) fwd_mma_kernel(const 
   }
 
   // out = O / l (0 for rows that saw no key), lse = (m + log2 l) ln 2 (-inf for those rows).
-  bf16* out = static_cast<bf16*>(p.out);
-  float* out32 = static_cast<float*>(p.out);
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float lt = l[mt][hf];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const int64_t i = q0 + wrow + mt * 16 + g + hf * 8;
-      if (i < a.sq) {
-        // lt = 0: a row that sees no key (output 0); lt NaN: NaN scores, carried (never read as masked).
-        const float inv = lt > 0.0f ? 1.0f / lt : lt == 0.0f ? 0.0f : lt;
-        if (p.out_f32) {
-          float* orow = out32 + i * a.q_rs + q_col + t2;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt)
-            *reinterpret_cast<float2*>(orow + dt * 8) = make_float2(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
-        } else {
-          bf16* orow = out + i * a.q_rs + q_col + t2;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt)
-            *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
-        }
-        if ((lane & 3) == 0) p.lse[h * a.sq + i] = lt > 0.0f ? (m[mt][hf] + log2f(lt)) * kLn2 : lt == 0.0f ? -INFINITY : lt;
-      }
-    }
-  }
+    for (int hf = 0; hf < 2; ++hf)
+      store_out_row<kDT>(p, q0 + wrow + mt * 16 + g + hf * 8, h, t2, lane,
+                         [&](int dt, int e) { return o[mt][dt][hf * 2 + e]; }, m[mt][hf], l[mt][hf]);
 }
 
 // ---------------------------------------------------------------- portable kernel

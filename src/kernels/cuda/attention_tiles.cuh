@@ -174,6 +174,34 @@ __device__ __forceinline__ FwdTile fwd_tile(const AttnGeom& a) {
   return t;
 }
 
+// The (key tile, KV head) a backward block works on, from blockIdx.x (KV heads fastest), and its
+// steps: each query head of the KV head's GQA group times each query tile of kBr rows that can see
+// a key of the tile (from the causal start; with documents and a window, up to the last such row).
+struct BwdTile {
+  int kvh, group;
+  int64_t k0;     // the tile's first key
+  int64_t qb0;    // the first query tile that sees any of its keys
+  int64_t nq;     // query tiles per head
+  int64_t steps;  // nq x group
+  __device__ __forceinline__ int head(int64_t t) const { return kvh * group + static_cast<int>(t / nq); }
+  __device__ __forceinline__ int64_t q_tile(int64_t t) const { return qb0 + t % nq; }
+};
+
+template <int kBr, int kBc>
+__device__ __forceinline__ BwdTile bwd_tile(const AttnGeom& a) {
+  BwdTile t;
+  t.kvh = static_cast<int>(blockIdx.x % a.g);
+  t.group = a.group;
+  t.k0 = (static_cast<int64_t>(blockIdx.x) / a.g) * kBc;
+  const int64_t i_first = first_row_seeing(a, t.k0);  // no earlier query row sees any key of the tile
+  // Documents and window: no later row than i_end sees any key of the tile either.
+  const int64_t i_end = rows_seeing_end(a, (t.k0 + kBc < a.sk ? t.k0 + kBc : a.sk) - 1);
+  t.qb0 = i_first / kBr;
+  t.nq = i_first >= i_end ? 0 : (i_end + kBr - 1) / kBr - t.qb0;
+  t.steps = t.nq * a.group;
+  return t;
+}
+
 // ---- PTX primitives (sm_80+) ----
 __device__ __forceinline__ unsigned char* dynamic_smem() {
   extern __shared__ __align__(16) unsigned char untied_attn_smem[];
@@ -271,6 +299,124 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
+}
+
+// ---- pieces of the tensor-core kernels (mma.sync and wgmma alike) ----
+// Their accumulators: per warp 16 rows, each 8-column n-tile laid out as mma.sync's C fragment, so
+// a lane holds columns 2 (lane % 4) + {0, 1} (t2 + e) of rows g = lane / 4 and g + 8 (row half hf).
+// The helpers take an accessor frag(nt, e) for element e of n-tile nt of one row half.
+
+// The forward's online-softmax step for one row half (query row i) over a key tile of kNT 8-key
+// n-tiles from key k0: keys outside what the row sees are masked (when `masked`: the causal end,
+// and the row's first visible key row_lo), the row max is taken over the quad sharing the row,
+// the scores become p = exp2(s scale log2(e) - m) in place, and m and this lane's partial row sum l
+// are updated. Returns alpha, the factor that rescales the row's O.
+template <int kNT, typename Frag>
+__device__ __forceinline__ float online_softmax_row(Frag&& s, const AttnGeom& a, bool masked, int64_t k0, int64_t i,
+                                                    int64_t row_lo, int t2, float& m, float& l) {
+  constexpr int kBc = kNT * 8;
+  int lo = 0, lim = kBc;  // keys [k0 + lo, k0 + lim) of this tile are visible to the row
+  if (masked) {
+    lo = clamp_to(row_lo - k0, kBc);
+    lim = clamp_to(visible_keys(a, i) - k0, kBc);
+  }
+  // Row max of the raw scores (scale > 0 keeps the order), then in base-2 units.
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = nt * 8 + t2 + e;
+      if (col >= lim || col < lo) s(nt, e) = -INFINITY;
+      mx = fmaxf(mx, s(nt, e));
+    }
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx * a.scale_log2);
+  const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, not NaN
+  const float alpha = exp2_ftz(m - m_use);
+  m = m_new;
+  float sum = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float pv = exp2_ftz(fmaf(s(nt, e), a.scale_log2, -m_use));
+      s(nt, e) = pv;
+      sum += pv;
+    }
+  }
+  l = l * alpha + sum;  // this lane's partial row sum
+  return alpha;
+}
+
+// The forward's output of query row i, head h, from O's fragments o(dt, e) (kDT 8-column n-tiles),
+// the row max m and this lane's partial row sum l: out = O / l (0 for a row that saw no key; NaN
+// scores carried), lse = (m + log2 l) ln 2 (-inf for such a row). Every lane of the quad calls it
+// (l is summed over the quad); rows >= sq are not written.
+template <int kDT, typename Frag>
+__device__ __forceinline__ void store_out_row(const FwdParams& p, int64_t i, int h, int t2, int lane, Frag&& o, float m,
+                                              float l) {
+  const AttnGeom& a = p.a;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (i >= a.sq) return;
+  const float inv = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : l;
+  const int64_t at = i * a.q_rs + static_cast<int64_t>(h) * kDT * 8 + t2;
+  if (p.out_f32) {
+    float* orow = static_cast<float*>(p.out) + at;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) *reinterpret_cast<float2*>(orow + dt * 8) = make_float2(o(dt, 0) * inv, o(dt, 1) * inv);
+  } else {
+    bf16* orow = static_cast<bf16*>(p.out) + at;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o(dt, 0) * inv, o(dt, 1) * inv);
+  }
+  if ((lane & 3) == 0) p.lse[h * a.sq + i] = l > 0.0f ? (m + log2f(l)) * kLn2 : l == 0.0f ? -INFINITY : l;
+}
+
+// The backward's per-row values of query rows [q0, q0 + kBr) of head hq into one stage: lse and
+// delta by cp.async (threads [0, kBr) and [kBr, 2 kBr); zeros past sq) and each row's first
+// visible key (documents, window).
+template <int kBr>
+__device__ __forceinline__ void load_row_values_async(const BwdParams& p, int hq, int64_t q0, float* lse, float* delta,
+                                                      int* lo, int tid) {
+  const AttnGeom& a = p.a;
+  const int r = tid < kBr ? tid : tid - kBr;
+  const int64_t i = q0 + r;
+  const bool valid = i < a.sq;
+  const int64_t off = static_cast<int64_t>(hq) * a.sq + (valid ? i : 0);
+  if (tid < kBr) {
+    cp_async_4(lse + r, p.lse + off, valid);
+    lo[r] = static_cast<int>(first_visible_key(a, i));
+  } else if (tid < 2 * kBr) {
+    cp_async_4(delta + r, p.delta + off, valid);
+  }
+}
+
+// The backward's dK and dV of key row j at columns col, col + 1 (dk already scaled): stored in the
+// storage type, or in fp32 (out_f32), added to what is there (with accumulate_dkv: this block's
+// keys are written by this block alone, so there is no race).
+__device__ __forceinline__ void store_dkv_pair(const BwdParams& p, int64_t j, int64_t col, float dk0, float dk1,
+                                               float dv0, float dv1) {
+  const int64_t at = j * p.a.kv_rs + col;
+  if (p.out_f32) {
+    float* dkp = static_cast<float*>(p.dk) + at;
+    float* dvp = static_cast<float*>(p.dv) + at;
+    float2 k2 = make_float2(dk0, dk1), v2 = make_float2(dv0, dv1);
+    if (p.acc_dkv) {
+      const float2 k_old = *reinterpret_cast<const float2*>(dkp);
+      const float2 v_old = *reinterpret_cast<const float2*>(dvp);
+      k2 = make_float2(__fadd_rn(k_old.x, k2.x), __fadd_rn(k_old.y, k2.y));
+      v2 = make_float2(__fadd_rn(v_old.x, v2.x), __fadd_rn(v_old.y, v2.y));
+    }
+    *reinterpret_cast<float2*>(dkp) = k2;
+    *reinterpret_cast<float2*>(dvp) = v2;
+    return;
+  }
+  *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.dk) + at) = pack_bf16(dk0, dk1);
+  *reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.dv) + at) = pack_bf16(dv0, dv1);
 }
 
 // Copies rows [row0, row0 + kRows) of one head (kD elements at column col0) of a bf16 tensor
