@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "untied/device/cuda.h"
 
 namespace untied {
@@ -279,6 +280,7 @@ StatusOr<CudaMemoryInfo> cuda_memory_info(int index) {
 }
 
 StatusOr<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& opts) {
+  if (const StatusOr<bool> wgmma = cuda::attention_wgmma_requested(); !wgmma.ok()) return wgmma.status();
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {

@@ -36,6 +36,11 @@ Status attention_backward_supports(const AttentionBackwardCall& c);
 
 void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch& scratch);  // attention_forward.cu
 
+// UNTIED_CUDA_ATTENTION (cuda_backend.cc): true for "wgmma" (the Hopper attention kernels where
+// they can run), false when unset, empty or "mma"; any other value is refused, saying what to
+// write (make_cuda_device refuses it on every rank before any compute).
+StatusOr<bool> attention_wgmma_requested();
+
 void rope(Device& dev, const RopeCall& c, const Scratch& scratch);  // rope.cu
 Status rope_supports(const RopeCall& c);
 

@@ -17,24 +17,21 @@
 #pragma once
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #include "kernels/cuda/attention_tiles.cuh"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace untied::cuda::attn {
 
-// Whether the Hopper kernels may run: UNTIED_CUDA_ATTENTION=wgmma; unset, empty or "mma" keeps the
-// mma.sync kernels (the default until a GPU run has checked the Hopper ones: docs/gpu.md);
-// anything else is refused.
+// Whether the Hopper kernels may run: UNTIED_CUDA_ATTENTION=wgmma (attention_wgmma_requested;
+// unset, empty or "mma" keeps the mma.sync kernels, the default until a GPU run has checked the
+// Hopper ones: docs/gpu.md). Read once.
 inline bool wgmma_wanted() {
   static const bool wanted = [] {
-    const char* e = std::getenv("UNTIED_CUDA_ATTENTION");
-    if (e == nullptr || *e == '\0' || std::strcmp(e, "mma") == 0) return false;
-    UNTIED_CHECK_KIND(ErrorKind::kInvalidArgument, std::strcmp(e, "wgmma") == 0, "UNTIED_CUDA_ATTENTION='", e,
-                      "': use mma (the default) or wgmma");
-    return true;
+    const StatusOr<bool> r = attention_wgmma_requested();
+    UNTIED_CHECK_KIND(ErrorKind::kInvalidArgument, r.ok(), r.status().message());
+    return r.value();
   }();
   return wanted;
 }
