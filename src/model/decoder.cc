@@ -31,6 +31,10 @@ AttentionWeights attention_weights(const BlockWeights& w) {
   return AttentionWeights{.wq = w.wq, .wk = w.wk, .wv = w.wv, .wo = w.wo, .q_norm = w.q_norm, .k_norm = w.k_norm};
 }
 
+// The one (L, E) buffer of the backward's residual stream: made as the last block's output, it
+// holds dh from the loss on, each block's d residual after attention and its dx in turn.
+constexpr const char* kDhName = "last block output, then dh";
+
 // Rows [r0, r0 + n) of a contiguous (rows, cols) tensor.
 Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); }
 
@@ -135,16 +139,15 @@ void Decoder::mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor&
   }
 }
 
-void Decoder::mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy,
-                           const Tensor& dhm) {
+void Decoder::mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
     const int64_t n = std::min(tile_, rows_ - r0);
-    const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n), dhmt = rows_of(dhm, r0, n);
+    const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n);
     MlpTile m = mlp_tile_inputs(w, hmt);
-    const TensorBuffer& bt = m.b;
+    TensorBuffer& bt = m.b;
     TensorBuffer &gate = m.gate, &up = m.up;
     TensorBuffer dbt(alloc, t, {n, E}, Tag::kOther, "d mlp_norm output (tile)");
     TensorBuffer s(alloc, t, {n, F}, Tag::kOther, "mlp swiglu (tile)"), ds(alloc, t, {n, F}, Tag::kOther, "mlp dswiglu (tile)");
@@ -168,10 +171,11 @@ void Decoder::mlp_backward(const BlockWeights& w, const BlockWeights& g, const T
                             .b = wt->data(), .ldb = E, .b_dtype = t, .c = dbt.data(), .ldc = E, .c_dtype = t});
       beta = 1.0f;
     }
-    // dhm_t = dy_t + mlp_norm'(db_t)
-    rmsnorm_backward(dev_, norm_shape(n), dhmt.data(), g.mlp_norm.as<float>(), hmt.data(), m.rstd.as<float>(),
+    // dy_t += mlp_norm'(db_t), the norm's gradient written over b_t (read for the last time above):
+    // the same sum as dy_t + mlp_norm'(db_t) into a buffer of its own, with no (L, E) buffer more
+    rmsnorm_backward(dev_, norm_shape(n), bt.data(), g.mlp_norm.as<float>(), hmt.data(), m.rstd.as<float>(),
                      w.mlp_norm.data(), dbt.data());
-    add_inplace(dev_, dhmt, dyt);
+    add_inplace(dev_, dyt, bt);
   }
 }
 
@@ -234,15 +238,13 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
 
 void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& in, TensorBuffer& dh,
                              BlockActs& A) {
-  const Tensor& dy = dh;  // in: the gradient of the block's output; out (dx): of its input
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
-  // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy)), tile by tile
-  TensorBuffer dhm(alloc, t, {L, E}, Tag::kOther, "d residual after attention");
-  mlp_backward(w, g, A.hm, dy, dhm);
+  // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy)), tile by tile, in dy's buffer
+  mlp_backward(w, g, A.hm, dh);
   A.hm.reset();
-  dh.reset();  // dy is folded into dhm; dx gets a new buffer at the end
+  TensorBuffer dhm = std::move(dh);  // in: d residual after attention; out (dx): d block input
   // hm = x + attn(attn_norm(x)):  dx = dhm + attn_norm'(attn'(dhm))
   // The attention's weight gradients: g's fp32 buffers, or, for a bf16 block, buffers in the
   // compute dtype added into g's after (tmp).
@@ -388,8 +390,9 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
   for (int l = 0; l < N; ++l) {
     watchdog_note(1, "forward, block " + std::to_string(l));
     const ParamGroup w = params.gather(l + 1);
+    // The last block's output becomes the residual stream's gradient in the loss (kDhName).
     TensorBuffer y = block_forward(bind_block(m_, w), h, /*x_on_host=*/false, nullptr,
-                                   "block " + std::to_string(l + 1) + " input");
+                                   l + 1 < N ? "block " + std::to_string(l + 1) + " input" : kDhName);
     if (offloads(l)) {
       TensorBuffer c(*host_, t, {L, E}, Tag::kActivations, "block " + std::to_string(l) + " input (offloaded)");
       dev_.copy(c.data(), h.data(), h.view().bytes());
@@ -400,11 +403,12 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     h = std::move(y);
   }
 
-  // Loss, fused with its backward.
+  // Loss, fused with its backward, a chunk of rows at a time (the kernel's own chunk, so that its
+  // arithmetic is the same): final_norm(h), the loss and the norm's backward per chunk, dh written
+  // over h's rows. No (L, E) buffer but h itself.
   watchdog_note(1, "loss");
   alloc.set_phase(Phase::kBackward);
   StepSums sums;
-  TensorBuffer dh(alloc, t, {L, E}, Tag::kOther, "dh");
   {
     const ParamGroup wg = params.gather(N + 1);
     ParamGroup gg = params.grad_buffers(N + 1);
@@ -418,22 +422,30 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     }
     const Tensor head = m_.tied_embeddings ? bind_embedding(we).embed : w.lm_head;
     float* const dhead = m_.tied_embeddings ? bind_embedding(ge).embed.as<float>() : g.lm_head.as<float>();
-    TensorBuffer hn(alloc, t, {L, E}, Tag::kOther, "final_norm output");
-    TensorBuffer rstd(alloc, DType::kF32, {L}, Tag::kOther, "final_norm rstd");
-    const RmsNormShape norm = norm_shape(L);
-    rmsnorm_forward(dev_, norm, hn.data(), rstd.as<float>(), h.data(), w.final_norm.data());
-    TensorBuffer dhn(alloc, t, {L, E}, Tag::kOther, "d final_norm output");
+    LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = V, .chunk_tokens = o_.loss_chunk,
+                       .grad_scale = global_count > 0 ? 1.0f / static_cast<float>(global_count) : 0.0f,
+                       .dtype = t, .weight_dtype = t};
+    const int64_t chunk = std::max<int64_t>(lm_head_loss_chunk(ce), 1);
     TensorBuffer argmax(alloc, DType::kI32, {L}, Tag::kOther, "predictions");
     TensorBuffer targets(alloc, DType::kI32, {L}, Tag::kOther, "labels");
     dev_.copy(targets.data(), labels, targets.view().bytes());
+    TensorBuffer hn(alloc, t, {chunk, E}, Tag::kOther, "final_norm output, then dh (chunk)");
+    TensorBuffer rstd(alloc, DType::kF32, {chunk}, Tag::kOther, "final_norm rstd (chunk)");
+    TensorBuffer dhn(alloc, t, {chunk, E}, Tag::kOther, "d final_norm output (chunk)");
     LossSums ls;
-    const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = V, .chunk_tokens = o_.loss_chunk,
-                             .grad_scale = global_count > 0 ? 1.0f / static_cast<float>(global_count) : 0.0f,
-                             .dtype = t, .weight_dtype = t};
-    lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>(), dhn.data(), dhead, hn.data(),
-                                  targets.as<int32_t>(), head.data());
-    rmsnorm_backward(dev_, norm, dh.data(), g.final_norm.as<float>(), h.data(), rstd.as<float>(),
-                     w.final_norm.data(), dhn.data());
+    for (int64_t r0 = 0; r0 < L; r0 += chunk) {
+      const int64_t n = std::min(chunk, L - r0);
+      const Tensor hc = rows_of(h, r0, n);
+      const RmsNormShape norm = norm_shape(n);
+      ce.tokens = n;
+      rmsnorm_forward(dev_, norm, hn.data(), rstd.as<float>(), hc.data(), w.final_norm.data());
+      lm_head_loss_forward_backward(dev_, ce, &ls, argmax.as<int32_t>() + r0, dhn.data(), dhead, hn.data(),
+                                    targets.as<int32_t>() + r0, head.data());
+      // the chunk's dh over its final_norm output (read by the loss only), then over its rows of h
+      rmsnorm_backward(dev_, norm, hn.data(), g.final_norm.as<float>(), hc.data(), rstd.as<float>(),
+                       w.final_norm.data(), dhn.data());
+      dev_.copy(hc.data(), hn.data(), n * E * dtype_size(t));
+    }
     params.reduce_grads(gg);
     if (m_.tied_embeddings) params.reduce_grads(ge);
     sums.loss_sum = ls.loss_sum;
@@ -448,7 +460,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
         }
     }
   }
-  h.reset();
+  TensorBuffer dh = std::move(h);  // the last block's output gradient, in its output's buffer
 
   // Backward, last block first: recompute the block from its input, then its backward.
   for (int l = N - 1; l >= 0; --l) {

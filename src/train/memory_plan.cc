@@ -111,7 +111,8 @@ void add_saved_inputs(const TrainOptions& o, const Dims& d, std::vector<PlanItem
 // forward_backward, block_backward): the state, the block's gathered weights and full gradients,
 // the saved inputs on the device, the token ids, the block's input when it was fetched whole
 // (refetch_inputs off) or, with `input_tile`, the tile of it read from the host, attn_norm(x)
-// when whole, its rstd and dhm.
+// when whole, its rstd and dhm (in the buffer the last block's output was made in: decoder.cc
+// kDhName).
 void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, bool input_tile,
                         std::vector<PlanItem>& it) {
   const int64_t L = d.L, E = d.E, es = d.es;
@@ -126,7 +127,7 @@ void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<
     it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  it.push_back({"d residual after attention", Tag::kOther, L * E * es});
+  it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
 }
 
 // A bf16 block's attention weight gradients in the compute dtype, added into the fp32 ones after
@@ -247,8 +248,9 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   return m;
 }
 
-// The fused LM head forward and backward (decoder.cc, "Loss, fused with its backward"): inside
-// the kernel, with a chunk of logits; or after it, as the head's gradient is reduce-scattered
+// The fused LM head forward and backward (decoder.cc, "Loss, fused with its backward"), a chunk of
+// rows at a time with dh written over the last block's output: inside the kernel, with a chunk of
+// logits; or after it, as the head's gradient is reduce-scattered
 // (a receive of its largest shard) with the loss's buffers still live.
 std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "loss (LM head kernel)"};
@@ -260,13 +262,15 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
   if (o.model.tied_embeddings) add_group(descs, 0, d, "embedding (the tied head)", it);
   add_saved_inputs(o, d, it);
   it.push_back({"token ids", Tag::kOther, L * 4});
-  it.push_back({"last block output", Tag::kActivations, L * E * es});
-  it.push_back({"dh, final_norm output and its gradient", Tag::kOther, 3 * L * E * es});
-  it.push_back({"final_norm rstd, predictions, labels", Tag::kOther, 3 * L * 4});
-  PlanMoment reduce = m;
-  reduce.name = "loss (LM head gradient reduce-scatter)";
+  it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
+  it.push_back({"predictions, labels", Tag::kOther, 2 * L * 4});
   const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = d.V, .chunk_tokens = o.decoder.loss_chunk,
                            .dtype = d.t, .weight_dtype = d.t};
+  const int64_t chunk = std::max<int64_t>(lm_head_loss_chunk(ce), 1);
+  it.push_back({"final_norm output (then dh) and its gradient (chunk)", Tag::kOther, 2 * chunk * E * es});
+  it.push_back({"final_norm rstd (chunk)", Tag::kOther, chunk * 4});
+  PlanMoment reduce = m;
+  reduce.name = "loss (LM head gradient reduce-scatter)";
   it.push_back({"lm head workspace (a chunk of logits)", Tag::kOther, lm_head_loss_workspace_bytes(ce, true)});
   int64_t shard = 0;
   for (const ParamDesc& p : descs)
@@ -299,7 +303,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
       it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
     else if (offloaded)
       it.push_back({"block input (fetched)", Tag::kActivations, L * E * es});
-    it.push_back({"dh", Tag::kOther, L * E * es});
+    it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
   } else {  // the inputs kept so far and the block's own (its output is hm, made in place)
     int64_t kept = 0;
     for (int64_t l = 0; l + 1 < d.N; ++l) kept += !(o.offload_inputs && input_offloaded(o.decoder, l));
@@ -379,18 +383,25 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
 }
 
 // The last block's MLP backward, in a tile (decoder.cc mlp_backward): its gate, up, SwiGLU and
-// their gradient per tile, beside the block's output gradient, dhm, the residual hm and what the
-// attention saved. (The CPU gemm's fp32 widening of bf16 tiles is left out: a few MiB.)
+// their gradient per tile, beside the block's output gradient (turned into dhm in place), the
+// residual hm and what the attention saved.
 PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "MLP backward (last block)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, es = d.es, T = d.mlp_tile, F = o.model.ffn;
   add_block_backward(o, d, descs, /*input_tile=*/false, it);
-  it.push_back({"dh and residual after attention", Tag::kOther, 2 * L * E * es});
+  it.push_back({"residual after attention", Tag::kOther, L * E * es});
   add_attention_saved(o, d, it);
   it.push_back({"mlp gate, up, swiglu and dswiglu (tile)", Tag::kOther, 4 * T * F * es});
   it.push_back({"mlp_norm output and its gradient (tile)", Tag::kOther, 2 * T * E * es});
   it.push_back({"mlp_norm rstd (tile)", Tag::kOther, T * 4});
+  // The CPU gemm's scratch (cpu_gemm_scratch_bytes) of the products made while the tile's SwiGLU
+  // and its gradient are live: dw_down += dy_t^T s and ds = dy_t w_down.
+  const GemmParams dw_down{.trans_a = true, .m = E, .n = F, .k = T, .a_dtype = d.t, .b_dtype = d.t},
+      ds{.m = T, .n = F, .k = E, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  if (const int64_t b = std::max(cpu_gemm_scratch_bytes(dw_down, o.threads), cpu_gemm_scratch_bytes(ds, o.threads));
+      b > 0)
+    it.push_back({"gemm scratch", Tag::kOther, b});
   return m;
 }
 

@@ -158,18 +158,18 @@ class Decoder {
   // x_on_host: x is the block input's host copy, read a tile at a time (needs attn_tile_).
   TensorBuffer block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
                              const std::string& out_name = "");
-  // dh (L, E): in, the gradient of the block's output; out, that of its input (a new buffer:
-  // the old one is freed as soon as it is folded in, before the attention backward). Block
-  // weight gradients (fp32, full local) into g (+=).
+  // dh (L, E): in, the gradient of the block's output; out, that of its input, in the same
+  // buffer (the MLP backward turns it into d residual after attention in place, and dx is formed
+  // into it a tile at a time). Block weight gradients (fp32, full local) into g (+=).
   // x: the block's input; one only in host memory is read from there by the attention's tiles
   // (attn_tile_) and fetched to the device again for the attn_norm backward at the end.
   void block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& x, TensorBuffer& dh,
                       BlockActs& acts);
   // out_add (L, E) += mlp(mlp_norm(hm)), norm and MLP tile by tile.
   void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
-  // dhm (L, E) = dy + mlp_norm'(mlp'(dy)), tile by tile; MLP and mlp_norm gradients into g (+=).
-  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy,
-                    const Tensor& dhm);
+  // dy (L, E) += mlp_norm'(mlp'(dy)) in place (dy becomes dhm, d residual after attention), tile
+  // by tile, each tile's rows read before they are written; MLP and mlp_norm gradients into g (+=).
+  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy);
 
   Device& dev_;
   Communicator& comm_;
