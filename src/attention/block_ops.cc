@@ -32,6 +32,10 @@ void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, cons
   check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm}, "");
 }
 
+void check_weights(const AttentionConfig& c, const AttentionWeights& w) {
+  check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm}, "");
+}
+
 void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const AttentionGrads& g) {
   // dx may be f32 in a bf16 block: it is then the fp32 accumulator itself (no extra copy).
   check_one(dx, {rows, c.hidden}, dx.dtype() == DType::kF32 ? DType::kF32 : c.dtype, "dx (L, E)");
@@ -76,6 +80,16 @@ TensorBuffer whole_input(Device& dev, const TiledInput& x, int64_t rows, int64_t
   for (int64_t r0 = 0; r0 < rows; r0 += x.tile)
     x.rows(r0, std::min(x.tile, rows - r0), whole.data() == nullptr ? nullptr : whole.as<char>() + r0 * hidden * es);
   return whole;
+}
+
+void hand_out_whole_output(Device& dev, const TiledOutput& y, int64_t rows, int64_t hidden, DType t,
+                           const std::function<void(const Tensor& whole)>& forward) {
+  UNTIED_CHECK(y.tile >= 1 && y.consume, "attention forward: a TiledOutput needs tile >= 1 and consume");
+  TensorBuffer whole(dev.allocator(), t, {rows, hidden}, Tag::kOther, "attention block output (whole)");
+  forward(whole.view());
+  const int64_t es = dtype_size(t);
+  for (int64_t r0 = 0; r0 < rows; r0 += y.tile)
+    y.consume(r0, std::min(y.tile, rows - r0), whole.data() == nullptr ? nullptr : whole.as<char>() + r0 * hidden * es);
 }
 
 void hand_out_whole(Device& dev, const TiledGrad& dx, int64_t rows, int64_t hidden,

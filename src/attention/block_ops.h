@@ -38,6 +38,12 @@ struct PackedHeads {
 void check_tensors(const AttentionConfig& cfg, int64_t rows, const Tensor& x, const AttentionWeights& w,
                    const Tensor& y_or_dy);
 void check_grads(const AttentionConfig& cfg, int64_t rows, const Tensor& dx, const AttentionGrads& g);
+// The weights alone (a call whose x and y are both given by tiles).
+void check_weights(const AttentionConfig& cfg, const AttentionWeights& w);
+// Checks a TiledOutput (tile >= 1, consume set), then makes y whole (Tag::kOther) with
+// forward(whole) and hands it out by tiles: for strategies that write y whole.
+void hand_out_whole_output(Device& dev, const TiledOutput& y, int64_t rows, int64_t hidden, DType t,
+                           const std::function<void(const Tensor& whole)>& forward);
 
 // out (rows, D) at ld_out = x (rows, E) w[head*D .. head*D+D)^T.  (w is (n_heads*D, E))
 void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,

@@ -154,19 +154,28 @@ void HeadPipeline::place_output(int64_t s, const Tensor& recv, const Tensor& att
 void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
                            AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, y);
-  run_forward(y, InputRows(x), w, mask, saved);
+  run_forward(&y, nullptr, InputRows(x), w, mask, saved);
 }
 
 void HeadPipeline::forward(const Tensor& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
                            AttentionSaved& saved) {
   check_tensors(cfg_, rows_, y, w, y);  // (x has no tensor to check: y has its shape)
-  run_forward(y, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, mask, saved);
+  run_forward(&y, nullptr, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, mask, saved);
 }
 
-void HeadPipeline::run_forward(const Tensor& y, const InputRows& x, const AttentionWeights& w,
-                               const SequenceMask& mask, AttentionSaved& saved) {
+void HeadPipeline::forward(const TiledOutput& y, const TiledInput& x, const AttentionWeights& w,
+                           const SequenceMask& mask, AttentionSaved& saved) {
+  check_weights(cfg_, w);
+  UNTIED_CHECK(y.tile >= 1 && y.consume, "attention forward: a TiledOutput needs tile >= 1 and consume");
+  run_forward(nullptr, &y, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, mask, saved);
+}
+
+void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const InputRows& x,
+                               const AttentionWeights& w, const SequenceMask& mask, AttentionSaved& saved) {
+  UNTIED_CHECK((y == nullptr) != (tiled == nullptr), "attention forward: y whole or by tiles, not both");
   check_mask(cfg_, mask);
-  const int64_t L = rows_, D = cfg_.head_dim, H = cfg_.heads, u = sched_.q_per_rank, stages = sched_.stages;
+  const int64_t L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden, u = sched_.q_per_rank;
+  const int64_t stages = sched_.stages;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
   const KeepNorm keep = saving_ == Saving::kKeepStages ? KeepNorm::kYes : KeepNorm::kNo;
@@ -220,10 +229,23 @@ void HeadPipeline::run_forward(const Tensor& y, const InputRows& x, const Attent
   }
   if (overlap_) place(stages - 1, out);
   if (recompute) saved.rounds.clear();
-  // y (L, E) = attn_out (L, H*D) wo^T
-  gemm(dev_, GemmParams{.trans_b = true, .m = L, .n = cfg_.hidden, .k = H * D, .a = saved.attn_out.data(),
-                        .lda = H * D, .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(),
-                        .c = y.data(), .ldc = cfg_.hidden, .c_dtype = y.dtype()});
+  // y (L, E) = attn_out (L, H*D) wo^T: whole, or a tile of rows at a time
+  auto project = [&](int64_t r0, int64_t n, void* out) {
+    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = H * D,
+                          .a = saved.attn_out.data() == nullptr ? nullptr : saved.attn_out.as<char>() + r0 * H * D * dtype_size(t),
+                          .lda = H * D, .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = out,
+                          .ldc = E, .c_dtype = t});
+  };
+  if (y != nullptr) {
+    project(0, L, y->data());
+  } else {
+    TensorBuffer tile(alloc, t, {std::min(tiled->tile, L), E}, Tag::kOther, "attention block output (tile)");
+    for (int64_t r0 = 0; r0 < L; r0 += tiled->tile) {
+      const int64_t n = std::min(tiled->tile, L - r0);
+      project(r0, n, tile.data());
+      tiled->consume(r0, n, tile.data());
+    }
+  }
   mask_ = nullptr;
 }
 
@@ -239,9 +261,21 @@ struct HeadPipeline::RoundGrads {
 };
 
 // The gradients dx is formed from, kept in sequence layout: each stage's dq ([C][L][u][D], RoPE
-// and the q norm undone) and each round's dk and dv ([C][L][w][D]).
+// and the q norm undone) and each round's dk and dv ([C][L][w][D]); on the device, or copied to
+// `host` (TiledGrad::host).
 struct HeadPipeline::DxStash {
+  Device& dev;
+  Allocator* host = nullptr;
   std::vector<TensorBuffer> q, k, v;
+  void keep(std::vector<TensorBuffer>& to, TensorBuffer g, const char* what) {
+    if (host == nullptr) {
+      to.push_back(std::move(g));
+      return;
+    }
+    TensorBuffer h(*host, g.view().dtype(), g.view().shape(), Tag::kOther, what);
+    dev.copy(h.data(), g.data(), g.view().bytes());
+    to.push_back(std::move(h));
+  }
 };
 
 HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
@@ -313,7 +347,7 @@ void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, cons
       heads.push_back({.g = dq_seq.slot(p, j), .head = sched_.q_head(s, p, j)});
     }
   head_weight_grads(dev_, heads, dq_seq.ld(), t, x, D, g.dwq, Write::kOverwrite);
-  if (stash != nullptr) stash->q.push_back(std::move(recv));
+  if (stash != nullptr) stash->keep(stash->q, std::move(recv), "dq (kept for dx, host)");
   recv.reset();
 }
 
@@ -365,32 +399,53 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
         heads.push_back({.g = grad.slot(p, i), .head = sched_.kv_head(round, p, i)});
       }
     head_weight_grads(dev_, heads, grad.ld(), t, x, D, part.dw, Write::kAccumulate);
-    if (stash != nullptr) (part.is_k ? stash->k : stash->v).push_back(std::move(through_norm ? dk_pre : recv));
+    if (stash != nullptr)
+      stash->keep(part.is_k ? stash->k : stash->v, std::move(through_norm ? dk_pre : recv),
+                  part.is_k ? "dk (kept for dx, host)" : "dv (kept for dx, host)");
   }
 }
 
 void HeadPipeline::hand_out_dx(const TiledGrad& out, const DxStash& stash, const AttentionWeights& w) {
   const int64_t C = sched_.ranks, L = rows_, E = cfg_.hidden, D = cfg_.head_dim, u = sched_.q_per_rank;
-  const int64_t nkv = sched_.kv_per_rank, es = dtype_size(cfg_.dtype);
+  const int64_t nkv = sched_.kv_per_rank, es = dtype_size(cfg_.dtype), T = std::min(out.tile, L);
   const DType t = cfg_.dtype;
-  TensorBuffer tile(dev_.allocator(), DType::kF32, {std::min(out.tile, L), E}, Tag::kOther, "dx (tile, fp32)");
+  Allocator& alloc = dev_.allocator();
+  TensorBuffer tile(alloc, DType::kF32, {T, E}, Tag::kOther, "dx (tile, fp32)");
+  // A stash in host memory: each gradient's rows of the tile fetched to the device first,
+  // [C][n][heads][D] (its C blocks of rows, packed as a stash of n rows).
+  TensorBuffer q_rows, kv_rows;
+  if (stash.host != nullptr) {
+    q_rows = TensorBuffer(alloc, t, {C, T, u, D}, Tag::kOther, "dq rows (tile, fetched)");
+    kv_rows = TensorBuffer(alloc, t, {C, T, nkv, D}, Tag::kOther, "dk or dv rows (tile, fetched)");
+  }
+  // The slots of gradient g (heads per rank `heads`) for rows [r0, r0 + n).
+  auto rows_of = [&](const TensorBuffer& g, int64_t heads, int64_t r0, int64_t n, const TensorBuffer& fetched) {
+    const int64_t row = heads * D * es;
+    if (stash.host == nullptr) {
+      PackedHeads p = packed(g.data(), heads);
+      p.base = static_cast<char*>(p.base) + r0 * row;  // block p's row r0 at slot(p, j); ld and block stride kept
+      return p;
+    }
+    dev_.copy_2d(fetched.data(), n * row, static_cast<const char*>(g.data()) + r0 * row, L * row, n * row, C);
+    return PackedHeads{.base = fetched.data(), .rows = n, .heads = heads, .d = D, .elem_bytes = es};
+  };
   for (int64_t r0 = 0; r0 < L; r0 += out.tile) {
     const int64_t n = std::min(out.tile, L - r0);
     float* const dx = tile.as<float>();
     dev_.fill_zero(dx, n * E * 4);
     for (int64_t s = 0; s < sched_.stages; ++s) {
-      const PackedHeads q = packed(stash.q[static_cast<size_t>(s)].data(), u);
+      const PackedHeads q = rows_of(stash.q[static_cast<size_t>(s)], u, r0, n, q_rows);
       for (int64_t p = 0; p < C; ++p)
         for (int64_t j = 0; j < u; ++j)
-          head_input_grad(dev_, dx, q.slot(p, j) + r0 * q.ld() * es, q.ld(), t, n, w.wq, sched_.q_head(s, p, j), D);
+          head_input_grad(dev_, dx, q.slot(p, j), q.ld(), t, n, w.wq, sched_.q_head(s, p, j), D);
       if (!sched_.last_of_round(s)) continue;
       const size_t round = static_cast<size_t>(sched_.round(s));
       for (auto [part, wt] : {std::pair{&stash.k, &w.wk}, {&stash.v, &w.wv}}) {
-        const PackedHeads g = packed((*part)[round].data(), nkv);
+        const PackedHeads g = rows_of((*part)[round], nkv, r0, n, kv_rows);
         for (int64_t p = 0; p < C; ++p)
           for (int64_t i = 0; i < nkv; ++i)
-            head_input_grad(dev_, dx, g.slot(p, i) + r0 * g.ld() * es, g.ld(), t, n, *wt,
-                            sched_.kv_head(static_cast<int64_t>(round), p, i), D);
+            head_input_grad(dev_, dx, g.slot(p, i), g.ld(), t, n, *wt, sched_.kv_head(static_cast<int64_t>(round), p, i),
+                            D);
       }
     }
     out.consume(r0, n, dx);
@@ -460,7 +515,7 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   // accumulate over KV replicas.
   Buffer dx_acc_buf;
   float* dx_acc = nullptr;
-  DxStash stash_buf;
+  DxStash stash_buf{.dev = dev_, .host = tiled != nullptr ? tiled->host : nullptr};
   DxStash* const stash = tiled != nullptr ? &stash_buf : nullptr;
   if (dx_whole != nullptr) {
     dx_acc = dx_whole->as<float>();

@@ -32,6 +32,8 @@ class HeadPipeline final : public AttentionBlock {
                AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
+  void forward(const TiledOutput& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
+               AttentionSaved& saved) override;
   void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
   void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
@@ -46,8 +48,9 @@ class HeadPipeline final : public AttentionBlock {
   struct DxStash;
 
   // forward and backward over either kind of input.
-  void run_forward(const Tensor& y, const InputRows& x, const AttentionWeights& w, const SequenceMask& mask,
-                   AttentionSaved& saved);
+  // y whole (y), or handed out by tiles (tiled): exactly one is set.
+  void run_forward(const Tensor* y, const TiledOutput* tiled, const InputRows& x, const AttentionWeights& w,
+                   const SequenceMask& mask, AttentionSaved& saved);
   // dx whole (dx), or handed out by tiles (tiled): exactly one is set.
   void run_backward(const Tensor* dx, const TiledGrad* tiled, AttentionGrads& g, const Tensor& dy, const InputRows& x,
                     const AttentionWeights& w, AttentionSaved& saved);

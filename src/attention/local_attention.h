@@ -25,6 +25,12 @@ class LocalAttention final : public AttentionBlock {
                 AttentionSaved& saved) override {
     backward(dx, g, dy, whole_input(dev_, x, cfg_.seq, cfg_.hidden, cfg_.dtype), w, saved);
   }
+  // y and x made whole.
+  void forward(const TiledOutput& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
+               AttentionSaved& saved) override {
+    hand_out_whole_output(dev_, y, cfg_.seq, cfg_.hidden, cfg_.dtype,
+                          [&](const Tensor& whole) { forward(whole, x, w, mask, saved); });
+  }
   // dx made whole, then handed out by tiles.
   void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
                 AttentionSaved& saved) override {

@@ -96,7 +96,8 @@ void add_train_flags(FlagSet& f) {
   f.add("offload-every", FlagKind::kInt, "1",
         "with --offload-inputs: offload every N-th block's input from block --keep-inputs on, keep the rest on the device");
   f.add("host-budget", FlagKind::kBytes, "",
-        "host memory per node for the offloaded block inputs (e.g. 1T), shared evenly by the node's ranks; checked "
+        "host memory per node for the offloaded block inputs and the gradients kept for dx (e.g. 1T), shared evenly "
+        "by the node's ranks; checked "
         "before the first step");
   f.add("refetch-inputs", FlagKind::kBool, "true",
         "with --offload-inputs: fetch a block's input again for its last step instead of holding it through the "
@@ -107,6 +108,9 @@ void add_train_flags(FlagSet& f) {
   f.add("tiled-dx", FlagKind::kBool, "true",
         "the attention hands its input gradient out a tile of rows at a time, formed from the stages' kept q/k/v "
         "gradients, and the norm backward runs per tile: no (L, E) fp32 dx (--no-tiled-dx makes it whole)");
+  f.add("grads-on-host", FlagKind::kBool, "true",
+        "with --offload-inputs and --tiled-dx: the stages' returned q/k/v gradients wait for dx in host memory "
+        "(--no-grads-on-host keeps them on the device: upipe holds every earlier stage's dq at its last stage)");
   f.add("early-delta", FlagKind::kBool, "true",
         "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the attention's backward and free the saved "
         "output (--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
@@ -176,6 +180,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
   o->decoder.tiled_dx = f.get_bool("tiled-dx");
+  o->decoder.grads_on_host = f.get_bool("grads-on-host");
   o->decoder.attn_tile = f.get_int("attn-tile");
   if ((f.was_set("keep-inputs") || f.was_set("offload-every")) && !o->offload_inputs)
     return Status::invalid_argument("--keep-inputs and --offload-every choose which inputs --offload-inputs offloads: add it");
@@ -237,10 +242,14 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
   for (int t = 0; t < kNumTags; ++t)
     std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
-  if (o.offload_inputs)
-    std::printf("  %-16s %14s  (%lld of %lld blocks' inputs offloaded, outside the budget; %s per node of %d ranks)\n",
+  if (o.offload_inputs) {
+    const int64_t stash = grad_stash_bytes(o, ranks);
+    const std::string kept = stash > 0 ? " and " + format_bytes(stash) + " of gradients kept for dx" : "";
+    std::printf("  %-16s %14s  (%lld of %lld blocks' inputs offloaded%s, outside the budget; %s per node of %d ranks)\n",
                 "host", format_bytes(host_peak).c_str(), (long long)offloaded_inputs(o.model, o.decoder),
-                (long long)o.model.layers, format_bytes(host_peak * o.ranks_per_node).c_str(), o.ranks_per_node);
+                (long long)o.model.layers, kept.c_str(), format_bytes(host_peak * o.ranks_per_node).c_str(),
+                o.ranks_per_node);
+  }
   if (live.empty()) return;
   // What rank 0 held at its peak, largest first: the buffers a longer sequence has to shrink.
   int64_t total = 0;

@@ -204,29 +204,42 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
   const RmsNormShape norm = norm_shape(L);
   BlockActs local;
   BlockActs& A = acts != nullptr ? *acts : local;
-  // a = attn_norm(x);  hm = x + attn(a)   (with attn_tile_, a only ever a tile at a time)
+  // a = attn_norm(x);  hm = x + attn(a)   (with attn_tile_, a and the attention's output only ever
+  // a tile at a time, and hm made as the output's first tile comes: not live through the stages)
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
   // Without acts (the forward pass) hm becomes the block's output in place (y = hm + mlp(...),
   // tile by tile): it is allocated as that, the next block's input.
-  A.hm = acts != nullptr ? TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention")
-                         : TensorBuffer(alloc, t, {L, E}, Tag::kActivations, out_name);
+  auto make_hm = [&] {
+    A.hm = acts != nullptr ? TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention")
+                           : TensorBuffer(alloc, t, {L, E}, Tag::kActivations, out_name);
+  };
   UNTIED_CHECK(!x_on_host || attn_tile_ > 0, "decoder: a block input in host memory needs the attention's tiles");
   if (attn_tile_ > 0) {
-    attn_->forward(A.hm, normed_tiles(w, x, x_on_host, A.rstd1.as<float>()), attention_weights(w), *mask_, A.saved);
+    bool made = false;
+    TensorBuffer xt;  // x_on_host: the tile of x fetched to the device
+    auto add_input = [&](int64_t r0, int64_t n, const void* y_rows) {
+      if (!made) {
+        make_hm();
+        if (x_on_host) xt = TensorBuffer(alloc, t, {attn_tile_, E}, Tag::kOther, "block input (tile, fetched)");
+        made = true;
+      }
+      const Tensor hm_rows = rows_of(A.hm, r0, n);
+      dev_.copy(hm_rows.data(), y_rows, n * E * dtype_size(t));
+      if (!x_on_host) {
+        add_inplace(dev_, hm_rows, rows_of(x, r0, n));
+      } else {  // x's rows copied from host memory
+        dev_.copy(xt.data(), rows_of(x, r0, n).data(), n * E * dtype_size(t));
+        add_inplace(dev_, hm_rows, rows_of(xt, 0, n));
+      }
+    };
+    attn_->forward(TiledOutput{.tile = attn_tile_, .consume = add_input},
+                   normed_tiles(w, x, x_on_host, A.rstd1.as<float>()), attention_weights(w), *mask_, A.saved);
   } else {
+    make_hm();
     A.a = TensorBuffer(alloc, t, {L, E}, Tag::kOther, "attn_norm output");
     rmsnorm_forward(dev_, norm, A.a.data(), A.rstd1.as<float>(), x.data(), w.attn_norm.data());
     attn_->forward(A.hm, A.a, attention_weights(w), *mask_, A.saved);
-  }
-  if (!x_on_host) {
     add_inplace(dev_, A.hm, x);
-  } else {  // x's rows copied from host memory a tile at a time
-    TensorBuffer xt(alloc, t, {attn_tile_, E}, Tag::kOther, "block input (tile, fetched)");
-    for (int64_t r0 = 0; r0 < L; r0 += attn_tile_) {
-      const int64_t n = std::min(attn_tile_, L - r0);
-      dev_.copy(xt.data(), rows_of(x, r0, n).data(), n * E * dtype_size(t));
-      add_inplace(dev_, rows_of(A.hm, r0, n), rows_of(xt, 0, n));
-    }
   }
   if (acts != nullptr) return TensorBuffer();  // recompute for backward: the MLP is recomputed tile by tile there
   A.saved.reset();
@@ -307,7 +320,7 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
       attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
   };
   if (o_.tiled_dx) {
-    attention_backward(TiledGrad{.tile = tile_, .consume = norm_backward});
+    attention_backward(TiledGrad{.tile = tile_, .consume = norm_backward, .host = o_.grads_on_host ? host_ : nullptr});
   } else {
     // da (the attention's dx) whole in fp32: the attention block accumulates straight into it.
     TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");

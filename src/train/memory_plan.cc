@@ -138,6 +138,11 @@ void add_attention_weight_grads(const TrainOptions& o, const Dims& d, std::vecto
                 (2 * d.H * d.D * d.E + 2 * d.G * d.D * d.E + (o.model.qk_norm ? 2 * d.D : 0)) * d.es});
 }
 
+// Whether the attention's kept q/k/v gradients wait for dx in host memory (decoder.cc: TiledGrad::host).
+bool grads_on_host(const TrainOptions& o) {
+  return o.offload_inputs && o.decoder.tiled_dx && o.decoder.grads_on_host;
+}
+
 // What the attention's forward saved for its backward, before the backward frees any of it: the
 // output (sequence layout), every stage's LSE, and (ulysses, ring) every stage's q, k and v.
 void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it);
@@ -192,23 +197,38 @@ void add_next_stage(const TrainOptions& o, const Dims& d, int64_t s1, bool backw
 
 // The last block's attention backward inside stage s's attention kernel (head_pipeline.cc
 // run_backward): plan_memory takes the stage that holds the most.
-PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, int64_t s) {
-  PlanMoment m{.name = "attention backward (last block)"};
-  auto& it = m.items;
+//
+// returning (UPipe with overlap, s >= 1): instead, the moment stage s+1's inputs have been sent off
+// and stage s-1's dq is still coming back (its send and receive, its q norm's inputs), before
+// stage s's kernel; empty otherwise.
+PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, int64_t s,
+                              bool returning = false) {
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
   const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
   const bool recompute = o.decoder.strategy == Strategy::kUPipe;
   const bool qk = o.model.qk_norm;
+  PlanMoment m{.name = returning ? "attention backward (last block, the previous stage's dq returning)"
+                                 : "attention backward (last block)"};
+  if (returning && !(recompute && o.decoder.overlap && s >= 1)) return m;
+  auto& it = m.items;
   add_block_backward(o, d, descs, /*input_tile=*/true, it);
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   add_attention_weight_grads(o, d, it);
-  // With dx by tiles, the q gradients of the stages before s and the k/v gradients of the rounds
-  // before s's, kept for dx.
-  const int64_t done_rounds = d.sched.round(s);
-  if (o.decoder.tiled_dx) {
-    if (s > 0)
+  // With dx by tiles, the q gradients of the stages done (before s, or before s-1 while s-1's
+  // returns) and the k/v gradients of the rounds done, kept for dx.
+  const int64_t done_stages = returning ? s - 1 : s, done_rounds = d.sched.round(returning ? s - 1 : s);
+  if (returning) {
+    it.push_back({"previous stage: dq send and receive", Tag::kCommunication, 2 * Sg * u * D * es});
+    if (qk) {
+      it.push_back({"previous stage: q norm input and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
+      if (d.sched.first_of_round(s))
+        it.push_back({"previous round: k norm input and rstd", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+    }
+  }
+  if (o.decoder.tiled_dx && !grads_on_host(o)) {
+    if (done_stages > 0)
       it.push_back({"dq of the earlier stages (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
-                    s * Sg * u * D * es});
+                    done_stages * Sg * u * D * es});
     if (done_rounds > 0) {
       it.push_back({"dk of the earlier rounds (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
                     done_rounds * Sg * w * D * es});
@@ -230,6 +250,7 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   it.push_back({"attention D (head-sharded)", Tag::kAttnWorkspace, u * Sg * 4});
   it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/true, it);
+  if (returning) return m;
   if (d.R == 1) {  // the kernel's fp32 results: dq its own accumulator, dk and dv added into the sums
     it.push_back({"dq (head-sharded, fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
     add_attention_backward_scratch(Sg, u, d, /*dq_f32=*/true, o.threads, it);
@@ -310,8 +331,11 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     if (kept > 0) it.push_back({std::to_string(kept) + " block inputs (saved)", Tag::kActivations, kept * L * E * es});
     it.push_back({"the block's input", Tag::kActivations, L * E * es});
   }
-  it.push_back({in_backward ? "residual after attention" : "residual after attention (the block's output)",
-                in_backward ? Tag::kOther : Tag::kActivations, L * E * es});
+  // hm, the residual after attention (the forward pass: the block's output, made in place): with
+  // the attention's tiles made as its output's first tile comes, so only in the output projection.
+  const PlanItem hm{in_backward ? "residual after attention" : "residual after attention (the block's output)",
+                    in_backward ? Tag::kOther : Tag::kActivations, L * E * es};
+  if (d.attn_tile == 0) it.push_back(hm);
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
   it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
@@ -332,7 +356,16 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     return i.what == "attention output (head-sharded)" || i.what == "q all-to-all receive" ||
            i.what == "k and v all-to-all receives (resident)";
   });
-  const GemmParams wo{.trans_b = true, .m = L, .n = E, .k = d.H * D, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  // With tiles (decoder.cc block_forward): a tile of y at a time, added to x's rows (fetched from
+  // the host a tile at a time when x is there) into hm.
+  if (d.attn_tile > 0) {
+    projection.items.push_back(hm);
+    projection.items.push_back({"attention block output (tile)", Tag::kOther, d.attn_tile * E * es});
+    if (in_backward && offloaded && o.decoder.refetch_inputs)
+      projection.items.push_back({"block input (tile, fetched for the residual)", Tag::kOther, d.attn_tile * E * es});
+  }
+  const GemmParams wo{.trans_b = true, .m = d.attn_tile > 0 ? d.attn_tile : L, .n = E, .k = d.H * D, .a_dtype = d.t,
+                      .b_dtype = d.t, .c_dtype = d.t};
   if (const int64_t b = cpu_gemm_scratch_bytes(wo, o.threads); b > 0)
     projection.items.push_back({"gemm scratch", Tag::kOther, b});
   PlanMoment exchange = m;
@@ -419,9 +452,16 @@ PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<Para
   add_block_backward(o, d, descs, /*input_tile=*/true, it);
   add_attention_weight_grads(o, d, it);
   if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
-  it.push_back({"dq of every stage (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication, stages * Sg * u * D * es});
-  it.push_back({"dk of every round (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication, rounds * Sg * w * D * es});
-  it.push_back({"dv of every round (kept for dx)", Tag::kCommunication, rounds * Sg * w * D * es});
+  if (grads_on_host(o)) {  // each gradient's rows of the tile fetched from the host
+    it.push_back({"dq rows (tile, fetched)", Tag::kOther, d.C * std::min(T, L) * u * D * es});
+    it.push_back({"dk or dv rows (tile, fetched)", Tag::kOther, d.C * std::min(T, L) * w * D * es});
+  } else {
+    it.push_back({"dq of every stage (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
+                  stages * Sg * u * D * es});
+    it.push_back({"dk of every round (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
+                  rounds * Sg * w * D * es});
+    it.push_back({"dv of every round (kept for dx)", Tag::kCommunication, rounds * Sg * w * D * es});
+  }
   it.push_back({"dx (tile, fp32)", Tag::kOther, std::min(T, L) * E * 4});
   const bool x_on_host = offloaded && o.decoder.refetch_inputs;
   it.push_back({"d block input and d attn_norm output (tiles)", Tag::kOther,
@@ -447,13 +487,13 @@ MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
     return a;
   };
   std::vector<PlanMoment> fwd = attention_forward(o, d, descs, 0, false), re = attention_forward(o, d, descs, 0, true);
-  std::vector<PlanMoment> bwd = {attention_backward(o, d, descs, 0)};
+  std::vector<PlanMoment> bwd = {attention_backward(o, d, descs, 0), attention_backward(o, d, descs, 0, true)};
   for (int64_t s = 1; s < d.sched.stages; ++s) {
     fwd = largest(std::move(fwd), attention_forward(o, d, descs, s, false));
     re = largest(std::move(re), attention_forward(o, d, descs, s, true));
-    bwd = largest(std::move(bwd), {attention_backward(o, d, descs, s)});
+    bwd = largest(std::move(bwd), {attention_backward(o, d, descs, s), attention_backward(o, d, descs, s, true)});
   }
-  p.moments.push_back(std::move(bwd[0]));
+  for (PlanMoment& m : bwd) p.moments.push_back(std::move(m));
   for (PlanMoment& m : re) p.moments.push_back(std::move(m));
   for (PlanMoment& m : fwd) p.moments.push_back(std::move(m));
   p.moments.push_back(dwo_gemm(o, d, descs));
@@ -463,7 +503,7 @@ MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
   std::erase_if(p.moments, [](const PlanMoment& m) { return m.items.empty(); });  // moments this run lacks
   for (size_t i = 1; i < p.moments.size(); ++i)
     if (p.moments[i].total() > p.moments[p.peak].total()) p.peak = i;
-  p.host_per_rank = offloaded_input_bytes(o, ranks);
+  p.host_per_rank = host_bytes(o, ranks);
   return p;
 }
 

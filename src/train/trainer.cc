@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "untied/attention/head_schedule.h"
 #include "untied/comm/watchdog.h"
 #include "untied/core/file_io.h"
 #include "untied/core/json.h"
@@ -148,10 +149,12 @@ Status validate(const TrainOptions& o, int ranks) {
   if (o.host_budget_bytes < 0 || o.ranks_per_node < 1)
     return Status::invalid_argument("--host-budget must be >= 0 and the ranks per node >= 1");
   if (o.host_budget_bytes > 0) {
-    const int64_t need = offloaded_input_bytes(o, ranks), share = o.host_budget_bytes / o.ranks_per_node;
+    const int64_t need = host_bytes(o, ranks), share = o.host_budget_bytes / o.ranks_per_node;
+    const int64_t stash = grad_stash_bytes(o, ranks);
     if (need > share)
       return Status::invalid_argument(
-          "the offloaded block inputs need " + format_bytes(need) + " of host memory per rank (" +
+          "the offloaded block inputs" + (stash > 0 ? " and the gradients kept for dx (" + format_bytes(stash) + ")" : std::string()) +
+          " need " + format_bytes(need) + " of host memory per rank (" +
           std::to_string(offloaded_inputs(o.model, o.decoder)) + " blocks of " +
           std::to_string(padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks) + " x " +
           std::to_string(o.model.hidden) + " " + std::string(dtype_name(o.decoder.dtype)) + "), " +
@@ -167,6 +170,20 @@ int64_t offloaded_input_bytes(const TrainOptions& o, int ranks) {
   const int64_t L = padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks;
   return offloaded_inputs(o.model, o.decoder) * L * o.model.hidden * dtype_size(o.decoder.dtype);
 }
+
+int64_t grad_stash_bytes(const TrainOptions& o, int ranks) {
+  const DecoderOptions& d = o.decoder;
+  if (!o.offload_inputs || !d.tiled_dx || !d.grads_on_host || d.strategy == Strategy::kLocal) return 0;
+  const AttentionConfig ac = padded_config(attention_config(o.model, d), ranks);
+  const TokenLayout layout = token_layout(ac, ranks);
+  const HeadSchedule sched =
+      make_head_schedule(ac.heads, ac.kv_heads, layout.group(), stage_heads_of(ac, ranks)).value();
+  const int64_t rounds = sched.stages / sched.stages_per_round;
+  return layout.group_tokens() * (sched.stages * sched.q_per_rank + 2 * rounds * sched.kv_per_rank) *
+         o.model.head_dim * dtype_size(d.dtype);
+}
+
+int64_t host_bytes(const TrainOptions& o, int ranks) { return offloaded_input_bytes(o, ranks) + grad_stash_bytes(o, ranks); }
 
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
   Status vs = validate(o, comm.size());  // before the device takes o.threads

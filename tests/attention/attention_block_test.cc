@@ -456,6 +456,78 @@ TEST(AttentionBlockTiles, TiledGradMatchesWhole) {
   }
 }
 
+// The kept gradients dx is formed from in host memory (TiledGrad::host) or on the device: copies
+// there and back, the same bits (every strategy that keeps them, overlap, uneven tiles, a ring).
+TEST(AttentionBlockTiles, GradsOnHostAreBitwiseTheSame) {
+  struct Case {
+    BlockDims d;
+    Strategy st;
+    int C;
+    int64_t U, R, tile;
+    bool overlap;
+  };
+  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
+                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, true},
+                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const BlockInputs in = random_inputs(c.d, kSeed, t);
+      RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t, .overlap = c.overlap,
+                   .input_tile = 5, .grad_tile = c.tile};
+      const BlockRun device = run_block(in, spec);
+      spec.grads_on_host = true;
+      const BlockRun host = run_block(in, spec);
+      std::string which;
+      EXPECT_TRUE(all_bitwise_equal(device, host, &which)) << dims_name(c.d) << " " << spec.name() << ": " << which;
+      // Never more on the device; UPipe with more than one stage holds less at its peak (with
+      // overlap at these sizes the peak may fall where nothing is kept yet).
+      EXPECT_LE(host.stats[0].peak_total, device.stats[0].peak_total) << spec.name();
+      if (c.st == Strategy::kUPipe && c.d.heads / c.U > 1 && !c.overlap)
+        EXPECT_LT(host.stats[0].peak_total, device.stats[0].peak_total) << spec.name();
+    }
+  }
+}
+
+// y handed out by tiles (TiledOutput: the output projection a tile of rows at a time) against y
+// whole, both with x by tiles: the backward reads nothing of y, so dx and the weight gradients
+// are the same bits; y's GEMM runs over fewer rows, so it agrees to the summation-order bound of
+// TiledInputMatchesWhole (local makes y whole: the same bits). Tiles that do not divide L, one
+// row, and L itself.
+TEST(AttentionBlockTiles, TiledOutputMatchesWhole) {
+  struct Case {
+    BlockDims d;
+    Strategy st;
+    int C;
+    int64_t U, R, tile;
+    bool overlap;
+  };
+  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
+                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, false},
+                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, true},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 10, false}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const BlockInputs in = random_inputs(c.d, kSeed, t);
+      RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t, .overlap = c.overlap,
+                   .input_tile = 5};
+      const BlockRun whole = run_block(in, spec);
+      spec.output_tile = c.tile;
+      const BlockRun tiles = run_block(in, spec);
+      for (int i = 0; i < kNumOutputs; ++i) {
+        const bool y = std::string(kOutputNames[i]) == "y" && c.st != Strategy::kLocal;
+        const double m = max_abs(whole.out[i]);
+        const double tol = !y ? 0.0 : t == DType::kF32 ? 16.0 * FLT_EPSILON * m : 4.0 * kBf16UnitRoundoff * m;
+        EXPECT_TRUE(expect_within(dims_name(c.d) + " " + spec.name() + " " + kOutputNames[i], tiles.out[i],
+                                  whole.out[i], tol, output_cols(c.d, i), "y by tiles against whole"));
+      }
+    }
+  }
+}
+
 // x given by tiles (TiledInput, the decoder's 2-D chunking) against x whole: the projections and
 // weight gradients run tile by tile, so the weight gradients' fp32 sums over rows change order:
 // f32 within the summation-order bound below (16 FLT_EPSILON max |whole|), bf16 within four bf16

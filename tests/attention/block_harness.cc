@@ -110,6 +110,8 @@ std::string RunSpec::name() const {
   if (overlap) s += " overlap";
   if (!early_delta) s += " late-delta";
   if (input_tile > 0) s += " tile=" + std::to_string(input_tile);
+  if (output_tile > 0) s += " out-tile=" + std::to_string(output_tile);
+  if (grads_on_host) s += " grads-on-host";
   if (rehearsal) s += " rehearsal";
   return s;
 }
@@ -176,15 +178,26 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
       dev->copy(dst, xt.data() == nullptr ? nullptr : static_cast<const char*>(xt.data()) + r0 * E * dtype_size(t),
                 n * E * dtype_size(t));
     }};
-    if (spec.input_tile > 0) block->forward(yt, tiled, w, mask, saved);
+    // spec.output_tile: y handed out by tiles, each copied into y's rows.
+    const TiledOutput tiled_y{.tile = spec.output_tile, .consume = [&](int64_t r0, int64_t n, const void* rows) {
+      dev->copy(yt.data() == nullptr ? nullptr : static_cast<char*>(yt.data()) + r0 * E * dtype_size(t), rows,
+                n * E * dtype_size(t));
+    }};
+    UNTIED_CHECK(spec.output_tile == 0 || spec.input_tile > 0, "run_block: output_tile needs input_tile");
+    if (spec.output_tile > 0) block->forward(tiled_y, tiled, w, mask, saved);
+    else if (spec.input_tile > 0) block->forward(yt, tiled, w, mask, saved);
     else block->forward(yt, xt, w, mask, saved);
     const MemoryStats after_forward = dev->allocator().stats();
     dev->allocator().set_phase(Phase::kBackward);
     // spec.grad_tile: dx handed out by tiles, each written into dx's rows in the block's dtype.
-    const TiledGrad tiled_dx{.tile = spec.grad_tile, .consume = [&](int64_t r0, int64_t n, const float* rows) {
-      convert(*dev, dxt.data() == nullptr ? nullptr : static_cast<char*>(dxt.data()) + r0 * E * dtype_size(t), t, rows,
-              DType::kF32, n * E);
-    }};
+    // spec.grads_on_host: the kept gradients in host memory the device copies to and from.
+    Allocator host(spec.rehearsal ? make_counting_memory() : dev->host_memory(), Allocator::Options{.name = "host"});
+    const TiledGrad tiled_dx{.tile = spec.grad_tile,
+                             .consume = [&](int64_t r0, int64_t n, const float* rows) {
+                               convert(*dev, dxt.data() == nullptr ? nullptr : static_cast<char*>(dxt.data()) + r0 * E * dtype_size(t),
+                                       t, rows, DType::kF32, n * E);
+                             },
+                             .host = spec.grads_on_host ? &host : nullptr};
     if (spec.grad_tile > 0 && spec.input_tile > 0) block->backward(tiled_dx, g, dyt, tiled, w, saved);
     else if (spec.grad_tile > 0) block->backward(tiled_dx, g, dyt, xt, w, saved);
     else if (spec.input_tile > 0) block->backward(dxt, g, dyt, tiled, w, saved);

@@ -156,6 +156,37 @@ TEST(Trainer, TiledDxKeepsLossesAndLowersThePeak) {
   }
 }
 
+// The attention's kept q/k/v gradients waiting for dx in host memory (DecoderOptions::
+// grads_on_host, the default with offload) or on the device: copies there and back, the same
+// bits; UPipe's peak (its last stage's attention backward, where every earlier stage's dq waited)
+// falls, and stays the closed form's; the host holds them beside the offloaded inputs.
+TEST(Trainer, GradsOnHostKeepTheBitsAndLowerThePeak) {
+  for (Strategy st : {Strategy::kUPipe, Strategy::kUlysses}) {
+    TrainOptions o = small_run(st);
+    o.offload_inputs = true;
+    o.decoder.grads_on_host = false;
+    auto device = run(o, 2);
+    o.decoder.grads_on_host = true;
+    auto host = run(o, 2);
+    ASSERT_TRUE(device.ok() && host.ok());
+    EXPECT_EQ(device.value().losses, host.value().losses) << strategy_name(st);
+
+    o.rehearsal = true;
+    o.steps = 1, o.warmup = 0;
+    o.decoder.seq = 1 << 14;
+    o.decoder.upipe_heads = 2;  // UPipe in several stages
+    o.decoder.grads_on_host = false;
+    auto r_device = run(o, 2);
+    o.decoder.grads_on_host = true;
+    auto r_host = run(o, 2);
+    ASSERT_TRUE(r_device.ok() && r_host.ok());
+    EXPECT_EQ(r_host.value().peak.peak_total, plan_memory(o, 2).peak_total()) << strategy_name(st);
+    EXPECT_EQ(r_host.value().host_peak, r_device.value().host_peak + grad_stash_bytes(o, 2)) << strategy_name(st);
+    if (st == Strategy::kUPipe) EXPECT_LT(r_host.value().peak.peak_total, r_device.value().peak.peak_total);
+    else EXPECT_LE(r_host.value().peak.peak_total, r_device.value().peak.peak_total);
+  }
+}
+
 TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
   TrainOptions o = small_run(Strategy::kUPipe);
   const int64_t N = o.model.layers;
@@ -181,8 +212,13 @@ TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
     const int64_t offloaded = offloaded_inputs(o.model, o.decoder);
     auto r = run(o, 2);
     ASSERT_TRUE(r.ok()) << r.status().message();
-    EXPECT_EQ(r.value().host_peak, offloaded * input) << "keep " << keep << " every " << every;
+    // The host holds the offloaded inputs and, in a block's backward, the gradients kept for dx:
+    // (L, H + 2 G_eff, D) of them (small: G = 2 KV heads on 2 ranks, none replicated).
+    const int64_t stash = L * (o.model.heads + 2 * o.model.kv_heads) * o.model.head_dim * 4;
+    EXPECT_EQ(grad_stash_bytes(o, 2), stash);
+    EXPECT_EQ(r.value().host_peak, offloaded * input + stash) << "keep " << keep << " every " << every;
     EXPECT_EQ(offloaded_input_bytes(o, 2), offloaded * input);
+    EXPECT_EQ(host_bytes(o, 2), offloaded * input + stash);
     // The device's peak: exactly what the closed forms of memory_plan.h give, and each kept
     // input raises it by at most one (L, E) buffer.
     EXPECT_EQ(r.value().peak.peak_total, plan_memory(o, 2).peak_total()) << "keep " << keep << " every " << every;
@@ -197,12 +233,12 @@ TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
   // A host budget too small for them is refused before any step, naming what to change.
   o.decoder.offload_keep_first = 0, o.decoder.offload_every = 1;
   o.ranks_per_node = 2;
-  o.host_budget_bytes = 2 * N * input - 1;
+  o.host_budget_bytes = 2 * host_bytes(o, 2) - 1;
   auto refused = run(o, 2);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("--host-budget"), std::string::npos) << refused.status().message();
   EXPECT_NE(refused.status().message().find("--keep-inputs"), std::string::npos) << refused.status().message();
-  o.host_budget_bytes = 2 * N * input;  // exactly enough for the node's two ranks
+  o.host_budget_bytes = 2 * host_bytes(o, 2);  // exactly enough for the node's two ranks
   EXPECT_TRUE(run(o, 2).ok());
   o.decoder.offload_keep_first = N + 1;
   EXPECT_FALSE(validate(o, 2).ok());

@@ -189,9 +189,28 @@ struct TiledInput {
 // dtype, (L, H + 2 G_eff, D) in all, in sequence layout) and form dx from them tile by tile, in
 // the order the whole dx is summed in: the same bits, and no (L, E) fp32 accumulator. Local makes
 // dx whole first.
+//
+// host: when set, the kept gradients wait in that allocator's memory (host memory the device can
+// copy to and from: the decoder's, of offloaded block inputs) instead of on the device, each
+// copied there as it returns and read back a tile of rows at a time (the same bits); what is on
+// the device at once is then one stage's (or round's) exchange and the tiles.
 struct TiledGrad {
   int64_t tile = 0;  // rows per call, >= 1
   std::function<void(int64_t r0, int64_t n, const float* dx_rows)> consume;
+  Allocator* host = nullptr;
+};
+
+// The block's output y (L, E) handed out a tile of rows at a time instead of written whole (2-D
+// chunking of the output projection): consume(r0, n, y_rows) gets rows [r0, r0 + n) (n, E,
+// contiguous, on the device, the block's dtype, valid during the call), n <= tile, every row
+// once, in ascending order, after the forward's last exchange; consume may compute on the device
+// but not call a collective. Ulysses and UPipe project the attention output a tile of rows at a
+// time, so the caller need not hold a whole y through the stages; local makes y whole first.
+// Each row's values are those of the whole projection up to the GEMM's summation order (the same
+// bits where the GEMM's order does not depend on the row count: the bf16 kernel, cuBLAS).
+struct TiledOutput {
+  int64_t tile = 0;  // rows per call, >= 1
+  std::function<void(int64_t r0, int64_t n, const void* y_rows)> consume;
 };
 
 class AttentionBlock {
@@ -216,6 +235,9 @@ class AttentionBlock {
                        AttentionSaved& saved) = 0;
   virtual void backward(const Tensor& dx, AttentionGrads& grads, const Tensor& dy, const TiledInput& x,
                         const AttentionWeights& w, AttentionSaved& saved) = 0;
+  // The same with y handed out by tiles (TiledOutput) and x given by tiles.
+  virtual void forward(const TiledOutput& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
+                       AttentionSaved& saved) = 0;
   // The same with dx handed out by tiles (TiledGrad): ulysses and upipe form it tile by tile;
   // local makes it whole (fp32, Tag::kOther) and then hands it out.
   virtual void backward(const TiledGrad& dx, AttentionGrads& grads, const Tensor& dy, const Tensor& x,

@@ -44,7 +44,8 @@ class Device {
   virtual Allocator& allocator() = 0;
   // Copies `bytes` between buffers of this device (host <-> host on the CPU).
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
-  // Strided copy between buffers of this device: `rows` rows of row_bytes, row r from
+  // Strided copy between buffers of this device, or between one and host memory from
+  // host_memory() (as copy()): `rows` rows of row_bytes, row r from
   // src + r * src_pitch to dst + r * dst_pitch (bytes). The pack/unpack of the all-to-all
   // layouts. Ordered with the device's other work (asynchronous on a GPU).
   virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,

@@ -57,6 +57,12 @@ struct DecoderOptions {
   // their returned q/k/v gradients instead, (L, H + 2 G_eff, D) in the block's dtype). false:
   // the attention writes the whole fp32 dx first. The same bits either way.
   bool tiled_dx = true;
+  // With tiled_dx and a host allocator (offloaded inputs): the attention's returned q/k/v
+  // gradients wait for dx in host memory (TiledGrad::host), not on the device through the
+  // block's remaining stages (UPipe: every earlier stage's dq at the last stage's attention).
+  // One (L, H + 2 G_eff, D) stash in host memory per rank, reused by every block; one more copy of
+  // it each way per block. The same bits either way.
+  bool grads_on_host = true;
   // Which blocks' saved inputs go to the host allocator, when the Decoder has one (partial
   // offload): block l's when l >= offload_keep_first and (l - offload_keep_first) is a multiple of
   // offload_every. The defaults offload every block; the others stay on the device.

@@ -48,7 +48,7 @@ struct PlanMoment {
 struct MemoryPlan {
   std::vector<PlanMoment> moments;  // the candidates
   size_t peak = 0;                  // the index of the largest
-  int64_t host_per_rank = 0;        // offloaded block inputs (offloaded_input_bytes)
+  int64_t host_per_rank = 0;        // offloaded block inputs and kept gradients (host_bytes)
   int64_t rows = 0;                 // L, tokens per rank (S padded)
   int64_t peak_total() const { return moments.empty() ? 0 : moments[peak].total(); }
 };

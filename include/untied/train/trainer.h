@@ -84,6 +84,12 @@ Status validate(const TrainOptions& o, int ranks);
 // The host memory one rank's offloaded block inputs take: offloaded_inputs(model, decoder) blocks
 // of (L, E) in decoder.dtype, L = the padded S / ranks; 0 without offload.
 int64_t offloaded_input_bytes(const TrainOptions& o, int ranks);
+// The host memory one rank's kept attention gradients take in a block's backward (with offload,
+// tiled_dx and grads_on_host; ulysses, upipe and ring): every stage's dq and every round's dk and
+// dv, (L, H + 2 G_eff, D) in decoder.dtype; 0 otherwise.
+int64_t grad_stash_bytes(const TrainOptions& o, int ranks);
+// All the host memory one rank takes: offloaded_input_bytes + grad_stash_bytes.
+int64_t host_bytes(const TrainOptions& o, int ranks);
 
 // Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
 // a Status that is the same on every rank; budget overruns and bugs throw untied::Error.
