@@ -36,6 +36,10 @@ void check_weights(const AttentionConfig& c, const AttentionWeights& w) {
   check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm}, "");
 }
 
+void check_grad_weights(const AttentionConfig& c, const AttentionGrads& g) {
+  check_weight_set(c, {&g.dwq, &g.dwk, &g.dwv, &g.dwo, &g.dq_norm, &g.dk_norm}, "d");
+}
+
 void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const AttentionGrads& g) {
   // dx may be f32 in a bf16 block: it is then the fp32 accumulator itself (no extra copy).
   check_one(dx, {rows, c.hidden}, dx.dtype() == DType::kF32 ? DType::kF32 : c.dtype, "dx (L, E)");
@@ -58,6 +62,10 @@ void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, 
                        .b_dtype = wo.dtype(), .c = dst, .ldc = ld_dst, .c_dtype = dst_t});
 }
 
+int64_t InputRows::max_rows() const {
+  return tiled_ == nullptr ? whole_->dim(0) : std::min(std::max<int64_t>(tiled_->tile, 1), rows_);
+}
+
 void InputRows::for_each(const std::function<void(int64_t r0, int64_t n, const void* x)>& fn) const {
   if (tiled_ == nullptr) {
     fn(0, whole_->dim(0), whole_->data());
@@ -65,7 +73,7 @@ void InputRows::for_each(const std::function<void(int64_t r0, int64_t n, const v
   }
   UNTIED_CHECK(tiled_->tile >= 1 && tiled_->rows, "attention: a tiled input needs tile >= 1 and a rows function");
   const int64_t tile = std::min(tiled_->tile, rows_);
-  TensorBuffer buf(dev_->allocator(), t_, {tile, hidden_}, Tag::kAttnWorkspace, "block input (tile)");
+  TensorBuffer buf(dev_->allocator(), t_, {tile, hidden_}, Tag::kAttnWorkspace, what_);
   for (int64_t r0 = 0; r0 < rows_; r0 += tile) {
     const int64_t n = std::min(tile, rows_ - r0);
     tiled_->rows(r0, n, buf.data());

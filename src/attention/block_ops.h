@@ -38,6 +38,8 @@ struct PackedHeads {
 void check_tensors(const AttentionConfig& cfg, int64_t rows, const Tensor& x, const AttentionWeights& w,
                    const Tensor& y_or_dy);
 void check_grads(const AttentionConfig& cfg, int64_t rows, const Tensor& dx, const AttentionGrads& g);
+// The weight gradients alone (a call whose dx and dy are both given by tiles).
+void check_grad_weights(const AttentionConfig& cfg, const AttentionGrads& g);
 // The weights alone (a call whose x and y are both given by tiles).
 void check_weights(const AttentionConfig& cfg, const AttentionWeights& w);
 // Checks a TiledOutput (tile >= 1, consume set), then makes y whole (Tag::kOther) with
@@ -58,10 +60,14 @@ void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, 
 class InputRows {
  public:
   explicit InputRows(const Tensor& whole) : whole_(&whole) {}
-  InputRows(Device& dev, const TiledInput& tiled, int64_t rows, int64_t hidden, DType t)
-      : dev_(&dev), tiled_(&tiled), rows_(rows), hidden_(hidden), t_(t) {}
+  // what: the name of the tile's scratch buffer (Tag::kAttnWorkspace).
+  InputRows(Device& dev, const TiledInput& tiled, int64_t rows, int64_t hidden, DType t,
+            const char* what = "block input (tile)")
+      : dev_(&dev), tiled_(&tiled), rows_(rows), hidden_(hidden), t_(t), what_(what) {}
   bool tiled() const { return tiled_ != nullptr; }
   DType dtype() const { return tiled_ != nullptr ? t_ : whole_->dtype(); }
+  // The most rows one call of for_each's fn gets.
+  int64_t max_rows() const;
   // fn(r0, n, x) over consecutive runs of rows covering all of them, x pointing at row r0 of the
   // input (n rows, E apart): one call with every row when whole, one per tile otherwise.
   void for_each(const std::function<void(int64_t r0, int64_t n, const void* x)>& fn) const;
@@ -72,6 +78,7 @@ class InputRows {
   const TiledInput* tiled_ = nullptr;
   int64_t rows_ = 0, hidden_ = 0;
   DType t_ = DType::kF32;
+  const char* what_ = "block input (tile)";
 };
 
 // The tiled input made whole (rows, E): for the strategies that do not tile (local).

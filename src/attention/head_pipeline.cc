@@ -183,7 +183,13 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   saved.reset();
   keep_mask(dev_, mask, positions_, group_positions_, saved.mask);
   mask_ = &saved.mask;
-  saved.attn_out = TensorBuffer(alloc, t, {L, H, D}, Tag::kActivations, "attention output (saved)");
+  if (tiled != nullptr && tiled->host != nullptr) {  // in host memory, read back by tiles
+    UNTIED_CHECK(cfg_.early_delta, "attention forward: a saved output in host memory needs early_delta");
+    saved.attn_out = TensorBuffer(*tiled->host, t, {L, H, D}, Tag::kActivations, "attention output (saved, host)");
+    saved.attn_out_host_tile = std::min(tiled->tile, L);
+  } else {
+    saved.attn_out = TensorBuffer(alloc, t, {L, H, D}, Tag::kActivations, "attention output (saved)");
+  }
   // Stage s+1 is sent off while stage s is in progress: no reallocation may move stage s.
   saved.stages.reserve(static_cast<size_t>(stages));
   saved.rounds.reserve(static_cast<size_t>(stages / sched_.stages_per_round));
@@ -229,12 +235,20 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   }
   if (overlap_) place(stages - 1, out);
   if (recompute) saved.rounds.clear();
-  // y (L, E) = attn_out (L, H*D) wo^T: whole, or a tile of rows at a time
+  // y (L, E) = attn_out (L, H*D) wo^T: whole, or a tile of rows at a time (attn_out's rows fetched
+  // first when it is in host memory)
+  TensorBuffer o_rows;
+  if (saved.attn_out_host_tile > 0)
+    o_rows = TensorBuffer(alloc, t, {saved.attn_out_host_tile, H * D}, Tag::kAttnWorkspace,
+                          "attention output rows (tile, fetched)");
   auto project = [&](int64_t r0, int64_t n, void* out) {
-    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = H * D,
-                          .a = saved.attn_out.data() == nullptr ? nullptr : saved.attn_out.as<char>() + r0 * H * D * dtype_size(t),
-                          .lda = H * D, .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = out,
-                          .ldc = E, .c_dtype = t});
+    const char* a = saved.attn_out.data() == nullptr ? nullptr : saved.attn_out.as<char>() + r0 * H * D * dtype_size(t);
+    if (saved.attn_out_host_tile > 0) {
+      dev_.copy(o_rows.data(), a, n * H * D * dtype_size(t));
+      a = o_rows.as<char>();
+    }
+    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = H * D, .a = a, .lda = H * D, .a_dtype = t,
+                          .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = out, .ldc = E, .c_dtype = t});
   };
   if (y != nullptr) {
     project(0, L, y->data());
@@ -278,7 +292,7 @@ struct HeadPipeline::DxStash {
   }
 };
 
-HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w,
+HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const InputRows& dy, const AttentionWeights& w,
                                                  const Tensor& attn_out, const Tensor* delta_all, Exchanges& ex) {
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, u = sched_.q_per_rank;
   const DType t = cfg_.dtype;
@@ -292,10 +306,12 @@ HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const Tensor& dy, co
   TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
   d.delta_recv = TensorBuffer(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
   const PackedHeads dout = packed(do_send.data(), u);
-  for (int64_t p = 0; p < C; ++p)
-    for (int64_t j = 0; j < u; ++j)
-      project_out_grad_head(dev_, dout.slot(p, j), dout.ld(), t, dy.data(), dy.dtype(), L, w.wo,
-                            sched_.q_head(s, p, j), D);
+  dy.for_each([&](int64_t r0, int64_t n, const void* dyr) {
+    for (int64_t p = 0; p < C; ++p)
+      for (int64_t j = 0; j < u; ++j)
+        project_out_grad_head(dev_, dout.slot(p, j) + r0 * dout.ld() * es, dout.ld(), t, dyr, dy.dtype(), n, w.wo,
+                              sched_.q_head(s, p, j), D);
+  });
   // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j], or the row of delta_all for that head
   for (int64_t p = 0; p < C; ++p)
     for (int64_t j = 0; j < u; ++j) {
@@ -455,33 +471,45 @@ void HeadPipeline::hand_out_dx(const TiledGrad& out, const DxStash& stash, const
 void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, dy);
-  run_backward(&dx, nullptr, g, dy, InputRows(x), w, saved);
+  run_backward(&dx, nullptr, g, InputRows(dy), InputRows(x), w, saved);
 }
 
 void HeadPipeline::backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, dy, w, dy);  // (x has no tensor to check: dy has its shape)
-  run_backward(&dx, nullptr, g, dy, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
+  run_backward(&dx, nullptr, g, InputRows(dy), InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
 }
 
 void HeadPipeline::backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, dy);
-  run_backward(nullptr, &dx, g, dy, InputRows(x), w, saved);
+  check_grads(cfg_, rows_, dy, g);  // (dx is by tiles: dy has its shape)
+  run_backward(nullptr, &dx, g, InputRows(dy), InputRows(x), w, saved);
 }
 
 void HeadPipeline::backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x,
                             const AttentionWeights& w, AttentionSaved& saved) {
   check_tensors(cfg_, rows_, dy, w, dy);  // (x has no tensor to check: dy has its shape)
-  run_backward(nullptr, &dx, g, dy, InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
+  check_grads(cfg_, rows_, dy, g);  // (dx is by tiles: dy has its shape)
+  run_backward(nullptr, &dx, g, InputRows(dy), InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
 }
 
-void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, AttentionGrads& g, const Tensor& dy,
-                                const InputRows& x, const AttentionWeights& w, AttentionSaved& saved) {
+void HeadPipeline::backward(const TiledGrad& dx, AttentionGrads& g, const TiledInput& dy, const TiledInput& x,
+                            const AttentionWeights& w, AttentionSaved& saved) {
+  check_weights(cfg_, w);
+  check_grad_weights(cfg_, g);
+  run_backward(nullptr, &dx, g, InputRows(dev_, dy, rows_, cfg_.hidden, cfg_.dtype, "d block output (tile, fetched)"),
+               InputRows(dev_, x, rows_, cfg_.hidden, cfg_.dtype), w, saved);
+}
+
+void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, AttentionGrads& g,
+                                const InputRows& dy, const InputRows& x, const AttentionWeights& w,
+                                AttentionSaved& saved) {
   UNTIED_CHECK((dx_whole == nullptr) != (tiled == nullptr), "attention backward: dx whole or by tiles, not both");
   if (tiled != nullptr)
     UNTIED_CHECK(tiled->tile >= 1 && tiled->consume, "attention backward: a TiledGrad needs tile >= 1 and consume");
-  check_grads(cfg_, rows_, dx_whole != nullptr ? *dx_whole : dy, g);  // (tiled: dy has dx's shape)
+  else
+    check_grads(cfg_, rows_, *dx_whole, g);
   const int64_t C = sched_.ranks, L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden;
   const int64_t u = sched_.q_per_rank, nkv = sched_.kv_per_rank, stages = sched_.stages;
   const DType t = cfg_.dtype;
@@ -494,23 +522,60 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
                saved.rounds.size(), " rounds, expected ", stages, " and ", kept_rounds, ")");
   mask_ = &saved.mask;
 
-  // dwo (E, H*D) = dy^T attn_out
-  gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = L, .a = dy.data(), .lda = E, .a_dtype = dy.dtype(),
-                        .b = saved.attn_out.data(), .ldb = H * D, .b_dtype = t, .c = g.dwo.data(), .ldc = H * D,
-                        .c_dtype = g.dwo.dtype()});
-  // early_delta: D = rowsum(dO * O) of every head now, each head's dO (L, D) projected as each
-  // stage does it, so that the saved output can go before the stages' buffers come.
+  const int64_t es = dtype_size(t);
+  // fn(r0, n, dy rows, attn_out rows (n, H*D)) over dy's runs of rows, each cut to the saved
+  // output's tile and that output's rows fetched when it is in host memory.
+  const int64_t o_tile = saved.attn_out_host_tile;
+  UNTIED_CHECK(o_tile == 0 || cfg_.early_delta, "attention backward: a saved output in host memory needs early_delta");
+  TensorBuffer o_rows;
+  if (o_tile > 0)
+    o_rows = TensorBuffer(alloc, t, {o_tile, H * D}, Tag::kAttnWorkspace, "attention output rows (tile, fetched)");
+  auto with_output = [&](const std::function<void(int64_t, int64_t, const char*, const char*)>& fn) {
+    const char* out = saved.attn_out.as<char>();
+    dy.for_each([&](int64_t r0, int64_t n, const void* dyr) {
+      const char* dy_rows = static_cast<const char*>(dyr);
+      if (o_tile == 0) return fn(r0, n, dy_rows, out == nullptr ? nullptr : out + r0 * H * D * es);
+      for (int64_t a = 0; a < n; a += o_tile) {
+        const int64_t m = std::min(o_tile, n - a);
+        dev_.copy(o_rows.data(), out == nullptr ? nullptr : out + (r0 + a) * H * D * es, m * H * D * es);
+        fn(r0 + a, m, dy_rows == nullptr ? nullptr : dy_rows + a * E * dtype_size(dy.dtype()), o_rows.as<char>());
+      }
+    });
+  };
+  // dwo (E, H*D) = dy^T attn_out, over those runs of rows: by runs, the sums over them run in fp32
+  // (in dwo itself, or in an fp32 scratch rounded into dwo once), as when whole.
+  {
+    const bool scratch = (dy.tiled() || o_tile > 0) && g.dwo.dtype() != DType::kF32;
+    TensorBuffer dwo32;
+    if (scratch) dwo32 = TensorBuffer(alloc, DType::kF32, {E, H * D}, Tag::kAttnWorkspace, "dwo fp32 sums (tiles)");
+    bool first = true;
+    with_output([&](int64_t, int64_t n, const char* dyr, const char* o) {
+      gemm(dev_, GemmParams{.trans_a = true, .m = E, .n = H * D, .k = n, .beta = first ? 0.0f : 1.0f, .a = dyr,
+                            .lda = E, .a_dtype = dy.dtype(), .b = o, .ldb = H * D, .b_dtype = t,
+                            .c = scratch ? dwo32.data() : g.dwo.data(), .ldc = H * D,
+                            .c_dtype = scratch ? DType::kF32 : g.dwo.dtype()});
+      first = false;
+    });
+    if (scratch) convert(dev_, g.dwo.data(), g.dwo.dtype(), dwo32.data(), DType::kF32, E * H * D);
+  }
+  // early_delta: D = rowsum(dO * O) of every head now, each head's dO projected as each stage does
+  // it (a run of dy's rows at a time), so that the saved output can go before the stages' buffers
+  // come.
   TensorBuffer delta_all;
   if (cfg_.early_delta) {
     delta_all = TensorBuffer(alloc, DType::kF32, {H, L}, Tag::kAttnWorkspace, "attention D (every head)");
-    TensorBuffer dout_h(alloc, t, {L, D}, Tag::kAttnWorkspace, "dO projection (one head)");
-    const PackedHeads out = packed(saved.attn_out.data(), H);
-    for (int64_t h = 0; h < H; ++h) {
-      project_out_grad_head(dev_, dout_h.data(), D, t, dy.data(), dy.dtype(), L, w.wo, h, D);
-      row_dot(dev_, L, D, t, out.slot(0, h), out.ld(), dout_h.data(), D, delta_all.as<float>() + h * L, 1);
-    }
+    const int64_t rows = o_tile > 0 ? std::min(o_tile, dy.max_rows()) : dy.max_rows();
+    TensorBuffer dout_h(alloc, t, {rows, D}, Tag::kAttnWorkspace, "dO projection (one head)");
+    with_output([&](int64_t r0, int64_t n, const char* dyr, const char* o) {
+      for (int64_t h = 0; h < H; ++h) {
+        project_out_grad_head(dev_, dout_h.data(), D, t, dyr, dy.dtype(), n, w.wo, h, D);
+        row_dot(dev_, n, D, t, o == nullptr ? nullptr : o + h * D * es, H * D, dout_h.data(), D,
+                delta_all.as<float>() + h * L + r0, 1);
+      }
+    });
     saved.attn_out.reset();
   }
+  o_rows.reset();
   // dx accumulates in fp32 (whole), or its gradients are kept for the tiles (stash); dwk/dwv
   // accumulate over KV replicas.
   Buffer dx_acc_buf;

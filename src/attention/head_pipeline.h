@@ -32,6 +32,8 @@ class HeadPipeline final : public AttentionBlock {
                AttentionSaved& saved) override;
   void backward(const Tensor& dx, AttentionGrads& g, const Tensor& dy, const TiledInput& x, const AttentionWeights& w,
                 AttentionSaved& saved) override;
+  void backward(const TiledGrad& dx, AttentionGrads& g, const TiledInput& dy, const TiledInput& x,
+                const AttentionWeights& w, AttentionSaved& saved) override;
   void forward(const TiledOutput& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
                AttentionSaved& saved) override;
   void backward(const TiledGrad& dx, AttentionGrads& g, const Tensor& dy, const Tensor& x, const AttentionWeights& w,
@@ -52,8 +54,9 @@ class HeadPipeline final : public AttentionBlock {
   void run_forward(const Tensor* y, const TiledOutput* tiled, const InputRows& x, const AttentionWeights& w,
                    const SequenceMask& mask, AttentionSaved& saved);
   // dx whole (dx), or handed out by tiles (tiled): exactly one is set.
-  void run_backward(const Tensor* dx, const TiledGrad* tiled, AttentionGrads& g, const Tensor& dy, const InputRows& x,
-                    const AttentionWeights& w, AttentionSaved& saved);
+  // dy whole or by tiles (InputRows).
+  void run_backward(const Tensor* dx, const TiledGrad* tiled, AttentionGrads& g, const InputRows& dy,
+                    const InputRows& x, const AttentionWeights& w, AttentionSaved& saved);
 
   // Send layouts on this rank: per destination rank p, L rows of `heads` heads.
   PackedHeads packed(void* base, int64_t heads, int64_t elem_bytes) const;
@@ -76,7 +79,7 @@ class HeadPipeline final : public AttentionBlock {
   // ---- backward steps, the forward's in reverse ----
   // dO (S, u, D) and D = rowsum(dO * O) for stage s, from dy:           sequence -> heads
   // delta_all: D of every head, (H, L) fp32 (early_delta), else null and D from attn_out.
-  DoutStage start_dout(int64_t s, const Tensor& dy, const AttentionWeights& w, const Tensor& attn_out,
+  DoutStage start_dout(int64_t s, const InputRows& dy, const AttentionWeights& w, const Tensor& attn_out,
                        const Tensor* delta_all, Exchanges& ex);
   // After the exchange: D into the kernel's (u, S) layout.
   void finish_dout(DoutStage& d);

@@ -25,6 +25,12 @@ class LocalAttention final : public AttentionBlock {
                 AttentionSaved& saved) override {
     backward(dx, g, dy, whole_input(dev_, x, cfg_.seq, cfg_.hidden, cfg_.dtype), w, saved);
   }
+  // dy made whole, then the above.
+  void backward(const TiledGrad& dx, AttentionGrads& g, const TiledInput& dy, const TiledInput& x,
+                const AttentionWeights& w, AttentionSaved& saved) override {
+    const TensorBuffer whole = whole_input(dev_, dy, cfg_.seq, cfg_.hidden, cfg_.dtype);
+    backward(dx, g, whole.view(), x, w, saved);
+  }
   // y and x made whole.
   void forward(const TiledOutput& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
                AttentionSaved& saved) override {

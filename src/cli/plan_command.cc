@@ -57,7 +57,8 @@ std::string header(const PlanRun& p) {
 }
 
 // The offload pattern that fits the host budget at S: as many blocks' inputs offloaded as the
-// node's share per rank holds (the first ones kept on the device), or all without a budget.
+// node's share per rank holds beside what else a block keeps there (host_bytes: dhm, the kept
+// gradients, the saved attention output), the first ones kept on the device; all without a budget.
 void fit_offload(TrainOptions& o, int ranks) {
   if (!o.offload_inputs) return;
   o.decoder.offload_every = 1;
@@ -65,8 +66,35 @@ void fit_offload(TrainOptions& o, int ranks) {
   if (o.host_budget_bytes <= 0) return;
   const int64_t L = padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks;
   const int64_t one = L * o.model.hidden * dtype_size(o.decoder.dtype);
-  const int64_t share = o.host_budget_bytes / o.ranks_per_node;
-  o.decoder.offload_keep_first = std::max<int64_t>(0, o.model.layers - share / one);
+  const int64_t share = o.host_budget_bytes / o.ranks_per_node - (host_bytes(o, ranks) - offloaded_input_bytes(o, ranks));
+  o.decoder.offload_keep_first = std::clamp<int64_t>(o.model.layers - std::max<int64_t>(share, 0) / one, 0, o.model.layers);
+}
+
+// The host-memory options to try (DecoderOptions::grads_on_host, dh_on_host, attn_out_on_host):
+// under a host budget, each that is on also off (the host memory it takes can hold block inputs
+// instead); the given ones otherwise.
+std::vector<DecoderOptions> host_option_sets(const TrainOptions& o) {
+  std::vector<DecoderOptions> out = {o.decoder};
+  if (!o.offload_inputs || o.host_budget_bytes <= 0) return out;
+  for (bool DecoderOptions::*f : {&DecoderOptions::grads_on_host, &DecoderOptions::dh_on_host,
+                                  &DecoderOptions::attn_out_on_host}) {
+    if (!(o.decoder.*f)) continue;
+    const size_t n = out.size();
+    for (size_t i = 0; i < n; ++i) {
+      out.push_back(out[i]);
+      out.back().*f = false;
+    }
+  }
+  return out;
+}
+
+// The flags that give a fit's host-memory options, where they are not the defaults.
+std::string host_option_flags(const DecoderOptions& d) {
+  std::string s;
+  if (!d.grads_on_host) s += " --no-grads-on-host";
+  if (!d.dh_on_host) s += " --no-dh-on-host";
+  if (!d.attn_out_on_host) s += " --no-attn-out-on-host";
+  return s;
 }
 
 bool plan_fits(const TrainOptions& o, int ranks) {
@@ -90,20 +118,22 @@ std::vector<int64_t> stage_sizes(const TrainOptions& o, int ranks) {
 bool fit(const PlanRun& in, PlanRun* best) {
   const int64_t grain = static_cast<int64_t>(in.ranks) * 1024;
   bool any = false;
-  for (int64_t U : stage_sizes(in.o, in.ranks)) {
-    TrainOptions o = in.o;
-    o.decoder.upipe_heads = U;
-    auto fits_at = [&](int64_t k) {
-      o.decoder.seq = k * grain;
-      fit_offload(o, in.ranks);
-      return plan_fits(o, in.ranks);
-    };
-    const int64_t lo = largest_fitting(fits_at);
-    if (lo == 0) continue;
-    fits_at(lo);  // o at the answer (the search's last call may have been past it)
-    if (!any || o.decoder.seq > best->o.decoder.seq) *best = PlanRun{o, in.ranks, in.cuda};
-    any = true;
-  }
+  for (const DecoderOptions& host_set : host_option_sets(in.o))
+    for (int64_t U : stage_sizes(in.o, in.ranks)) {
+      TrainOptions o = in.o;
+      o.decoder = host_set;
+      o.decoder.upipe_heads = U;
+      auto fits_at = [&](int64_t k) {
+        o.decoder.seq = k * grain;
+        fit_offload(o, in.ranks);
+        return plan_fits(o, in.ranks);
+      };
+      const int64_t lo = largest_fitting(fits_at);
+      if (lo == 0) continue;
+      fits_at(lo);  // o at the answer (the search's last call may have been past it)
+      if (!any || o.decoder.seq > best->o.decoder.seq) *best = PlanRun{o, in.ranks, in.cuda};
+      any = true;
+    }
   return any;
 }
 
@@ -180,6 +210,9 @@ nlohmann::json plan_json(const PlanRun& p, const MemoryPlan& plan, const DeviceR
   j["dtype"] = std::string(dtype_name(p.o.decoder.dtype));
   j["offloaded_inputs"] = p.o.offload_inputs ? offloaded_inputs(p.o.model, p.o.decoder) : 0;
   j["keep_inputs"] = p.o.decoder.offload_keep_first;
+  j["grads_on_host"] = p.o.decoder.grads_on_host;
+  j["dh_on_host"] = p.o.decoder.dh_on_host;
+  j["attn_out_on_host"] = p.o.decoder.attn_out_on_host;
   j["offload_every"] = p.o.decoder.offload_every;
   j["peak_bytes"] = plan.peak_total();
   j["peak_moment"] = plan.moments[plan.peak].name;
@@ -486,7 +519,8 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
     if (!flags.get_bool("json"))
       std::printf("longest sequence that fits %s per rank: S = %lld, U = %lld, %s\n", format_bytes(p.o.budget_bytes).c_str(),
                   (long long)p.o.decoder.seq, (long long)stage_heads_of(attention_config(p.o.model, p.o.decoder), p.ranks),
-                  p.o.offload_inputs ? ("--keep-inputs " + std::to_string(p.o.decoder.offload_keep_first)).c_str()
+                  p.o.offload_inputs ? ("--keep-inputs " + std::to_string(p.o.decoder.offload_keep_first) +
+                                        host_option_flags(p.o.decoder)).c_str()
                                      : "no offload");
   }
   st = validate_plan(p.o, p.ranks);

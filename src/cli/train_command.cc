@@ -111,6 +111,12 @@ void add_train_flags(FlagSet& f) {
   f.add("grads-on-host", FlagKind::kBool, "true",
         "with --offload-inputs and --tiled-dx: the stages' returned q/k/v gradients wait for dx in host memory "
         "(--no-grads-on-host keeps them on the device: upipe holds every earlier stage's dq at its last stage)");
+  f.add("dh-on-host", FlagKind::kBool, "true",
+        "with --offload-inputs and tiles: the block's output gradient waits in host memory through the attention's "
+        "backward, read a tile at a time (--no-dh-on-host keeps it on the device: one (L, E) buffer more)");
+  f.add("attn-out-on-host", FlagKind::kBool, "true",
+        "with --offload-inputs, tiles and --early-delta: the attention output saved for the backward waits in host "
+        "memory, read a tile at a time (--no-attn-out-on-host keeps it on the device: one (L, H*D) buffer more)");
   f.add("early-delta", FlagKind::kBool, "true",
         "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the attention's backward and free the saved "
         "output (--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
@@ -181,6 +187,8 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->decoder.early_delta = f.get_bool("early-delta");
   o->decoder.tiled_dx = f.get_bool("tiled-dx");
   o->decoder.grads_on_host = f.get_bool("grads-on-host");
+  o->decoder.dh_on_host = f.get_bool("dh-on-host");
+  o->decoder.attn_out_on_host = f.get_bool("attn-out-on-host");
   o->decoder.attn_tile = f.get_int("attn-tile");
   if ((f.was_set("keep-inputs") || f.was_set("offload-every")) && !o->offload_inputs)
     return Status::invalid_argument("--keep-inputs and --offload-every choose which inputs --offload-inputs offloads: add it");
@@ -243,8 +251,8 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
     std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
   if (o.offload_inputs) {
-    const int64_t stash = grad_stash_bytes(o, ranks);
-    const std::string kept = stash > 0 ? " and " + format_bytes(stash) + " of gradients kept for dx" : "";
+    const int64_t grads = host_bytes(o, ranks) - offloaded_input_bytes(o, ranks);
+    const std::string kept = grads > 0 ? " and " + format_bytes(grads) + " of one block's gradients and attention output" : "";
     std::printf("  %-16s %14s  (%lld of %lld blocks' inputs offloaded%s, outside the budget; %s per node of %d ranks)\n",
                 "host", format_bytes(host_peak).c_str(), (long long)offloaded_inputs(o.model, o.decoder),
                 (long long)o.model.layers, kept.c_str(), format_bytes(host_peak * o.ranks_per_node).c_str(),
@@ -255,7 +263,7 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
   int64_t total = 0;
   for (const LiveBuffers& b : live) total += b.bytes;
   std::printf("live at rank 0's peak (%s), largest first:\n", format_bytes(total).c_str());
-  const size_t shown = std::min<size_t>(live.size(), 14);
+  const size_t shown = std::min<size_t>(live.size(), getenv("UNTIED_LIST_ALL") ? 1000 : 14);
   int64_t rest = total;
   for (size_t i = 0; i < shown; ++i) {
     const LiveBuffers& b = live[i];

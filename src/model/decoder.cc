@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "untied/comm/watchdog.h"
@@ -232,7 +233,7 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
         add_inplace(dev_, hm_rows, rows_of(xt, 0, n));
       }
     };
-    attn_->forward(TiledOutput{.tile = attn_tile_, .consume = add_input},
+    attn_->forward(TiledOutput{.tile = attn_tile_, .consume = add_input, .host = attn_out_on_host() ? host_ : nullptr},
                    normed_tiles(w, x, x_on_host, A.rstd1.as<float>()), attention_weights(w), *mask_, A.saved);
   } else {
     make_hm();
@@ -258,6 +259,15 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   mlp_backward(w, g, A.hm, dh);
   A.hm.reset();
   TensorBuffer dhm = std::move(dh);  // in: d residual after attention; out (dx): d block input
+  // dh_on_host: dhm waits in host memory through the attention's backward, read a tile at a time
+  // (its dO projections, dwo, D), and dx is made in a new device buffer as its first tile comes.
+  const bool dh_host = dh_on_host();
+  TensorBuffer dhm_host;
+  if (dh_host) {
+    dhm_host = TensorBuffer(*host_, t, {L, E}, Tag::kOther, "d residual after attention (offloaded)");
+    dev_.copy(dhm_host.data(), dhm.data(), dhm.view().bytes());
+    dhm.reset();
+  }
   // hm = x + attn(attn_norm(x)):  dx = dhm + attn_norm'(attn'(dhm))
   // The attention's weight gradients: g's fp32 buffers, or, for a bf16 block, buffers in the
   // compute dtype added into g's after (tmp).
@@ -292,6 +302,7 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   bool tiles_made = false;
   auto norm_backward = [&](int64_t r0, int64_t n, const float* da_rows) {
     if (!tiles_made) {
+      if (dh_host) dhm = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, kDhName);
       dxt = TensorBuffer(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "d block input (tile)");
       if (in.on_host) xt = TensorBuffer(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "block input (tile, fetched)");
       tiles_made = true;
@@ -307,12 +318,24 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
       x_rows = xt.data();
     }
     const Tensor dx_n = rows_of(dxt, 0, n), dhm_n = rows_of(dhm, r0, n);
+    if (dh_host) dev_.copy(dhm_n.data(), rows_of(dhm_host, r0, n).data(), n * E * dtype_size(t));
     rmsnorm_backward(dev_, norm_shape(n), dx_n.data(), g.attn_norm.as<float>(), x_rows, A.rstd1.as<float>() + r0,
                      w.attn_norm.data(), t != DType::kF32 ? dat_t.data() : da_rows);
     add_inplace(dev_, dhm_n, dx_n);  // dhm + norm'(da): the same sum, in the same order, as dx_n += dhm_n
   };
   // The attention's backward into da (a TiledGrad or a whole tensor), its input by tiles or whole.
   auto attention_backward = [&](const auto& da) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(da)>, TiledGrad>) {
+      if (dh_host) {  // dy's rows copied from the host copy
+        const Tensor src = dhm_host.view();
+        const TiledInput dy{.tile = attn_tile_, .rows = [this, src, E](int64_t r0, int64_t n, void* dst) {
+          dev_.copy(dst, rows_of(src, r0, n).data(), n * E * dtype_size(o_.dtype));
+        }};
+        attn_->backward(da, ag, dy, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
+                        A.saved);
+        return;
+      }
+    }
     if (attn_tile_ > 0)
       attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
                       A.saved);
@@ -335,7 +358,16 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
     for (size_t k = 0; k < attn_grads.size(); ++k) add_inplace(dev_, *attn_grads[k].full, tmp[k]);
   tmp.clear();
   A.a.reset();
+  dhm_host.reset();
   dh = std::move(dhm);
+}
+
+bool Decoder::attn_out_on_host() const {
+  return o_.attn_out_on_host && host_ != nullptr && attn_tile_ > 0 && o_.early_delta;
+}
+
+bool Decoder::dh_on_host() const {
+  return o_.dh_on_host && host_ != nullptr && attn_tile_ > 0 && o_.tiled_dx;
 }
 
 void Decoder::use_mask(const SequenceMask& mask) {

@@ -112,9 +112,9 @@ void add_saved_inputs(const TrainOptions& o, const Dims& d, std::vector<PlanItem
 // the saved inputs on the device, the token ids, the block's input when it was fetched whole
 // (refetch_inputs off) or, with `input_tile`, the tile of it read from the host, attn_norm(x)
 // when whole, its rstd and dhm (in the buffer the last block's output was made in: decoder.cc
-// kDhName).
+// kDhName), unless `dh` is false (dhm in host memory through the attention's backward).
 void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, bool input_tile,
-                        std::vector<PlanItem>& it) {
+                        std::vector<PlanItem>& it, bool dh = true) {
   const int64_t L = d.L, E = d.E, es = d.es;
   add_state(descs, d, it);
   add_group(descs, static_cast<int>(d.N), d, "block weights", it);
@@ -127,7 +127,18 @@ void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<
     it.push_back({"block input (tile, fetched)", Tag::kOther, d.attn_tile * E * es});
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
+  if (dh) it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
+}
+
+// Whether the attention output saved for the backward waits in host memory (decoder.cc
+// attn_out_on_host), read back a tile at a time.
+bool attn_out_on_host(const TrainOptions& o, const Dims& d) {
+  return o.offload_inputs && o.decoder.attn_out_on_host && o.decoder.early_delta && d.attn_tile > 0;
+}
+
+// Whether dhm waits in host memory through the attention's backward (decoder.cc dh_on_host).
+bool dh_on_host(const TrainOptions& o, const Dims& d) {
+  return o.offload_inputs && o.decoder.tiled_dx && o.decoder.dh_on_host && d.attn_tile > 0;
 }
 
 // A bf16 block's attention weight gradients in the compute dtype, added into the fp32 ones after
@@ -161,7 +172,7 @@ void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>
 }
 
 void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
-  it.push_back({"attention output (saved)", Tag::kActivations, d.L * d.H * d.D * d.es});
+  if (!attn_out_on_host(o, d)) it.push_back({"attention output (saved)", Tag::kActivations, d.L * d.H * d.D * d.es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, d.sched.stages * d.sched.q_per_rank * d.Sg * 4});
   if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
 }
@@ -211,7 +222,7 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
                                  : "attention backward (last block)"};
   if (returning && !(recompute && o.decoder.overlap && s >= 1)) return m;
   auto& it = m.items;
-  add_block_backward(o, d, descs, /*input_tile=*/true, it);
+  add_block_backward(o, d, descs, /*input_tile=*/true, it, /*dh=*/!dh_on_host(o, d));
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   add_attention_weight_grads(o, d, it);
   // With dx by tiles, the q gradients of the stages done (before s, or before s-1 while s-1's
@@ -250,7 +261,11 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   it.push_back({"attention D (head-sharded)", Tag::kAttnWorkspace, u * Sg * 4});
   it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/true, it);
-  if (returning) return m;
+  if (returning) {  // (at its height as the next stage's dO is projected from a tile of dhm fetched)
+    if (s + 1 < stages && dh_on_host(o, d))
+      it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
+    return m;
+  }
   if (d.R == 1) {  // the kernel's fp32 results: dq its own accumulator, dk and dv added into the sums
     it.push_back({"dq (head-sharded, fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
     add_attention_backward_scratch(Sg, u, d, /*dq_f32=*/true, o.threads, it);
@@ -338,7 +353,8 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   if (d.attn_tile == 0) it.push_back(hm);
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
+  const bool out_host = attn_out_on_host(o, d);
+  if (!out_host) it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, (s + 1) * u * Sg * 4});
   it.push_back({"attention output (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/false, it);
@@ -363,6 +379,8 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     projection.items.push_back({"attention block output (tile)", Tag::kOther, d.attn_tile * E * es});
     if (in_backward && offloaded && o.decoder.refetch_inputs)
       projection.items.push_back({"block input (tile, fetched for the residual)", Tag::kOther, d.attn_tile * E * es});
+    if (out_host)
+      projection.items.push_back({"attention output rows (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * d.H * D * es});
   }
   const GemmParams wo{.trans_b = true, .m = d.attn_tile > 0 ? d.attn_tile : L, .n = E, .k = d.H * D, .a_dtype = d.t,
                       .b_dtype = d.t, .c_dtype = d.t};
@@ -406,11 +424,19 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
   PlanMoment m{.name = "attention backward (dwo gemm)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, HD = d.H * d.D;
-  add_block_backward(o, d, descs, /*input_tile=*/false, it);
+  const bool dh_host = dh_on_host(o, d);
+  add_block_backward(o, d, descs, /*input_tile=*/false, it, /*dh=*/!dh_host);
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   add_attention_weight_grads(o, d, it);
   add_attention_saved(o, d, it);
-  const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = L, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  // dhm and the saved output in host memory: each read a tile at a time, dwo's sums over tiles in
+  // fp32.
+  const bool out_host = attn_out_on_host(o, d), by_tiles = dh_host || out_host;
+  if (out_host) it.push_back({"attention output rows (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * HD * d.es});
+  if (dh_host) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * d.es});
+  if (by_tiles && d.t != DType::kF32) it.push_back({"dwo fp32 sums (tiles)", Tag::kAttnWorkspace, E * HD * 4});
+  const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = by_tiles ? d.attn_tile : L, .a_dtype = d.t,
+                       .b_dtype = d.t, .c_dtype = by_tiles && d.t != DType::kF32 ? DType::kF32 : d.t};
   if (const int64_t b = cpu_gemm_scratch_bytes(dwo, o.threads); b > 0) it.push_back({"gemm scratch", Tag::kOther, b});
   return m;
 }

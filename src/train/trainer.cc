@@ -150,10 +150,11 @@ Status validate(const TrainOptions& o, int ranks) {
     return Status::invalid_argument("--host-budget must be >= 0 and the ranks per node >= 1");
   if (o.host_budget_bytes > 0) {
     const int64_t need = host_bytes(o, ranks), share = o.host_budget_bytes / o.ranks_per_node;
-    const int64_t stash = grad_stash_bytes(o, ranks);
+    const int64_t grads = need - offloaded_input_bytes(o, ranks);
     if (need > share)
       return Status::invalid_argument(
-          "the offloaded block inputs" + (stash > 0 ? " and the gradients kept for dx (" + format_bytes(stash) + ")" : std::string()) +
+          "the offloaded block inputs" +
+          (grads > 0 ? " and one block's gradients and attention output waiting there (" + format_bytes(grads) + ")" : std::string()) +
           " need " + format_bytes(need) + " of host memory per rank (" +
           std::to_string(offloaded_inputs(o.model, o.decoder)) + " blocks of " +
           std::to_string(padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks) + " x " +
@@ -183,7 +184,26 @@ int64_t grad_stash_bytes(const TrainOptions& o, int ranks) {
          o.model.head_dim * dtype_size(d.dtype);
 }
 
-int64_t host_bytes(const TrainOptions& o, int ranks) { return offloaded_input_bytes(o, ranks) + grad_stash_bytes(o, ranks); }
+int64_t dh_host_bytes(const TrainOptions& o, int ranks) {
+  const DecoderOptions& d = o.decoder;
+  const int64_t L = padded_config(attention_config(o.model, d), ranks).seq / ranks;
+  if (!o.offload_inputs || !d.tiled_dx || !d.dh_on_host || decoder_tiles(o.model, d, L).attn == 0) return 0;
+  return L * o.model.hidden * dtype_size(d.dtype);
+}
+
+int64_t attn_out_host_bytes(const TrainOptions& o, int ranks) {
+  const DecoderOptions& d = o.decoder;
+  const int64_t L = padded_config(attention_config(o.model, d), ranks).seq / ranks;
+  if (!o.offload_inputs || !d.attn_out_on_host || !d.early_delta || decoder_tiles(o.model, d, L).attn == 0) return 0;
+  return L * o.model.heads * o.model.head_dim * dtype_size(d.dtype);
+}
+
+int64_t host_bytes(const TrainOptions& o, int ranks) {
+  // A block's saved output is freed as its backward begins (D computed), the kept gradients come
+  // after: they overlap only with dhm.
+  return offloaded_input_bytes(o, ranks) + dh_host_bytes(o, ranks) +
+         std::max(grad_stash_bytes(o, ranks), attn_out_host_bytes(o, ranks));
+}
 
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
   Status vs = validate(o, comm.size());  // before the device takes o.threads

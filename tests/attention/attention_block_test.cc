@@ -528,6 +528,47 @@ TEST(AttentionBlockTiles, TiledOutputMatchesWhole) {
   }
 }
 
+// dy given by tiles (a TiledInput of its rows: the decoder's dhm read from host memory) against dy
+// whole: dwo's sums over tiles in fp32 and the dO projections over fewer rows, so dwo and what D
+// reaches agree to the summation-order bound of TiledInputMatchesWhole (local makes dy whole: the
+// same bits); y is untouched. And the saved attention output in host memory (TiledOutput::host)
+// against on the device, with dy's tiles of the same rows: copies there and back, the same bits.
+TEST(AttentionBlockTiles, TiledDyAndHostOutputMatch) {
+  struct Case {
+    BlockDims d;
+    Strategy st;
+    int C;
+    int64_t U, R, tile;
+    bool overlap;
+  };
+  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
+                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, true},
+                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false},
+                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 10, false}}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const BlockInputs in = random_inputs(c.d, kSeed, t);
+      RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t, .overlap = c.overlap,
+                   .input_tile = 5, .grad_tile = 6, .output_tile = c.tile};
+      const BlockRun whole = run_block(in, spec);
+      spec.dy_tile = c.tile;
+      const BlockRun tiles = run_block(in, spec);
+      for (int i = 0; i < kNumOutputs; ++i) {
+        const double m = max_abs(whole.out[i]);
+        const double tol = c.st == Strategy::kLocal ? 0.0 : t == DType::kF32 ? 16.0 * FLT_EPSILON * m : 4.0 * kBf16UnitRoundoff * m;
+        EXPECT_TRUE(expect_within(dims_name(c.d) + " " + spec.name() + " " + kOutputNames[i], tiles.out[i],
+                                  whole.out[i], tol, output_cols(c.d, i), "dy by tiles against whole"));
+      }
+      spec.out_on_host = true;
+      const BlockRun host = run_block(in, spec);
+      std::string which;
+      EXPECT_TRUE(all_bitwise_equal(tiles, host, &which)) << dims_name(c.d) << " " << spec.name() << ": " << which;
+    }
+  }
+}
+
 // x given by tiles (TiledInput, the decoder's 2-D chunking) against x whole: the projections and
 // weight gradients run tile by tile, so the weight gradients' fp32 sums over rows change order:
 // f32 within the summation-order bound below (16 FLT_EPSILON max |whole|), bf16 within four bf16

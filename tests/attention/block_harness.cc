@@ -112,6 +112,8 @@ std::string RunSpec::name() const {
   if (input_tile > 0) s += " tile=" + std::to_string(input_tile);
   if (output_tile > 0) s += " out-tile=" + std::to_string(output_tile);
   if (grads_on_host) s += " grads-on-host";
+  if (out_on_host) s += " out-on-host";
+  if (dy_tile > 0) s += " dy-tile=" + std::to_string(dy_tile);
   if (rehearsal) s += " rehearsal";
   return s;
 }
@@ -179,10 +181,14 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
                 n * E * dtype_size(t));
     }};
     // spec.output_tile: y handed out by tiles, each copied into y's rows.
-    const TiledOutput tiled_y{.tile = spec.output_tile, .consume = [&](int64_t r0, int64_t n, const void* rows) {
-      dev->copy(yt.data() == nullptr ? nullptr : static_cast<char*>(yt.data()) + r0 * E * dtype_size(t), rows,
-                n * E * dtype_size(t));
-    }};
+    // spec.out_on_host: the saved output in host memory the device copies to and from.
+    Allocator host(spec.rehearsal ? make_counting_memory() : dev->host_memory(), Allocator::Options{.name = "host"});
+    const TiledOutput tiled_y{.tile = spec.output_tile,
+                              .consume = [&](int64_t r0, int64_t n, const void* rows) {
+                                dev->copy(yt.data() == nullptr ? nullptr : static_cast<char*>(yt.data()) + r0 * E * dtype_size(t),
+                                          rows, n * E * dtype_size(t));
+                              },
+                              .host = spec.out_on_host ? &host : nullptr};
     UNTIED_CHECK(spec.output_tile == 0 || spec.input_tile > 0, "run_block: output_tile needs input_tile");
     if (spec.output_tile > 0) block->forward(tiled_y, tiled, w, mask, saved);
     else if (spec.input_tile > 0) block->forward(yt, tiled, w, mask, saved);
@@ -190,15 +196,21 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
     const MemoryStats after_forward = dev->allocator().stats();
     dev->allocator().set_phase(Phase::kBackward);
     // spec.grad_tile: dx handed out by tiles, each written into dx's rows in the block's dtype.
-    // spec.grads_on_host: the kept gradients in host memory the device copies to and from.
-    Allocator host(spec.rehearsal ? make_counting_memory() : dev->host_memory(), Allocator::Options{.name = "host"});
+    // spec.grads_on_host: the kept gradients there too.
     const TiledGrad tiled_dx{.tile = spec.grad_tile,
                              .consume = [&](int64_t r0, int64_t n, const float* rows) {
                                convert(*dev, dxt.data() == nullptr ? nullptr : static_cast<char*>(dxt.data()) + r0 * E * dtype_size(t),
                                        t, rows, DType::kF32, n * E);
                              },
                              .host = spec.grads_on_host ? &host : nullptr};
-    if (spec.grad_tile > 0 && spec.input_tile > 0) block->backward(tiled_dx, g, dyt, tiled, w, saved);
+    // spec.dy_tile: dy by tiles, each copied from dy's rows.
+    const TiledInput tiled_dy{.tile = spec.dy_tile, .rows = [&](int64_t r0, int64_t n, void* dst) {
+      dev->copy(dst, dyt.data() == nullptr ? nullptr : static_cast<const char*>(dyt.data()) + r0 * E * dtype_size(t),
+                n * E * dtype_size(t));
+    }};
+    UNTIED_CHECK(spec.dy_tile == 0 || (spec.grad_tile > 0 && spec.input_tile > 0), "run_block: dy_tile needs grad_tile and input_tile");
+    if (spec.dy_tile > 0) block->backward(tiled_dx, g, tiled_dy, tiled, w, saved);
+    else if (spec.grad_tile > 0 && spec.input_tile > 0) block->backward(tiled_dx, g, dyt, tiled, w, saved);
     else if (spec.grad_tile > 0) block->backward(tiled_dx, g, dyt, xt, w, saved);
     else if (spec.input_tile > 0) block->backward(dxt, g, dyt, tiled, w, saved);
     else block->backward(dxt, g, dyt, xt, w, saved);

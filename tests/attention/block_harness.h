@@ -105,6 +105,8 @@ struct RunSpec {
   int64_t grad_tile = 0;    // > 0: dx handed out as a TiledGrad of this many rows (written into dx's rows)
   bool grads_on_host = false;  // with grad_tile: the kept gradients in host memory (TiledGrad::host)
   int64_t output_tile = 0;  // > 0 (with input_tile): y handed out as a TiledOutput of this many rows
+  bool out_on_host = false;  // with output_tile: the saved attention output in host memory (TiledOutput::host)
+  int64_t dy_tile = 0;      // > 0 (with grad_tile and input_tile): dy given as a TiledInput of this many rows
   bool rehearsal = false;   // counting devices; every tensor passed with nullptr data
   bool gpu = false;         // every rank on its own CUDA device on GPU 0 (the in-process ranks
                             // share it); inputs copied there, outputs copied back

@@ -148,11 +148,14 @@ struct SavedMask {         // the mask forward ran with, as the kernels read it 
 };
 struct AttentionSaved {
   TensorBuffer attn_out;            // (L, H, D) kActivations: attention output, standard head order
+  // > 0: attn_out is in host memory (TiledOutput::host), read back this many rows at a time.
+  int64_t attn_out_host_tile = 0;
   std::vector<SavedStage> stages;   // one per stage, in stage order
   std::vector<SavedRound> rounds;   // one per round, in round order (empty when recomputed)
   SavedMask mask;
   void reset() {
     attn_out.reset();
+    attn_out_host_tile = 0;
     stages.clear();
     rounds.clear();
     mask = SavedMask{};
@@ -208,9 +211,15 @@ struct TiledGrad {
 // time, so the caller need not hold a whole y through the stages; local makes y whole first.
 // Each row's values are those of the whole projection up to the GEMM's summation order (the same
 // bits where the GEMM's order does not depend on the row count: the bf16 kernel, cuBLAS).
+//
+// host: when set (ulysses and upipe, with early_delta), the attention output saved for the
+// backward (AttentionSaved::attn_out, (L, H*D)) is kept in that allocator's host memory instead
+// of on the device: each stage's heads copied there as they return, and read back a tile of rows
+// at a time by the output projection and by the backward (dwo, D). The same bits.
 struct TiledOutput {
   int64_t tile = 0;  // rows per call, >= 1
   std::function<void(int64_t r0, int64_t n, const void* y_rows)> consume;
+  Allocator* host = nullptr;
 };
 
 class AttentionBlock {
@@ -234,6 +243,11 @@ class AttentionBlock {
   virtual void forward(const Tensor& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,
                        AttentionSaved& saved) = 0;
   virtual void backward(const Tensor& dx, AttentionGrads& grads, const Tensor& dy, const TiledInput& x,
+                        const AttentionWeights& w, AttentionSaved& saved) = 0;
+  // The same with dy given by tiles as well (TiledInput of dy's rows, e.g. read from host memory):
+  // ulysses and upipe read it a tile at a time (the output projection's backward, dwo's sums over
+  // tiles in fp32, D and each stage's dO), and never hold it whole; local makes it whole first.
+  virtual void backward(const TiledGrad& dx, AttentionGrads& grads, const TiledInput& dy, const TiledInput& x,
                         const AttentionWeights& w, AttentionSaved& saved) = 0;
   // The same with y handed out by tiles (TiledOutput) and x given by tiles.
   virtual void forward(const TiledOutput& y, const TiledInput& x, const AttentionWeights& w, const SequenceMask& mask,

@@ -63,6 +63,18 @@ struct DecoderOptions {
   // One (L, H + 2 G_eff, D) stash in host memory per rank, reused by every block; one more copy of
   // it each way per block. The same bits either way.
   bool grads_on_host = true;
+  // With a host allocator (offloaded inputs), the attention's tiles and tiled_dx: d residual after
+  // attention (the block's output gradient once the MLP's is added) waits in host memory through
+  // the attention's backward, which reads it a tile at a time, and dx is made in a new device
+  // buffer as its tiles come: no (L, E) buffer on the device through the attention's stages. One
+  // (L, E) buffer in host memory per rank, one more copy of it each way per block. The same bits.
+  bool dh_on_host = true;
+  // With a host allocator, the attention's tiles and early_delta: the attention output saved for
+  // the backward waits in host memory (TiledOutput::host), each stage's heads copied there as they
+  // return, read back a tile at a time (the output projection, dwo, D): no (L, H*D) buffer on the
+  // device through the stages, the MLP and the MLP's backward. One (L, H*D) buffer in host memory
+  // per rank. The same bits.
+  bool attn_out_on_host = true;
   // Which blocks' saved inputs go to the host allocator, when the Decoder has one (partial
   // offload): block l's when l >= offload_keep_first and (l - offload_keep_first) is a multiple of
   // offload_every. The defaults offload every block; the others stay on the device.
@@ -175,7 +187,12 @@ class Decoder {
   void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
   // dy (L, E) += mlp_norm'(mlp'(dy)) in place (dy becomes dhm, d residual after attention), tile
   // by tile, each tile's rows read before they are written; MLP and mlp_norm gradients into g (+=).
-  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy);
+  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy);  // Whether dhm waits in host memory through the attention's backward (DecoderOptions::dh_on_host
+  // where it applies).
+  bool dh_on_host() const;
+  // Whether the attention output saved for the backward waits in host memory
+  // (DecoderOptions::attn_out_on_host where it applies).
+  bool attn_out_on_host() const;
 
   Device& dev_;
   Communicator& comm_;

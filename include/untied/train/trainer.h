@@ -88,7 +88,15 @@ int64_t offloaded_input_bytes(const TrainOptions& o, int ranks);
 // tiled_dx and grads_on_host; ulysses, upipe and ring): every stage's dq and every round's dk and
 // dv, (L, H + 2 G_eff, D) in decoder.dtype; 0 otherwise.
 int64_t grad_stash_bytes(const TrainOptions& o, int ranks);
-// All the host memory one rank takes: offloaded_input_bytes + grad_stash_bytes.
+// The host memory of one rank's d residual after attention in a block's backward (with offload,
+// tiled_dx, the attention's tiles and dh_on_host): (L, E) in decoder.dtype; 0 otherwise.
+int64_t dh_host_bytes(const TrainOptions& o, int ranks);
+// The host memory of one rank's saved attention output in a block (with offload, the attention's
+// tiles, early_delta and attn_out_on_host): (L, H*D) in decoder.dtype; 0 otherwise.
+int64_t attn_out_host_bytes(const TrainOptions& o, int ranks);
+// All the host memory one rank takes at most: offloaded_input_bytes + dh_host_bytes + the larger
+// of grad_stash_bytes and attn_out_host_bytes (a block's saved output is freed before its kept
+// gradients come).
 int64_t host_bytes(const TrainOptions& o, int ranks);
 
 // Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
