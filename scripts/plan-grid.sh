@@ -26,7 +26,8 @@ if [ "$QUICK" = 1 ]; then
          "--preset small --ranks 3 --strategy ring --dtype bf16 --seq 30000"
          "--preset small --ranks 2 --strategy upipe --dtype f32 --seq 8192 --threads 2"
          "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-tiled-dx --dtype bf16 --seq 2M"
-         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --overlap on --dtype f32 --seq 2M")
+         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --overlap on --dtype f32 --seq 2M"
+         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-grads-on-host --no-dh-on-host --no-attn-out-on-host --dtype bf16 --seq 1M")
 else
   for st in "upipe" "ulysses" "ring" "upipe --ring 2" "ulysses --ring 2"; do
     for off in "--offload-inputs" ""; do
@@ -44,6 +45,12 @@ else
          "$LLAMA --ranks 8 --attn-tile -1 --no-early-delta --no-refetch-inputs --offload-inputs --dtype bf16 --seq 4M"
          "$LLAMA --ranks 8 --offload-inputs --keep-inputs 4 --offload-every 3 --dtype bf16 --seq 2M"
          "$LLAMA --ranks 8 --no-tiled-dx --offload-inputs --dtype bf16 --seq 8M"
+         "$LLAMA --ranks 8 --no-grads-on-host --no-dh-on-host --no-attn-out-on-host --offload-inputs --dtype bf16 --seq 8M"
+         "$LLAMA --ranks 8 --strategy ulysses --no-dh-on-host --offload-inputs --dtype bf16 --seq 4M"
+         "$LLAMA --ranks 8 --overlap on --no-grads-on-host --offload-inputs --dtype bf16 --seq 8M"
+         "$LLAMA --ranks 8 --no-attn-out-on-host --offload-inputs --dtype f32 --seq 4M"
+         "$LLAMA --ranks 8 --offload-inputs --dtype bf16 --seq 24M"
+         "$QWEN --ranks 16 --strategy upipe --offload-inputs --dtype bf16 --seq 16M"
          "$LLAMA --ranks 8 --overlap on --offload-inputs --dtype bf16 --seq 8M"
          "$LLAMA --ranks 8 --overlap on --offload-inputs --dtype f32 --seq 2M"
          "$LLAMA --ranks 8 --overlap on --upipe-heads 16 --offload-inputs --dtype bf16 --seq 4M"

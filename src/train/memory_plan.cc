@@ -208,19 +208,27 @@ void add_next_stage(const TrainOptions& o, const Dims& d, int64_t s1, bool backw
 
 // The last block's attention backward inside stage s's attention kernel (head_pipeline.cc
 // run_backward): plan_memory takes the stage that holds the most.
-//
-// returning (UPipe with overlap, s >= 1): instead, the moment stage s+1's inputs have been sent off
-// and stage s-1's dq is still coming back (its send and receive, its q norm's inputs), before
-// stage s's kernel; empty otherwise.
+// Two more moments of stage s, before its kernel:
+//   kReturning (UPipe with overlap, s >= 1): stage s+1's inputs have been sent off and stage s-1's
+//     dq is still coming back (its send and receive, its q norm's inputs);
+//   kSending (without overlap): stage s's dO is being projected and sent (its send buffers, and
+//     the round's sums only once the round's first stage has begun);
+// empty where the schedule has no such moment.
+enum class BwdMoment { kKernel, kReturning, kSending };
+
 PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, int64_t s,
-                              bool returning = false) {
+                              BwdMoment at = BwdMoment::kKernel) {
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
   const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
   const bool recompute = o.decoder.strategy == Strategy::kUPipe;
   const bool qk = o.model.qk_norm;
+  const bool overlapped = recompute && o.decoder.overlap && stages > 1;
+  const bool returning = at == BwdMoment::kReturning, sending = at == BwdMoment::kSending;
   PlanMoment m{.name = returning ? "attention backward (last block, the previous stage's dq returning)"
+                       : sending ? "attention backward (last block, the stage's dO sent)"
                                  : "attention backward (last block)"};
-  if (returning && !(recompute && o.decoder.overlap && s >= 1)) return m;
+  if (returning && !(overlapped && s >= 1)) return m;
+  if (sending && (overlapped || d.R > 1)) return m;
   auto& it = m.items;
   add_block_backward(o, d, descs, /*input_tile=*/true, it, /*dh=*/!dh_on_host(o, d));
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
@@ -259,8 +267,15 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   }
   it.push_back({"dO all-to-all receive", Tag::kCommunication, Sg * u * D * es});
   it.push_back({"attention D (head-sharded)", Tag::kAttnWorkspace, u * Sg * 4});
-  it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
+  if (!(sending && d.sched.first_of_round(s)))
+    it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/true, it);
+  if (sending) {  // (at its height as the dO is projected, from a tile of dhm fetched with dh_on_host)
+    it.push_back({"dO projection (send layout)", Tag::kAttnWorkspace, Sg * u * D * es});
+    it.push_back({"attention D (send layout and receive)", Tag::kAttnWorkspace, 2 * u * Sg * 4});
+    if (dh_on_host(o, d)) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
+    return m;
+  }
   if (returning) {  // (at its height as the next stage's dO is projected from a tile of dhm fetched)
     if (s + 1 < stages && dh_on_host(o, d))
       it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
@@ -513,11 +528,16 @@ MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
     return a;
   };
   std::vector<PlanMoment> fwd = attention_forward(o, d, descs, 0, false), re = attention_forward(o, d, descs, 0, true);
-  std::vector<PlanMoment> bwd = {attention_backward(o, d, descs, 0), attention_backward(o, d, descs, 0, true)};
+  auto backward_moments = [&](int64_t s) {
+    return std::vector<PlanMoment>{attention_backward(o, d, descs, s),
+                                   attention_backward(o, d, descs, s, BwdMoment::kReturning),
+                                   attention_backward(o, d, descs, s, BwdMoment::kSending)};
+  };
+  std::vector<PlanMoment> bwd = backward_moments(0);
   for (int64_t s = 1; s < d.sched.stages; ++s) {
     fwd = largest(std::move(fwd), attention_forward(o, d, descs, s, false));
     re = largest(std::move(re), attention_forward(o, d, descs, s, true));
-    bwd = largest(std::move(bwd), {attention_backward(o, d, descs, s), attention_backward(o, d, descs, s, true)});
+    bwd = largest(std::move(bwd), backward_moments(s));
   }
   for (PlanMoment& m : bwd) p.moments.push_back(std::move(m));
   for (PlanMoment& m : re) p.moments.push_back(std::move(m));
