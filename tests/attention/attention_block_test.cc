@@ -413,6 +413,26 @@ TEST(AttentionBlockBits, EarlyDeltaIsBitwiseTheSame) {
   }
 }
 
+// The layouts the tile tests run: every strategy (local last), UPipe with and without overlap and
+// over a ring, and tiles that do not divide L, one row, and L itself (UPipe on 2 ranks: L = 24).
+struct TileCase {
+  BlockDims d;
+  Strategy st;
+  int C;
+  int64_t U, R, tile;
+  bool overlap;
+};
+std::vector<TileCase> tile_cases(bool with_local = true) {
+  std::vector<TileCase> c = {{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
+                             {dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
+                             {dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
+                             {dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, true},
+                             {dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, true},
+                             {dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false}};
+  if (with_local) c.push_back({dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 10, false});
+  return c;
+}
+
 // dx handed out by tiles (TiledGrad, the decoder's 2-D chunking of dx) against dx whole: the same
 // sums in the same order of heads, a tile of rows at a time. y and the weight gradients are the
 // same bits; dx's GEMMs run over fewer rows, and OpenBLAS orders a dot product's terms by the
@@ -421,20 +441,7 @@ TEST(AttentionBlockBits, EarlyDeltaIsBitwiseTheSame) {
 // whole first: the same bits), with and without overlap and x by tiles; tiles that do not divide
 // L, one row, and L itself. (Its memory is the decoder's tests': these heads are wider than E.)
 TEST(AttentionBlockTiles, TiledGradMatchesWhole) {
-  struct Case {
-    BlockDims d;
-    Strategy st;
-    int C;
-    int64_t U, R, tile;
-    bool overlap;
-  };
-  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
-                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, false},
-                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, true},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 48, false}}) {
+  for (const TileCase& c : tile_cases()) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       for (int64_t input_tile : {int64_t{0}, int64_t{5}}) {
         const BlockInputs in = random_inputs(c.d, kSeed, t);
@@ -459,19 +466,7 @@ TEST(AttentionBlockTiles, TiledGradMatchesWhole) {
 // The kept gradients dx is formed from in host memory (TiledGrad::host) or on the device: copies
 // there and back, the same bits (every strategy that keeps them, overlap, uneven tiles, a ring).
 TEST(AttentionBlockTiles, GradsOnHostAreBitwiseTheSame) {
-  struct Case {
-    BlockDims d;
-    Strategy st;
-    int C;
-    int64_t U, R, tile;
-    bool overlap;
-  };
-  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
-                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, true},
-                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false}}) {
+  for (const TileCase& c : tile_cases(/*with_local=*/false)) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const BlockInputs in = random_inputs(c.d, kSeed, t);
       RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t, .overlap = c.overlap,
@@ -484,8 +479,9 @@ TEST(AttentionBlockTiles, GradsOnHostAreBitwiseTheSame) {
       // Never more on the device; UPipe with more than one stage holds less at its peak (with
       // overlap at these sizes the peak may fall where nothing is kept yet).
       EXPECT_LE(host.stats[0].peak_total, device.stats[0].peak_total) << spec.name();
-      if (c.st == Strategy::kUPipe && c.d.heads / c.U > 1 && !c.overlap)
+      if (c.st == Strategy::kUPipe && c.d.heads / c.U > 1 && !c.overlap) {
         EXPECT_LT(host.stats[0].peak_total, device.stats[0].peak_total) << spec.name();
+      }
     }
   }
 }
@@ -496,20 +492,7 @@ TEST(AttentionBlockTiles, GradsOnHostAreBitwiseTheSame) {
 // TiledInputMatchesWhole (local makes y whole: the same bits). Tiles that do not divide L, one
 // row, and L itself.
 TEST(AttentionBlockTiles, TiledOutputMatchesWhole) {
-  struct Case {
-    BlockDims d;
-    Strategy st;
-    int C;
-    int64_t U, R, tile;
-    bool overlap;
-  };
-  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
-                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, false},
-                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, true},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 10, false}}) {
+  for (const TileCase& c : tile_cases()) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const BlockInputs in = random_inputs(c.d, kSeed, t);
       RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t, .overlap = c.overlap,
@@ -534,20 +517,7 @@ TEST(AttentionBlockTiles, TiledOutputMatchesWhole) {
 // same bits); y is untouched. And the saved attention output in host memory (TiledOutput::host)
 // against on the device, with dy's tiles of the same rows: copies there and back, the same bits.
 TEST(AttentionBlockTiles, TiledDyAndHostOutputMatch) {
-  struct Case {
-    BlockDims d;
-    Strategy st;
-    int C;
-    int64_t U, R, tile;
-    bool overlap;
-  };
-  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5, false},
-                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1, true},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12, true},
-                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4, false},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 10, false}}) {
+  for (const TileCase& c : tile_cases()) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const BlockInputs in = random_inputs(c.d, kSeed, t);
       RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t, .overlap = c.overlap,
@@ -576,19 +546,7 @@ TEST(AttentionBlockTiles, TiledDyAndHostOutputMatch) {
 // through the attention). Tiles that do not divide L, one row, and L itself; every strategy that
 // tiles, and local (which makes x whole first: the same bits).
 TEST(AttentionBlockTiles, TiledInputMatchesWhole) {
-  struct Case {
-    BlockDims d;
-    Strategy st;
-    int C;
-    int64_t U, R, tile;
-  };
-  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 4, 1, 5},
-                        Case{dims(48, 32, 6, 3, 16), Strategy::kUPipe, 3, 3, 1, 1},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUlysses, 2, 0, 1, 7},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kUPipe, 4, 2, 2, 12},
-                        Case{dims(48, 32, 8, 8, 16), Strategy::kUPipe, 2, 2, 1, 24},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kRing, 3, 0, 1, 4},
-                        Case{dims(48, 32, 8, 2, 16), Strategy::kLocal, 1, 0, 1, 10}}) {
+  for (const TileCase& c : tile_cases()) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const BlockInputs in = random_inputs(c.d, kSeed, t);
       RunSpec spec{.strategy = c.st, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t};
