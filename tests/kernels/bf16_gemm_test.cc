@@ -69,7 +69,7 @@ int64_t run_case(const Case& c, std::mt19937& gen, int threads, std::vector<floa
 }
 
 #define SKIP_WITHOUT_KERNEL() \
-  if (!bf16_gemm_available()) GTEST_SKIP() << "this build has no AVX512-BF16 kernel"
+  if (!bf16_gemm_compiled()) GTEST_SKIP() << "this build has no AVX512-BF16 kernel"
 
 TEST(Bf16Gemm, EveryEdgeOfTheRegisterBlock) {
   SKIP_WITHOUT_KERNEL();

@@ -17,6 +17,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "untied/core/check.h"
 
@@ -200,7 +206,7 @@ inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, 
 
 }  // namespace
 
-bool bf16_gemm_available() { return true; }
+bool bf16_gemm_compiled() { return true; }
 
 int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
@@ -276,11 +282,13 @@ void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t
   }
 }
 
-std::string bf16_gemm_description() { return "avx512-bf16 " + std::to_string(kMr) + "x" + std::to_string(kNr); }
+std::string bf16_gemm_description() {
+  return bf16_gemm_available() ? "avx512-bf16 " + std::to_string(kMr) + "x" + std::to_string(kNr) : "none";
+}
 
 #else  // no AVX512-BF16 in this build
 
-bool bf16_gemm_available() { return false; }
+bool bf16_gemm_compiled() { return false; }
 int64_t bf16_gemm_pack_bytes(int64_t, int64_t, int64_t, int) { return 0; }
 void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                float, float*, int64_t, int, void*) {
@@ -300,5 +308,47 @@ void bf16_tile_gemm(int64_t, int64_t, int64_t, float, const uint32_t*, const uin
 std::string bf16_gemm_description() { return "none"; }
 
 #endif
+
+namespace {
+
+// Whether the CPU has AMX with bf16 (CPUID leaf 7: EDX bits 22 and 24).
+bool cpu_has_amx_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  return (d >> 22 & 1u) != 0 && (d >> 24 & 1u) != 0;
+#else
+  return false;
+#endif
+}
+
+const char* choice_env() { return std::getenv("UNTIED_BF16_GEMM"); }
+
+}  // namespace
+
+std::string bf16_gemm_choice_error() {
+  const char* e = choice_env();
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "kernel") == 0 || std::strcmp(e, "widen") == 0) return "";
+  return std::string("UNTIED_BF16_GEMM=") + e + ": use kernel (the bf16 dot-product kernel) or widen (sgemm on "
+         "widened operands), or unset it for the choice by CPU";
+}
+
+std::string bf16_gemm_not_chosen_reason() {
+  if (!bf16_gemm_compiled() || bf16_gemm_available()) return "";
+  const char* e = choice_env();
+  if (e != nullptr && std::strcmp(e, "widen") == 0) return "UNTIED_BF16_GEMM=widen";
+  return "this CPU has AMX, where sgemm on widened operands is faster; UNTIED_BF16_GEMM=kernel runs it";
+}
+
+bool bf16_gemm_available() {
+  static const bool chosen = [] {
+    if (!bf16_gemm_compiled()) return false;
+    const char* e = choice_env();
+    if (e != nullptr && std::strcmp(e, "kernel") == 0) return true;
+    if (e != nullptr && std::strcmp(e, "widen") == 0) return false;
+    return !cpu_has_amx_bf16();
+  }();
+  return chosen;
+}
 
 }  // namespace untied::cpu

@@ -25,13 +25,23 @@
 namespace untied::cpu {
 
 // Whether this build has the kernel (compiled for a CPU with AVX512-BF16).
+bool bf16_gemm_compiled();
+// Whether the kernel runs for bf16 operands on this CPU (the GEMM dispatch and the attention's tile
+// products ask this; otherwise bf16 operands are widened for sgemm): compiled in, and not on a
+// CPU with AMX (Intel Sapphire Rapids and later), where the bf16 dot-product instruction runs this
+// kernel at about half sgemm's rate (2 threads: 167 against 305 GFLOP/s, and the attention 193
+// against 267). The environment variable UNTIED_BF16_GEMM=kernel or =widen chooses either way
+// (checked by bf16_gemm_choice_error). Decided once per process, from the CPU alone: every run on
+// one machine takes the same path, so results repeat bit for bit.
 bool bf16_gemm_available();
+// A message when UNTIED_BF16_GEMM holds anything but kernel, widen or nothing; else "".
+std::string bf16_gemm_choice_error();
 
 // Bytes of packing space bf16_gemm needs for this shape with `threads` threads: at most 2 MiB
 // and 144 KiB per thread, less for small shapes.
 int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads);
 
-// Requires bf16_gemm_available(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
+// Requires bf16_gemm_compiled(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
 // aligned.
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
@@ -49,7 +59,9 @@ void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
                     bool accumulate, float* c, int64_t ldc);
 
-// The kernel compiled in, e.g. "avx512-bf16 12x32", or "none".
+// The kernel that runs, e.g. "avx512-bf16 12x32", or "none" (widened for sgemm).
 std::string bf16_gemm_description();
+// Why the compiled kernel does not run, e.g. "this CPU has AMX", or "" (it runs, or none is built).
+std::string bf16_gemm_not_chosen_reason();
 
 }  // namespace untied::cpu

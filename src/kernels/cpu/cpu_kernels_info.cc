@@ -143,6 +143,7 @@ std::string cpu_kernels_description(const CpuKernelsInfo& i) {
   if (i.chosen_by != "OpenBLAS") s += ", chosen by " + i.chosen_by;
   s += "), attention tiles " + i.tile_gemm;
   s += i.bf16_gemm == "none" ? ", bf16 GEMMs widened for BLAS" : ", bf16 GEMMs " + i.bf16_gemm;
+  if (const std::string why = cpu::bf16_gemm_not_chosen_reason(); !why.empty()) s += " (" + why + ")";
   return s;
 }
 
@@ -162,6 +163,10 @@ void choose_cpu_kernels(char** argv) {
       unsetenv("OPENBLAS_CORETYPE");
       unsetenv(kFallbackEnv);
     }
+  }
+  if (const std::string e = cpu::bf16_gemm_choice_error(); !e.empty()) {
+    std::fprintf(stderr, "untied: error: %s\n", e.c_str());
+    std::exit(2);
   }
   std::string detail;
   if (!sgemm_self_check(&detail)) {
