@@ -25,13 +25,6 @@ void check_weight_set(const AttentionConfig& c, const Tensor* const (&t)[6], con
   for (int i = 0; i < (c.qk_norm ? 6 : 4); ++i) check_one(*t[i], shapes[i], c.dtype, (prefix + names[i]).c_str());
 }
 
-void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, const AttentionWeights& w,
-                   const Tensor& y_or_dy) {
-  check_one(x, {rows, c.hidden}, c.dtype, "x (L, E)");
-  check_one(y_or_dy, {rows, c.hidden}, c.dtype, "y/dy (L, E)");
-  check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm}, "");
-}
-
 void check_weights(const AttentionConfig& c, const AttentionWeights& w) {
   check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm}, "");
 }
@@ -40,10 +33,17 @@ void check_grad_weights(const AttentionConfig& c, const AttentionGrads& g) {
   check_weight_set(c, {&g.dwq, &g.dwk, &g.dwv, &g.dwo, &g.dq_norm, &g.dk_norm}, "d");
 }
 
+void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, const AttentionWeights& w,
+                   const Tensor& y_or_dy) {
+  check_one(x, {rows, c.hidden}, c.dtype, "x (L, E)");
+  check_one(y_or_dy, {rows, c.hidden}, c.dtype, "y/dy (L, E)");
+  check_weights(c, w);
+}
+
 void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const AttentionGrads& g) {
   // dx may be f32 in a bf16 block: it is then the fp32 accumulator itself (no extra copy).
   check_one(dx, {rows, c.hidden}, dx.dtype() == DType::kF32 ? DType::kF32 : c.dtype, "dx (L, E)");
-  check_weight_set(c, {&g.dwq, &g.dwk, &g.dwv, &g.dwo, &g.dq_norm, &g.dk_norm}, "d");
+  check_grad_weights(c, g);
 }
 
 void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,

@@ -151,6 +151,21 @@ void HeadPipeline::place_output(int64_t s, const Tensor& recv, const Tensor& att
       dev_.copy_2d(out.slot(0, sched_.q_head(s, p, j)), out.ld() * es, from.slot(p, j), from.ld() * es, D * es, L);
 }
 
+TensorBuffer HeadPipeline::saved_output_fetch(const AttentionSaved& saved) const {
+  if (saved.attn_out_host_tile == 0) return TensorBuffer();
+  return TensorBuffer(dev_.allocator(), cfg_.dtype, {saved.attn_out_host_tile, cfg_.heads * cfg_.head_dim},
+                      Tag::kAttnWorkspace, "attention output rows (tile, fetched)");
+}
+
+const char* HeadPipeline::saved_output_rows(const AttentionSaved& saved, int64_t r0, int64_t n,
+                                            const TensorBuffer& fetched) const {
+  const int64_t row = cfg_.heads * cfg_.head_dim * dtype_size(cfg_.dtype);
+  const char* rows = saved.attn_out.data() == nullptr ? nullptr : saved.attn_out.as<char>() + r0 * row;
+  if (saved.attn_out_host_tile == 0) return rows;
+  dev_.copy(fetched.data(), rows, n * row);
+  return fetched.as<char>();
+}
+
 void HeadPipeline::forward(const Tensor& y, const Tensor& x, const AttentionWeights& w, const SequenceMask& mask,
                            AttentionSaved& saved) {
   check_tensors(cfg_, rows_, x, w, y);
@@ -237,18 +252,11 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   if (recompute) saved.rounds.clear();
   // y (L, E) = attn_out (L, H*D) wo^T: whole, or a tile of rows at a time (attn_out's rows fetched
   // first when it is in host memory)
-  TensorBuffer o_rows;
-  if (saved.attn_out_host_tile > 0)
-    o_rows = TensorBuffer(alloc, t, {saved.attn_out_host_tile, H * D}, Tag::kAttnWorkspace,
-                          "attention output rows (tile, fetched)");
+  const TensorBuffer o_rows = saved_output_fetch(saved);
   auto project = [&](int64_t r0, int64_t n, void* out) {
-    const char* a = saved.attn_out.data() == nullptr ? nullptr : saved.attn_out.as<char>() + r0 * H * D * dtype_size(t);
-    if (saved.attn_out_host_tile > 0) {
-      dev_.copy(o_rows.data(), a, n * H * D * dtype_size(t));
-      a = o_rows.as<char>();
-    }
-    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = H * D, .a = a, .lda = H * D, .a_dtype = t,
-                          .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = out, .ldc = E, .c_dtype = t});
+    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = E, .k = H * D, .a = saved_output_rows(saved, r0, n, o_rows),
+                          .lda = H * D, .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(),
+                          .c = out, .ldc = E, .c_dtype = t});
   };
   if (y != nullptr) {
     project(0, L, y->data());
@@ -527,18 +535,15 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   // output's tile and that output's rows fetched when it is in host memory.
   const int64_t o_tile = saved.attn_out_host_tile;
   UNTIED_CHECK(o_tile == 0 || cfg_.early_delta, "attention backward: a saved output in host memory needs early_delta");
-  TensorBuffer o_rows;
-  if (o_tile > 0)
-    o_rows = TensorBuffer(alloc, t, {o_tile, H * D}, Tag::kAttnWorkspace, "attention output rows (tile, fetched)");
+  TensorBuffer o_rows = saved_output_fetch(saved);
   auto with_output = [&](const std::function<void(int64_t, int64_t, const char*, const char*)>& fn) {
-    const char* out = saved.attn_out.as<char>();
     dy.for_each([&](int64_t r0, int64_t n, const void* dyr) {
       const char* dy_rows = static_cast<const char*>(dyr);
-      if (o_tile == 0) return fn(r0, n, dy_rows, out == nullptr ? nullptr : out + r0 * H * D * es);
-      for (int64_t a = 0; a < n; a += o_tile) {
-        const int64_t m = std::min(o_tile, n - a);
-        dev_.copy(o_rows.data(), out == nullptr ? nullptr : out + (r0 + a) * H * D * es, m * H * D * es);
-        fn(r0 + a, m, dy_rows == nullptr ? nullptr : dy_rows + a * E * dtype_size(dy.dtype()), o_rows.as<char>());
+      const int64_t run = o_tile > 0 ? o_tile : n;
+      for (int64_t a = 0; a < n; a += run) {
+        const int64_t m = std::min(run, n - a);
+        fn(r0 + a, m, dy_rows == nullptr ? nullptr : dy_rows + a * E * dtype_size(dy.dtype()),
+           saved_output_rows(saved, r0 + a, m, o_rows));
       }
     });
   };

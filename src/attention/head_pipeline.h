@@ -75,6 +75,11 @@ class HeadPipeline final : public AttentionBlock {
   TensorBuffer start_output(const Tensor& o, Exchanges& ex);
   // attn_out[:, heads of stage s] = recv
   void place_output(int64_t s, const Tensor& recv, const Tensor& attn_out);
+  // Rows [r0, r0 + n) of the saved attention output (n, H*D): in place, or, when it is in host
+  // memory (AttentionSaved::attn_out_host_tile, n <= that tile), copied into `fetched`, the
+  // buffer saved_output_fetch makes (empty otherwise).
+  TensorBuffer saved_output_fetch(const AttentionSaved& saved) const;
+  const char* saved_output_rows(const AttentionSaved& saved, int64_t r0, int64_t n, const TensorBuffer& fetched) const;
 
   // ---- backward steps, the forward's in reverse ----
   // dO (S, u, D) and D = rowsum(dO * O) for stage s, from dy:           sequence -> heads

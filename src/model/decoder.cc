@@ -69,6 +69,13 @@ DecoderTiles decoder_tiles(const ModelConfig& m, const DecoderOptions& o, int64_
   return t;
 }
 
+HostParts host_parts(const ModelConfig& m, const DecoderOptions& o, int64_t rows, bool host) {
+  const bool tiles = decoder_tiles(m, o, rows).attn > 0;
+  return HostParts{.grads = host && o.tiled_dx && o.grads_on_host,
+                   .dh = host && o.tiled_dx && tiles && o.dh_on_host,
+                   .attn_out = host && o.early_delta && tiles && o.attn_out_on_host};
+}
+
 bool input_offloaded(const DecoderOptions& o, int64_t layer) {
   return layer >= o.offload_keep_first && (layer - o.offload_keep_first) % o.offload_every == 0;
 }
@@ -233,7 +240,7 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
         add_inplace(dev_, hm_rows, rows_of(xt, 0, n));
       }
     };
-    attn_->forward(TiledOutput{.tile = attn_tile_, .consume = add_input, .host = attn_out_on_host() ? host_ : nullptr},
+    attn_->forward(TiledOutput{.tile = attn_tile_, .consume = add_input, .host = host_parts(m_, o_, rows_, host_ != nullptr).attn_out ? host_ : nullptr},
                    normed_tiles(w, x, x_on_host, A.rstd1.as<float>()), attention_weights(w), *mask_, A.saved);
   } else {
     make_hm();
@@ -261,7 +268,7 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   TensorBuffer dhm = std::move(dh);  // in: d residual after attention; out (dx): d block input
   // dh_on_host: dhm waits in host memory through the attention's backward, read a tile at a time
   // (its dO projections, dwo, D), and dx is made in a new device buffer as its first tile comes.
-  const bool dh_host = dh_on_host();
+  const bool dh_host = host_parts(m_, o_, rows_, host_ != nullptr).dh;
   TensorBuffer dhm_host;
   if (dh_host) {
     dhm_host = TensorBuffer(*host_, t, {L, E}, Tag::kOther, "d residual after attention (offloaded)");
@@ -343,7 +350,7 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
       attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
   };
   if (o_.tiled_dx) {
-    attention_backward(TiledGrad{.tile = tile_, .consume = norm_backward, .host = o_.grads_on_host ? host_ : nullptr});
+    attention_backward(TiledGrad{.tile = tile_, .consume = norm_backward, .host = host_parts(m_, o_, rows_, host_ != nullptr).grads ? host_ : nullptr});
   } else {
     // da (the attention's dx) whole in fp32: the attention block accumulates straight into it.
     TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
@@ -360,14 +367,6 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   A.a.reset();
   dhm_host.reset();
   dh = std::move(dhm);
-}
-
-bool Decoder::attn_out_on_host() const {
-  return o_.attn_out_on_host && host_ != nullptr && attn_tile_ > 0 && o_.early_delta;
-}
-
-bool Decoder::dh_on_host() const {
-  return o_.dh_on_host && host_ != nullptr && attn_tile_ > 0 && o_.tiled_dx;
 }
 
 void Decoder::use_mask(const SequenceMask& mask) {

@@ -56,6 +56,7 @@ struct Dims {
   DType t = DType::kF32;
   HeadSchedule sched;  // u = q_per_rank, w = kv_per_rank per stage
   int64_t mlp_tile = 0, attn_tile = 0;  // as the Decoder chooses them (0: attention input whole)
+  HostParts host;  // what waits in host memory in a block's backward (decoder.h host_parts)
 };
 
 Dims dims_of(const TrainOptions& o, int ranks) {
@@ -75,6 +76,7 @@ Dims dims_of(const TrainOptions& o, int ranks) {
   const DecoderTiles tiles = decoder_tiles(o.model, o.decoder, d.L);
   d.mlp_tile = tiles.mlp;
   d.attn_tile = tiles.attn;
+  d.host = host_parts(o.model, o.decoder, d.L, o.offload_inputs);
   return d;
 }
 
@@ -130,28 +132,12 @@ void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<
   if (dh) it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
 }
 
-// Whether the attention output saved for the backward waits in host memory (decoder.cc
-// attn_out_on_host), read back a tile at a time.
-bool attn_out_on_host(const TrainOptions& o, const Dims& d) {
-  return o.offload_inputs && o.decoder.attn_out_on_host && o.decoder.early_delta && d.attn_tile > 0;
-}
-
-// Whether dhm waits in host memory through the attention's backward (decoder.cc dh_on_host).
-bool dh_on_host(const TrainOptions& o, const Dims& d) {
-  return o.offload_inputs && o.decoder.tiled_dx && o.decoder.dh_on_host && d.attn_tile > 0;
-}
-
 // A bf16 block's attention weight gradients in the compute dtype, added into the fp32 ones after
 // the attention's backward (decoder.cc block_backward).
 void add_attention_weight_grads(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
   if (d.t == DType::kF32) return;
   it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
                 (2 * d.H * d.D * d.E + 2 * d.G * d.D * d.E + (o.model.qk_norm ? 2 * d.D : 0)) * d.es});
-}
-
-// Whether the attention's kept q/k/v gradients wait for dx in host memory (decoder.cc: TiledGrad::host).
-bool grads_on_host(const TrainOptions& o) {
-  return o.offload_inputs && o.decoder.tiled_dx && o.decoder.grads_on_host;
 }
 
 // What the attention's forward saved for its backward, before the backward frees any of it: the
@@ -172,7 +158,7 @@ void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>
 }
 
 void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
-  if (!attn_out_on_host(o, d)) it.push_back({"attention output (saved)", Tag::kActivations, d.L * d.H * d.D * d.es});
+  if (!d.host.attn_out) it.push_back({"attention output (saved)", Tag::kActivations, d.L * d.H * d.D * d.es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, d.sched.stages * d.sched.q_per_rank * d.Sg * 4});
   if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
 }
@@ -230,7 +216,7 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   if (returning && !(overlapped && s >= 1)) return m;
   if (sending && (overlapped || d.R > 1)) return m;
   auto& it = m.items;
-  add_block_backward(o, d, descs, /*input_tile=*/true, it, /*dh=*/!dh_on_host(o, d));
+  add_block_backward(o, d, descs, /*input_tile=*/true, it, /*dh=*/!d.host.dh);
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   add_attention_weight_grads(o, d, it);
   // With dx by tiles, the q gradients of the stages done (before s, or before s-1 while s-1's
@@ -244,7 +230,7 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
         it.push_back({"previous round: k norm input and rstd", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
     }
   }
-  if (o.decoder.tiled_dx && !grads_on_host(o)) {
+  if (o.decoder.tiled_dx && !d.host.grads) {
     if (done_stages > 0)
       it.push_back({"dq of the earlier stages (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
                     done_stages * Sg * u * D * es});
@@ -273,11 +259,11 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   if (sending) {  // (at its height as the dO is projected, from a tile of dhm fetched with dh_on_host)
     it.push_back({"dO projection (send layout)", Tag::kAttnWorkspace, Sg * u * D * es});
     it.push_back({"attention D (send layout and receive)", Tag::kAttnWorkspace, 2 * u * Sg * 4});
-    if (dh_on_host(o, d)) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
+    if (d.host.dh) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
     return m;
   }
   if (returning) {  // (at its height as the next stage's dO is projected from a tile of dhm fetched)
-    if (s + 1 < stages && dh_on_host(o, d))
+    if (s + 1 < stages && d.host.dh)
       it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
     return m;
   }
@@ -368,7 +354,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   if (d.attn_tile == 0) it.push_back(hm);
   if (d.attn_tile == 0) it.push_back({"attn_norm output", Tag::kOther, L * E * es});
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
-  const bool out_host = attn_out_on_host(o, d);
+  const bool out_host = d.host.attn_out;
   if (!out_host) it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, (s + 1) * u * Sg * 4});
   it.push_back({"attention output (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
@@ -439,14 +425,14 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
   PlanMoment m{.name = "attention backward (dwo gemm)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, HD = d.H * d.D;
-  const bool dh_host = dh_on_host(o, d);
+  const bool dh_host = d.host.dh;
   add_block_backward(o, d, descs, /*input_tile=*/false, it, /*dh=*/!dh_host);
   if (!o.decoder.tiled_dx) it.push_back({"d attn_norm output (fp32)", Tag::kOther, L * E * 4});
   add_attention_weight_grads(o, d, it);
   add_attention_saved(o, d, it);
   // dhm and the saved output in host memory: each read a tile at a time, dwo's sums over tiles in
   // fp32.
-  const bool out_host = attn_out_on_host(o, d), by_tiles = dh_host || out_host;
+  const bool out_host = d.host.attn_out, by_tiles = dh_host || out_host;
   if (out_host) it.push_back({"attention output rows (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * HD * d.es});
   if (dh_host) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * d.es});
   if (by_tiles && d.t != DType::kF32) it.push_back({"dwo fp32 sums (tiles)", Tag::kAttnWorkspace, E * HD * 4});
@@ -493,7 +479,7 @@ PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<Para
   add_block_backward(o, d, descs, /*input_tile=*/true, it);
   add_attention_weight_grads(o, d, it);
   if (o.decoder.early_delta) it.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * L * 4});
-  if (grads_on_host(o)) {  // each gradient's rows of the tile fetched from the host
+  if (d.host.grads) {  // each gradient's rows of the tile fetched from the host
     it.push_back({"dq rows (tile, fetched)", Tag::kOther, d.C * std::min(T, L) * u * D * es});
     it.push_back({"dk or dv rows (tile, fetched)", Tag::kOther, d.C * std::min(T, L) * w * D * es});
   } else {

@@ -174,8 +174,8 @@ int64_t offloaded_input_bytes(const TrainOptions& o, int ranks) {
 
 int64_t grad_stash_bytes(const TrainOptions& o, int ranks) {
   const DecoderOptions& d = o.decoder;
-  if (!o.offload_inputs || !d.tiled_dx || !d.grads_on_host || d.strategy == Strategy::kLocal) return 0;
   const AttentionConfig ac = padded_config(attention_config(o.model, d), ranks);
+  if (!host_parts(o.model, d, ac.seq / ranks, o.offload_inputs).grads || d.strategy == Strategy::kLocal) return 0;
   const TokenLayout layout = token_layout(ac, ranks);
   const HeadSchedule sched =
       make_head_schedule(ac.heads, ac.kv_heads, layout.group(), stage_heads_of(ac, ranks)).value();
@@ -187,14 +187,14 @@ int64_t grad_stash_bytes(const TrainOptions& o, int ranks) {
 int64_t dh_host_bytes(const TrainOptions& o, int ranks) {
   const DecoderOptions& d = o.decoder;
   const int64_t L = padded_config(attention_config(o.model, d), ranks).seq / ranks;
-  if (!o.offload_inputs || !d.tiled_dx || !d.dh_on_host || decoder_tiles(o.model, d, L).attn == 0) return 0;
+  if (!host_parts(o.model, d, L, o.offload_inputs).dh) return 0;
   return L * o.model.hidden * dtype_size(d.dtype);
 }
 
 int64_t attn_out_host_bytes(const TrainOptions& o, int ranks) {
   const DecoderOptions& d = o.decoder;
   const int64_t L = padded_config(attention_config(o.model, d), ranks).seq / ranks;
-  if (!o.offload_inputs || !d.attn_out_on_host || !d.early_delta || decoder_tiles(o.model, d, L).attn == 0) return 0;
+  if (!host_parts(o.model, d, L, o.offload_inputs).attn_out) return 0;
   return L * o.model.heads * o.model.head_dim * dtype_size(d.dtype);
 }
 

@@ -91,6 +91,15 @@ struct DecoderTiles {
   int64_t mlp = 0, attn = 0;
 };
 DecoderTiles decoder_tiles(const ModelConfig& m, const DecoderOptions& o, int64_t rows);
+// Which of a block's buffers wait in host memory, on `rows` tokens per rank, where a host
+// allocator exists (`host`: offloaded inputs): DecoderOptions::grads_on_host (with tiled_dx),
+// dh_on_host (with tiled_dx and the attention's tiles) and attn_out_on_host (with early_delta
+// and the attention's tiles), each where it applies. The one rule for the Decoder, the host
+// memory it needs (trainer.h host_bytes) and the plan.
+struct HostParts {
+  bool grads = false, dh = false, attn_out = false;
+};
+HostParts host_parts(const ModelConfig& m, const DecoderOptions& o, int64_t rows, bool host);
 // Whether block `layer`'s saved input is offloaded (with a host allocator), and how many of the
 // model's blocks' are.
 bool input_offloaded(const DecoderOptions& o, int64_t layer);
@@ -187,12 +196,7 @@ class Decoder {
   void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
   // dy (L, E) += mlp_norm'(mlp'(dy)) in place (dy becomes dhm, d residual after attention), tile
   // by tile, each tile's rows read before they are written; MLP and mlp_norm gradients into g (+=).
-  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy);  // Whether dhm waits in host memory through the attention's backward (DecoderOptions::dh_on_host
-  // where it applies).
-  bool dh_on_host() const;
-  // Whether the attention output saved for the backward waits in host memory
-  // (DecoderOptions::attn_out_on_host where it applies).
-  bool attn_out_on_host() const;
+  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy);
 
   Device& dev_;
   Communicator& comm_;
