@@ -96,9 +96,8 @@ void add_train_flags(FlagSet& f) {
   f.add("offload-every", FlagKind::kInt, "1",
         "with --offload-inputs: offload every N-th block's input from block --keep-inputs on, keep the rest on the device");
   f.add("host-budget", FlagKind::kBytes, "",
-        "host memory per node for the offloaded block inputs and the gradients kept for dx (e.g. 1T), shared evenly "
-        "by the node's ranks; checked "
-        "before the first step");
+        "host memory per node for the offloaded block inputs and what a block's backward keeps there (e.g. 1T), "
+        "shared evenly by the node's ranks; checked before the first step");
   f.add("refetch-inputs", FlagKind::kBool, "true",
         "with --offload-inputs: fetch a block's input again for its last step instead of holding it through the "
         "attention's backward (--no-refetch-inputs holds it: one (L, E) buffer more at the peak, one host copy less)");
@@ -263,7 +262,7 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
   int64_t total = 0;
   for (const LiveBuffers& b : live) total += b.bytes;
   std::printf("live at rank 0's peak (%s), largest first:\n", format_bytes(total).c_str());
-  const size_t shown = std::min<size_t>(live.size(), getenv("UNTIED_LIST_ALL") ? 1000 : 14);
+  const size_t shown = std::min<size_t>(live.size(), 14);
   int64_t rest = total;
   for (size_t i = 0; i < shown; ++i) {
     const LiveBuffers& b = live[i];

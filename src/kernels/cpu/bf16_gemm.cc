@@ -323,29 +323,28 @@ bool cpu_has_amx_bf16() {
 }
 
 const char* choice_env() { return std::getenv("UNTIED_BF16_GEMM"); }
+bool env_is(const char* v) { return choice_env() != nullptr && std::strcmp(choice_env(), v) == 0; }
 
 }  // namespace
 
 std::string bf16_gemm_choice_error() {
   const char* e = choice_env();
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "kernel") == 0 || std::strcmp(e, "widen") == 0) return "";
+  if (e == nullptr || *e == '\0' || env_is("kernel") || env_is("widen")) return "";
   return std::string("UNTIED_BF16_GEMM=") + e + ": use kernel (the bf16 dot-product kernel) or widen (sgemm on "
          "widened operands), or unset it for the choice by CPU";
 }
 
 std::string bf16_gemm_not_chosen_reason() {
   if (!bf16_gemm_compiled() || bf16_gemm_available()) return "";
-  const char* e = choice_env();
-  if (e != nullptr && std::strcmp(e, "widen") == 0) return "UNTIED_BF16_GEMM=widen";
+  if (env_is("widen")) return "UNTIED_BF16_GEMM=widen";
   return "this CPU has AMX, where sgemm on widened operands is faster; UNTIED_BF16_GEMM=kernel runs it";
 }
 
 bool bf16_gemm_available() {
   static const bool chosen = [] {
     if (!bf16_gemm_compiled()) return false;
-    const char* e = choice_env();
-    if (e != nullptr && std::strcmp(e, "kernel") == 0) return true;
-    if (e != nullptr && std::strcmp(e, "widen") == 0) return false;
+    if (env_is("kernel")) return true;
+    if (env_is("widen")) return false;
     return !cpu_has_amx_bf16();
   }();
   return chosen;
