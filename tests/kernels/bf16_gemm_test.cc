@@ -1,6 +1,7 @@
-// bf16_gemm (AVX512-BF16) against an fp64 triple loop over the same bf16 values, over every
-// edge of its blocking: m, n, k across the register block (12 x 32), the thread block (144
-// rows), the packed k block (512, odd k included) and the packed column block (2048); all four
+// bf16_gemm (AMX or AVX512-BF16, whichever runs: kernels_test runs again under each choice)
+// against an fp64 triple loop over the same bf16 values, over every edge of its blocking: m, n,
+// k across the register block (12 x 32) and the tiles (16 and 32 rows, 32 k), the thread block
+// (144 or 128 rows), the packed k block (512, odd k included) and the packed column block (2048); all four
 // layouts of A and B; strides wider than the shapes; alpha and beta; beta = 0 over a C full of
 // NaN (which must not be read); 1 and 3 threads, which must give the same bits.
 //
@@ -77,9 +78,9 @@ TEST(Bf16Gemm, EveryEdgeOfTheRegisterBlock) {
   int64_t cases = 0, bad = 0;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (int64_t m : {1, 5, 11, 12, 13, 25})
+      for (int64_t m : {1, 5, 11, 12, 13, 16, 17, 25, 31, 32, 33})
         for (int64_t n : {1, 7, 15, 16, 17, 31, 32, 33, 70})
-          for (int64_t k : {1, 2, 3, 9, 64}) {
+          for (int64_t k : {1, 2, 3, 9, 31, 32, 33, 64}) {
             bad += run_case({ta, tb, m, n, k, 1.0f, 0.0f}, gen, 1);
             ++cases;
           }
@@ -92,6 +93,7 @@ TEST(Bf16Gemm, EveryEdgeOfTheCacheBlocks) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       EXPECT_EQ(run_case({ta, tb, 145, 40, 513, 1.0f, 0.0f}, gen, 1), 0);   // 2 thread blocks, 2 k blocks, odd k
+      EXPECT_EQ(run_case({ta, tb, 129, 33, 545, 1.0f, 0.0f}, gen, 2), 0);   // the same for AMX's blocks
       EXPECT_EQ(run_case({ta, tb, 30, 2049, 20, 1.0f, 0.0f}, gen, 2), 0);   // 2 column blocks
       EXPECT_EQ(run_case({ta, tb, 300, 65, 1100, 0.5f, 1.0f}, gen, 3), 0);   // beta with 3 k blocks
     }

@@ -46,7 +46,7 @@ enum BackwardScratch { kDelta, kDqAccs, kTiles };
 // tile's, where they fit (tiles of at least 32 keys). The other three products read fp32 P and
 // dS and stay fp32.
 bool use_bf16_dot(const AttnGeom& a) {
-  return a.dtype == DType::kBF16 && bf16_gemm_available() && bf16_packed_b_words(a.bk, a.d) <= a.bk * a.d &&
+  return a.dtype == DType::kBF16 && bf16_tile_products_available() && bf16_packed_b_words(a.bk, a.d) <= a.bk * a.d &&
          bf16_packed_a_words(a.bq, a.d) <= a.bk * a.d;
 }
 

@@ -41,7 +41,7 @@ enum ForwardScratch { kTiles };
 // packed Q tile lives in the Q^T tile's space and the packed K tile in the K tile's, where they
 // fit (tiles of at least 32 queries and 12 keys).
 bool use_bf16_dot(const AttnGeom& a) {
-  return a.dtype == DType::kBF16 && bf16_gemm_available() && bf16_packed_b_words(a.bq, a.d) <= a.d * a.bq &&
+  return a.dtype == DType::kBF16 && bf16_tile_products_available() && bf16_packed_b_words(a.bq, a.d) <= a.d * a.bq &&
          bf16_packed_a_words(a.bk, a.d) <= a.bk * a.d;
 }
 

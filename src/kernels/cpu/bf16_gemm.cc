@@ -29,9 +29,20 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define UNTIED_HAVE_BF16_GEMM 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define UNTIED_HAVE_AMX 1
+#endif
 #endif
 
 namespace untied::cpu {
+
+namespace {
+// Which code runs bf16 GEMMs in this process (chosen_path, at the end of the file).
+enum class Path { kWiden, kDot, kAmx };
+Path chosen_path();
+}  // namespace
 
 #if defined(UNTIED_HAVE_BF16_GEMM)
 
@@ -115,11 +126,13 @@ void transpose_pairs(uint32_t* out, int64_t stride, __mmask16 store_lanes, const
   }
 }
 
-// Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst.
+// Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst. A
+// panel spans `kp_stride` pairs (at least ceil(kc / 2)); the pairs past kc are zero.
 void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t n, int64_t p0, int64_t kc,
-            int64_t j0, int64_t panel) {
+            int64_t j0, int64_t panel, int64_t kp_stride) {
   const int64_t kp = (kc + 1) / 2, full = kc / 2;  // pairs; pairs with both halves in k
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst + panel * kp * kNr * 2);
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst + panel * kp_stride * kNr * 2);
+  if (kp_stride > kp) std::memset(out + kp * kNr, 0, (kp_stride - kp) * kNr * 4);
   const int64_t jb = j0 + panel * kNr;
   const int64_t cols = std::clamp<int64_t>(n - jb, 0, kNr);
   if (!trans_b) {  // B is (k, n): interleave two rows
@@ -204,13 +217,186 @@ inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, 
   }
 }
 
+
+#if defined(UNTIED_HAVE_AMX)
+// ---- AMX: the same GEMM on tile instructions (TDPBF16PS) ----
+//
+// Loops as above, with kAmxKc along k (a multiple of 32: one tile holds 32 k) and blocks of
+// kAmxMc rows per thread. A 32 x 32 block of C is four accumulator tiles (tmm0-3): per 32 k,
+// two tiles of A (16 rows x 32 k, tmm4-5) and two of B (32 k x 16 columns as 16 pairs, tmm6-7),
+// four tile products. After a k block the accumulators are stored to the stack and added into
+// C, as the kernel above does with its registers, so the sums in fp32 run over at most kAmxKc
+// products before they are added into C.
+//
+// Packed layouts: B as for the kernel above (32-column panels of pairs: a tile is 16 pairs of
+// 16 columns, rows 128 bytes apart), with its pairs padded with zeros to a multiple of 16;
+// A as tiles of 16 rows x 32 k in a row: [16-row tile][32-k chunk][16 rows][32 k], each tile
+// 1 KiB, rows and k past the edges zero.
+constexpr int64_t kAmxKc = 512;
+constexpr int64_t kAmxMc = 128;
+constexpr int64_t kAmxNc = 2048;
+constexpr int64_t kTileWords = 16 * 16;  // a 16 x 32 bf16 tile in 32-bit words
+
+// The asm behind the tile intrinsics names no memory, so the compiler is told where tiles read
+// what was packed, and where C is read after the tiles were stored.
+inline void memory_barrier() { asm volatile("" ::: "memory"); }
+
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Every tile 16 rows x 64 bytes (palette 1). Per thread: the configuration is a thread's state.
+void amx_configure() {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
+  const int64_t kc = std::min(kAmxKc, round_up(k, 32));
+  const int64_t nc = std::min(kAmxNc, round_up(n, kNr));
+  const int64_t mc = std::min(kAmxMc, round_up(m, 32));
+  const int64_t mblocks = (m + kAmxMc - 1) / kAmxMc;
+  const int used = static_cast<int>(std::clamp<int64_t>(mblocks, 1, std::max(threads, 1)));
+  return {kc * nc * 2, mc * kc * 2, used};
+}
+
+// Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into tiles (layout above); `chunks`
+// 32-k chunks per tile row (ceil(kc / 32)), round_up(mc, 32) rows.
+void amx_pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+                int64_t kc, int64_t chunks) {
+  const int64_t tiles = round_up(mc, 32) / 16;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t rows = std::clamp<int64_t>(mc - 16 * t, 0, 16), r0 = i0 + 16 * t;
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint32_t* out = dst + (t * chunks + c) * kTileWords;
+      const int64_t k0 = p0 + 32 * c, kn = std::min<int64_t>(32, kc - 32 * c);  // k in this chunk
+      if (!trans_a) {  // A is (m, k): a tile row is 32 consecutive k of a row
+        const __mmask32 km = first_bits32(kn);
+        for (int64_t r = 0; r < 16; ++r)
+          _mm512_storeu_si512(out + 16 * r, r < rows ? _mm512_maskz_loadu_epi16(km, a + (r0 + r) * lda + k0)
+                                                     : _mm512_setzero_si512());
+        continue;
+      }
+      // A is (k, m): pairs of k rows interleaved for 16 rows (x[q]: pair q of each row), then
+      // transposed so that each row's 16 pairs are one vector.
+      const __mmask32 rm = first_bits32(rows);
+      __m512i x[16];
+      for (int64_t q = 0; q < 16; ++q) {
+        const __m512i lo = 2 * q < kn ? _mm512_maskz_loadu_epi16(rm, a + (k0 + 2 * q) * lda + r0) : _mm512_setzero_si512();
+        const __m512i hi =
+            2 * q + 1 < kn ? _mm512_maskz_loadu_epi16(rm, a + (k0 + 2 * q + 1) * lda + r0) : _mm512_setzero_si512();
+        x[q] = _mm512_permutex2var_epi16(lo, kLo, hi);
+      }
+      transpose16(x);
+      for (int64_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + 16 * r, x[r]);
+    }
+  }
+}
+
+// C[0:rows, 0:cols] = alpha * (A tiles a0, a1) (B panel bp) + (accumulate ? beta * C : 0), over
+// `chunks` chunks of 32 k.
+inline void amx_micro(int64_t chunks, const uint32_t* a0, const uint16_t* bp, float* c, int64_t ldc, int64_t rows,
+                      int64_t cols, float alpha, bool accumulate, float beta) {
+  const uint32_t* a1 = a0 + chunks * kTileWords;  // the next 16 rows
+  alignas(64) float buf[32][32];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const uint16_t* b = bp + ch * 16 * kNr * 2;
+    _tile_loadd(4, a0 + ch * kTileWords, 64);
+    _tile_loadd(5, a1 + ch * kTileWords, 64);
+    _tile_loadd(6, b, 2 * kNr * 2);
+    _tile_loadd(7, b + 16 * 2, 2 * kNr * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, &buf[0][0], 128);
+  _tile_stored(1, &buf[0][16], 128);
+  _tile_stored(2, &buf[16][0], 128);
+  _tile_stored(3, &buf[16][16], 128);
+  memory_barrier();
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 x0 = _mm512_mul_ps(va, _mm512_load_ps(&buf[r][0])), x1 = _mm512_mul_ps(va, _mm512_load_ps(&buf[r][16]));
+    if (accumulate) {
+      x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), x0);
+      x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), x1);
+    }
+    _mm512_mask_storeu_ps(cr, m0, x0);
+    _mm512_mask_storeu_ps(cr + 16, m1, x1);
+  }
+}
+
+void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+              int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads, void* pack) {
+  const PackSizes ps = amx_pack_sizes(m, n, k, threads);
+  uint16_t* const bpack = static_cast<uint16_t*>(pack);
+  char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
+  const int64_t mblocks = (m + kAmxMc - 1) / kAmxMc;
+
+#pragma omp parallel num_threads(ps.threads)
+  {
+    amx_configure();
+    uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + omp_get_thread_num() * ps.a_bytes);
+    for (int64_t j0 = 0; j0 < n; j0 += kAmxNc) {
+      const int64_t nc = std::min(kAmxNc, n - j0);
+      const int64_t panels = (nc + kNr - 1) / kNr;
+      for (int64_t p0 = 0; p0 < k; p0 += kAmxKc) {
+        const int64_t kc = std::min(kAmxKc, k - p0);
+        const int64_t chunks = (kc + 31) / 32;
+        const bool accumulate = p0 > 0 || beta != 0.0f;
+        const float bk = p0 > 0 ? 1.0f : beta;
+#pragma omp for schedule(static)
+        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, chunks * 16);
+#pragma omp for schedule(static)
+        for (int64_t ib = 0; ib < mblocks; ++ib) {
+          const int64_t i0 = ib * kAmxMc, mc = std::min(kAmxMc, m - i0);
+          amx_pack_a(apack, trans_a, a, lda, i0, mc, p0, kc, chunks);
+          memory_barrier();
+          for (int64_t jp = 0; jp < panels; ++jp) {
+            const uint16_t* bp = bpack + jp * chunks * 16 * kNr * 2;
+            const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
+            for (int64_t i = 0; i < mc; i += 32)
+              amx_micro(chunks, apack + (i / 16) * chunks * kTileWords, bp, c + (i0 + i) * ldc + j0 + jp * kNr, ldc,
+                        std::min<int64_t>(32, mc - i), cols, alpha, accumulate, bk);
+          }
+        }
+      }
+    }
+    _tile_release();
+  }
+}
+
+// Tile data is a feature the kernel hands out per process on request (Linux 5.16 and later).
+bool amx_permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  return ok;
+}
+#endif  // UNTIED_HAVE_AMX
 }  // namespace
 
 bool bf16_gemm_compiled() { return true; }
 
 int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
+#if defined(UNTIED_HAVE_AMX)
+  const PackSizes ps = chosen_path() == Path::kAmx ? amx_pack_sizes(m, n, k, threads) : pack_sizes(m, n, k, threads);
+#else
   const PackSizes ps = pack_sizes(m, n, k, threads);
+#endif
   return ps.b_bytes + ps.threads * ps.a_bytes;
 }
 
@@ -219,6 +405,12 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                void* pack) {
   if (m <= 0 || n <= 0) return;
   UNTIED_CHECK(k > 0, "bf16_gemm needs k > 0 (the caller defines C = beta C for k = 0)");
+#if defined(UNTIED_HAVE_AMX)
+  if (chosen_path() == Path::kAmx) {
+    amx_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads, pack);
+    return;
+  }
+#endif
   const PackSizes ps = pack_sizes(m, n, k, threads);
   uint16_t* const bpack = static_cast<uint16_t*>(pack);
   char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
@@ -237,7 +429,7 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
         const bool accumulate = p0 > 0 || beta != 0.0f;
         const float bk = p0 > 0 ? 1.0f : beta;
 #pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp);
+        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, kp);
 #pragma omp for schedule(static)
         for (int64_t ib = 0; ib < mblocks; ++ib) {
           const int64_t i0 = ib * kMc, mc = std::min(kMc, m - i0);
@@ -267,7 +459,7 @@ void bf16_pack_a(uint32_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64
 
 void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64_t k) {
   const int64_t panels = (n + kNr - 1) / kNr;
-  for (int64_t jp = 0; jp < panels; ++jp) pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/true, b, ldb, n, 0, k, 0, jp);
+  for (int64_t jp = 0; jp < panels; ++jp) pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/true, b, ldb, n, 0, k, 0, jp, (k + 1) / 2);
 }
 
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
@@ -283,7 +475,12 @@ void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t
 }
 
 std::string bf16_gemm_description() {
-  return bf16_gemm_available() ? "avx512-bf16 " + std::to_string(kMr) + "x" + std::to_string(kNr) : "none";
+  switch (chosen_path()) {
+    case Path::kAmx: return "amx 32x32";
+    case Path::kDot: return "avx512-bf16 " + std::to_string(kMr) + "x" + std::to_string(kNr);
+    case Path::kWiden: break;
+  }
+  return "none";
 }
 
 #else  // no AVX512-BF16 in this build
@@ -325,29 +522,61 @@ bool cpu_has_amx_bf16() {
 const char* choice_env() { return std::getenv("UNTIED_BF16_GEMM"); }
 bool env_is(const char* v) { return choice_env() != nullptr && std::strcmp(choice_env(), v) == 0; }
 
+bool amx_compiled() {
+#if defined(UNTIED_HAVE_AMX)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// AMX compiled in, on the CPU, and tile data granted by the operating system.
+bool amx_usable() {
+#if defined(UNTIED_HAVE_AMX)
+  return cpu_has_amx_bf16() && amx_permitted();
+#else
+  return false;
+#endif
+}
+
+Path chosen_path() {
+  static const Path chosen = [] {
+    if (!bf16_gemm_compiled() || env_is("widen")) return Path::kWiden;
+    if (env_is("kernel")) return Path::kDot;
+    if (amx_usable()) return Path::kAmx;  // asked for, or by default
+    // A CPU with AMX that this build or the OS cannot use: the dot-product kernel runs at half
+    // sgemm's rate there (2 threads: 167 against 305 GFLOP/s), so bf16 operands are widened.
+    return cpu_has_amx_bf16() ? Path::kWiden : Path::kDot;
+  }();
+  return chosen;
+}
+
 }  // namespace
 
 std::string bf16_gemm_choice_error() {
   const char* e = choice_env();
   if (e == nullptr || *e == '\0' || env_is("kernel") || env_is("widen")) return "";
-  return std::string("UNTIED_BF16_GEMM=") + e + ": use kernel (the bf16 dot-product kernel) or widen (sgemm on "
-         "widened operands), or unset it for the choice by CPU";
+  if (env_is("amx")) {
+    if (amx_usable()) return "";
+    return std::string("UNTIED_BF16_GEMM=amx: ") +
+           (!cpu_has_amx_bf16() ? "this CPU has no AMX"
+            : !bf16_gemm_compiled() || !amx_compiled() ? "this build has no AMX kernel (build with -march=native on this CPU)"
+                                                      : "the operating system refused tile data (Linux 5.16 or later is needed)") +
+           "; use kernel or widen, or unset it";
+  }
+  return std::string("UNTIED_BF16_GEMM=") + e + ": use amx (tile instructions), kernel (the bf16 dot-product "
+         "kernel) or widen (sgemm on widened operands), or unset it for the choice by CPU";
 }
 
 std::string bf16_gemm_not_chosen_reason() {
-  if (!bf16_gemm_compiled() || bf16_gemm_available()) return "";
+  if (!bf16_gemm_compiled() || chosen_path() != Path::kWiden) return "";
   if (env_is("widen")) return "UNTIED_BF16_GEMM=widen";
-  return "this CPU has AMX, where sgemm on widened operands is faster; UNTIED_BF16_GEMM=kernel runs it";
+  return "this CPU has AMX, which this build or the OS cannot use, and where sgemm on widened operands is faster "
+         "than the dot-product kernel; UNTIED_BF16_GEMM=kernel runs it";
 }
 
-bool bf16_gemm_available() {
-  static const bool chosen = [] {
-    if (!bf16_gemm_compiled()) return false;
-    if (env_is("kernel")) return true;
-    if (env_is("widen")) return false;
-    return !cpu_has_amx_bf16();
-  }();
-  return chosen;
-}
+bool bf16_gemm_available() { return chosen_path() != Path::kWiden; }
+
+bool bf16_tile_products_available() { return chosen_path() == Path::kDot; }
 
 }  // namespace untied::cpu

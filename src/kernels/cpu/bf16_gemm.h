@@ -1,6 +1,7 @@
-// GEMM of bf16 operands on the CPU's bf16 dot-product instructions (AVX512-BF16), our own
-// kernel: Debian's OpenBLAS is built without sbgemm, and widening both operands to fp32 for
-// sgemm cost a copy of each and half the arithmetic rate.
+// GEMM of bf16 operands, our own kernels: Debian's OpenBLAS is built without sbgemm, and
+// widening both operands to fp32 for sgemm cost a copy of each and runs at sgemm's rate. Two
+// kernels: AMX tile instructions (TDPBF16PS) where the CPU has them, and the AVX512-BF16
+// dot-product instruction (VDPBF16PS) elsewhere (which runs, and why: bf16_gemm_available).
 //
 //   C (m, n) fp32 = alpha * op(A) op(B) + beta * C        row-major
 //
@@ -8,15 +9,19 @@
 //   op(B) = B, (k, n), row stride ldb; or with trans_b, B^T where B is (n, k).
 //   A and B hold bf16 (the upper 16 bits of an fp32). beta = 0 never reads C.
 //
-// Numerics: every product of two bf16 is exact in fp32, and products are summed in fp32, pairs
-// of k at a time in increasing k, in blocks of kKc along k added into C: the same contract as
-// sgemm on the widened operands (fp32 compute), with a summation order that depends on neither
-// m, n nor the thread count. The instruction treats subnormal inputs (below 1.2e-38) as zero.
+// Numerics: every product of two bf16 is exact in fp32, and products are summed in fp32, in
+// blocks of 512 along k added into C in increasing k: the same contract as sgemm on the widened
+// operands (fp32 compute), with a summation order that depends on neither m, n nor the thread
+// count. Within a block, the dot-product kernel sums pairs of k in increasing k; AMX sums each
+// 32 k in an order and with an internal rounding of the instruction's own, then those in
+// increasing k. Both instructions treat subnormal inputs (below 1.2e-38) as zero.
 //
-// Cache blocking as in BLIS: a (kKc, kNc) block of op(B) is packed into panels of 32 columns
-// with the k pairs interleaved, and a (kMc, kKc) block of op(A) into panels of 12 rows, per
-// thread; a 12 x 32 block of C stays in registers (its rows prefetched while the products run). Threads (OpenMP, `threads` of them) take
-// blocks of kMc rows. Packing space comes from the caller (bf16_gemm_pack_bytes).
+// Cache blocking as in BLIS: a (512, 2048) block of op(B) is packed into panels of 32 columns
+// with the k pairs interleaved (shared by the threads), and a block of rows of op(A) per thread
+// (144 rows in panels of 12 for the dot-product kernel, 128 rows in 16 x 32 tiles for AMX). A
+// 12 x 32 block of C stays in registers (dot products), or a 32 x 32 block in four tiles (AMX).
+// Threads (OpenMP, `threads` of them) take blocks of rows. Packing space comes from the caller
+// (bf16_gemm_pack_bytes).
 #pragma once
 
 #include <cstdint>
@@ -26,19 +31,26 @@ namespace untied::cpu {
 
 // Whether this build has the kernel (compiled for a CPU with AVX512-BF16).
 bool bf16_gemm_compiled();
-// Whether the kernel runs for bf16 operands on this CPU (the GEMM dispatch and the attention's tile
-// products ask this; otherwise bf16 operands are widened for sgemm): compiled in, and not on a
-// CPU with AMX (Intel Sapphire Rapids and later), where the bf16 dot-product instruction runs this
-// kernel at about half sgemm's rate (2 threads: 167 against 305 GFLOP/s, and the attention 193
-// against 267). The environment variable UNTIED_BF16_GEMM=kernel or =widen chooses either way
-// (checked by bf16_gemm_choice_error). Decided once per process, from the CPU alone: every run on
-// one machine takes the same path, so results repeat bit for bit.
+// Whether bf16_gemm runs for bf16 operands on this CPU (the GEMM dispatch asks this; otherwise
+// bf16 operands are widened for sgemm). Which code runs it:
+//   - AMX tile instructions where the CPU has AMX (Intel Sapphire Rapids and later), the build
+//     has them (-march=native there) and Linux grants tile data;
+//   - else the AVX512-BF16 dot-product kernel, where compiled in, but not on a CPU with AMX that
+//     cannot use it: there the dot-product instruction runs at about half sgemm's rate (2
+//     threads: 167 against 305 GFLOP/s), so operands are widened.
+// UNTIED_BF16_GEMM=amx, =kernel or =widen chooses (checked by bf16_gemm_choice_error). Decided
+// once per process, from the CPU alone: every run on one machine takes the same path, so results
+// repeat bit for bit.
 bool bf16_gemm_available();
-// A message when UNTIED_BF16_GEMM holds anything but kernel, widen or nothing; else "".
+// Whether the attention's tile products below run (the dot-product kernel is the path).
+bool bf16_tile_products_available();
+// A message when UNTIED_BF16_GEMM holds anything but amx, kernel, widen or nothing, or amx where
+// it cannot run; else "".
 std::string bf16_gemm_choice_error();
 
-// Bytes of packing space bf16_gemm needs for this shape with `threads` threads: at most 2 MiB
-// and 144 KiB per thread, less for small shapes.
+// Bytes of packing space bf16_gemm needs for this shape with `threads` threads, on the path that
+// runs: at most 2 MiB and 144 KiB per thread (dot-product kernel) or 2 MiB and 128 KiB per
+// thread (AMX), less for small shapes.
 int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads);
 
 // Requires bf16_gemm_compiled(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
@@ -59,7 +71,7 @@ void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
                     bool accumulate, float* c, int64_t ldc);
 
-// The kernel that runs, e.g. "avx512-bf16 12x32", or "none" (widened for sgemm).
+// The kernel that runs, e.g. "amx 32x32", "avx512-bf16 12x32", or "none" (widened for sgemm).
 std::string bf16_gemm_description();
 // Why the compiled kernel does not run, e.g. "this CPU has AMX", or "" (it runs, or none is built).
 std::string bf16_gemm_not_chosen_reason();
