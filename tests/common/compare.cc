@@ -169,6 +169,27 @@ double bf16_ulp(double x) {
                            CheckOptions{.dims = dims, .note = note});
 }
 
+::testing::AssertionResult expect_rounded_once_after_bf16_operands(const std::string& what,
+                                                                   const std::vector<double>& actual,
+                                                                   const std::vector<double>& expected,
+                                                                   const ErrorBudget& f32_budget,
+                                                                   const std::vector<double>& term_mag,
+                                                                   const std::vector<int64_t>& dims) {
+  if (term_mag.size() != expected.size())
+    return ::testing::AssertionFailure() << what << ": " << term_mag.size() << " term magnitudes for "
+                                         << expected.size() << " elements";
+  const double tol32 = f32_budget.tol();
+  auto tol_of = [&](size_t i) {
+    if (!std::isfinite(expected[i])) return 0.0;
+    const double before = tol32 + std::ldexp(term_mag[i], -8);  // error before the output's rounding
+    return before + 0.5 * bf16_ulp(std::fabs(expected[i]) + before);
+  };
+  char note[128];
+  std::snprintf(note, sizeof note, "half a bf16 ulp + 2^-8 of the terms + fp32 tol %.3e", tol32);
+  return expect_close_each(what + " (bf16, operands rounded, output rounded once)", actual, expected, tol_of,
+                           CheckOptions{.dims = dims, .note = note});
+}
+
 ::testing::AssertionResult expect_same_values(const std::string& what, const std::vector<double>& actual,
                                               const std::vector<double>& expected) {
   if (actual.size() != expected.size())

@@ -118,6 +118,18 @@ ErrorBudget make_budget(const std::vector<double>& ref, const std::vector<double
                                                const std::vector<double>& expected, const ErrorBudget& f32_budget,
                                                const std::vector<int64_t>& dims);
 
+// The same for kernels that also round one operand of each product to bf16 before the product (P
+// and dS in flash attention on tensor cores or AMX, as FlashAttention does): each term's rounded
+// factor errs by at most 2^-8 of itself (round to nearest with 8 significant bits: the unit
+// roundoff 2^-8), so element i may be off by 2^-8 term_mag[i] more, term_mag[i] being the sum of
+// |terms| behind it.
+::testing::AssertionResult expect_rounded_once_after_bf16_operands(const std::string& what,
+                                                                   const std::vector<double>& actual,
+                                                                   const std::vector<double>& expected,
+                                                                   const ErrorBudget& f32_budget,
+                                                                   const std::vector<double>& term_mag,
+                                                                   const std::vector<int64_t>& dims);
+
 // The spacing of bf16 values in the binade of |x| (8 significant bits); 0 for x = 0.
 double bf16_ulp(double x);
 

@@ -22,6 +22,10 @@
 //     fp32 whatever the dtype, and dq/dk, whose rowsum(dO * O) reads the bf16-rounded out).
 //     Same factor 4. On top, each bf16 output element must be within half a bf16 ulp plus the
 //     fp32 budget of its exact value (expect_rounded_once): computed in fp32, rounded once.
+//     Where the tile products run on AMX, P and dS are rounded to bf16 before their products
+//     (as FlashAttention and the GPU kernels do): each element may then be off by 2^-8 (bf16's
+//     unit roundoff) of the sum of |terms| behind it more (expect_rounded_once_after_bf16_operands), the most that
+//     rounding one factor of every term to nearest can change a sum.
 // A wrong formula (a missed GQA head, a mask off by one, a tile edge read twice) errs by
 // O(magnitude), which is 10^4..10^6 times these tolerances.
 #include <gtest/gtest.h>
@@ -33,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/bf16_gemm.h"
 #include "kernels/reference.h"
 #include "kernels/test_util.h"
 #include "untied/core/allocator.h"
@@ -176,10 +181,14 @@ BackwardResult run_backward(Device& dev, const Problem& p, const Inputs& in,
 
 std::unique_ptr<Device> cpu() { return make_cpu_device(CpuDeviceOptions{.threads = 2}); }
 
+// Whether the kernel rounds P and dS to bf16 for their products on bf16 storage (on AMX).
+bool p_rounded_to_bf16() { return cpu::bf16_tile_products_on_amx(); }
+
 // The fp64 reference gradients and the error budget of each (see the top of the file), for a
 // backward call that is given `out` and `lse` (the values exactly as the kernel receives them).
 struct GradReference {
   std::vector<double> dq, dk, dv;
+  std::vector<double> dq_mag, dk_mag, dv_mag;  // sums of |terms| (ref::attention_backward_magnitudes)
   ErrorBudget dq_budget, dk_budget, dv_budget;  // for the storage type
   ErrorBudget dq_f32, dk_f32, dv_f32;           // of the fp32 computation alone
 };
@@ -193,7 +202,7 @@ GradReference grad_reference(const Problem& p, const std::vector<double>& out,
   ref::attention_backward_saved<float>(p.dims, to_float(p.q), to_float(p.k), to_float(p.v),
                                        to_float(out), to_float(lse), to_float(p.dout), dq32,
                                        dk32, dv32);
-  std::vector<double> dq_mag, dk_mag, dv_mag;
+  std::vector<double>&dq_mag = r.dq_mag, &dk_mag = r.dk_mag, &dv_mag = r.dv_mag;
   ref::attention_backward_magnitudes(p.dims, p.q, p.k, p.v, p.dout, dq_mag, dk_mag, dv_mag);
   const DType t = p.shape.dtype;
   r.dq_budget = make_budget(r.dq, to_double(dq32), t, test::max_abs(dq_mag));
@@ -339,9 +348,11 @@ TEST_P(AttentionTest, ForwardMatchesReference) {
                                        test::max_abs(out_mag)),
                            p.q_dims()));
   if (p.shape.dtype == DType::kBF16) {
-    EXPECT_TRUE(test::expect_rounded_once(
-        "out", got.out, out64,
-        make_budget(out64, to_double(out32), DType::kF32, test::max_abs(out_mag)), p.q_dims()));
+    const ErrorBudget f32 = make_budget(out64, to_double(out32), DType::kF32, test::max_abs(out_mag));
+    if (p_rounded_to_bf16())
+      EXPECT_TRUE(test::expect_rounded_once_after_bf16_operands("out", got.out, out64, f32, out_mag, p.q_dims()));
+    else
+      EXPECT_TRUE(test::expect_rounded_once("out", got.out, out64, f32, p.q_dims()));
   }
   EXPECT_TRUE(expect_close("lse", got.lse, lse64,
                            make_budget(lse64, to_double(lse32), DType::kF32), p.lse_dims()));
@@ -379,7 +390,11 @@ TEST_P(AttentionTest, BackwardMatchesReference) {
   EXPECT_TRUE(expect_close("dq", got.dq, r.dq, r.dq_budget, p.q_dims()));
   EXPECT_TRUE(expect_close("dk", got.dk, r.dk, r.dk_budget, p.kv_dims()));
   EXPECT_TRUE(expect_close("dv", got.dv, r.dv, r.dv_budget, p.kv_dims()));
-  if (p.shape.dtype == DType::kBF16) {
+  if (p.shape.dtype == DType::kBF16 && p_rounded_to_bf16()) {
+    EXPECT_TRUE(test::expect_rounded_once_after_bf16_operands("dq", got.dq, r.dq, r.dq_f32, r.dq_mag, p.q_dims()));
+    EXPECT_TRUE(test::expect_rounded_once_after_bf16_operands("dk", got.dk, r.dk, r.dk_f32, r.dk_mag, p.kv_dims()));
+    EXPECT_TRUE(test::expect_rounded_once_after_bf16_operands("dv", got.dv, r.dv, r.dv_f32, r.dv_mag, p.kv_dims()));
+  } else if (p.shape.dtype == DType::kBF16) {
     EXPECT_TRUE(test::expect_rounded_once("dq", got.dq, r.dq, r.dq_f32, p.q_dims()));
     EXPECT_TRUE(test::expect_rounded_once("dk", got.dk, r.dk, r.dk_f32, p.kv_dims()));
     EXPECT_TRUE(test::expect_rounded_once("dv", got.dv, r.dv, r.dv_f32, p.kv_dims()));

@@ -9,7 +9,9 @@
 //    dK and dV of the tile stay in per-thread fp32 accumulators and are written once. K^T and
 //    V^T of the tile are packed once per item, so that every product is a tile_gemm (our own
 //    register-blocked kernel, no BLAS) with B read row by row; on bf16 storage, where the CPU
-//    has AVX512-BF16, P and dP are products of the bf16 values themselves (bf16_gemm.h).
+//    has AVX512-BF16, P and dP are products of the bf16 values themselves (bf16_gemm.h), and
+//    where bf16 GEMMs run on AMX, all five products run there (amx.h), with P and dS rounded
+//    to bf16 for theirs, as the GPU kernels do.
 // 3. dQ is accumulated in fp32: thread 0 writes to the main accumulator (dq itself when it is
 //    f32, else a workspace), other threads to private ones that are added in thread order at
 //    the end. Work is assigned statically, so results are deterministic for a given thread
@@ -21,6 +23,9 @@
 #include <cstring>
 #include <limits>
 
+#include <optional>
+
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -33,8 +38,24 @@ namespace {
 
 // Per thread: k, v tiles; K^T, V^T; dk, dv accumulators; q, dO tiles; S/P, dP. Rounded up to
 // 64 bytes, so that threads share no cache line.
+bool use_amx(const AttnGeom& a) { return a.dtype == DType::kBF16 && bf16_tile_products_on_amx(); }
+
+// With AMX, after those: K^T and V^T packed as B (of P and dP), K as B (of dQ), one A pack (Q,
+// dO, P^T, dS^T or dS) and one B pack (dO or Q), each from a 64-byte boundary.
+int64_t amx_kt_elems(const AttnGeom& a) { return amx_packed_b_elems(a.d, a.bk); }
+int64_t amx_k_elems(const AttnGeom& a) { return amx_packed_b_elems(a.bk, a.d); }
+int64_t amx_a_elems(const AttnGeom& a) {
+  return std::max({amx_packed_a_elems(a.bq, a.d), amx_packed_a_elems(a.bk, a.bq), amx_packed_a_elems(a.bq, a.bk)});
+}
+int64_t amx_b_elems(const AttnGeom& a) { return amx_packed_b_elems(a.bq, a.d); }
+int64_t floats_of(int64_t bf16_elems) { return (bf16_elems + 31) / 32 * 16; }
+
 int64_t backward_tile_floats(const AttnGeom& a) {
-  return (6 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk + 15) / 16 * 16;
+  int64_t n = (6 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk + 15) / 16 * 16;
+  if (use_amx(a))
+    n += 2 * floats_of(amx_kt_elems(a)) + floats_of(amx_k_elems(a)) + floats_of(amx_a_elems(a)) +
+         floats_of(amx_b_elems(a));
+  return n;
 }
 // dQ accumulators beyond dq itself: one per thread but the first, plus the first's when dq is bf16.
 int extra_dq_accumulators(const AttnGeom& a, int threads) { return threads - 1 + (a.out_dtype == DType::kF32 ? 0 : 1); }
@@ -127,6 +148,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
 
   const float s2 = a.scale * kLog2e;  // scores in log2 units
   const bool bf16_dot = use_bf16_dot(a);
+  const bool amx = use_amx(a);
   const int64_t items = a.g * a.nkb;
 
   // Step 2. schedule(static, 1): deterministic assignment; round-robin balances causal work.
@@ -146,6 +168,14 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
     float* dot = qt + a.bq * a.d;
     float* pt = dot + a.bq * a.d;
     float* dpt = pt + a.bq * a.bk;
+    // AMX packs (unused otherwise).
+    uint16_t* kt_pack = reinterpret_cast<uint16_t*>(base + (dpt + a.bq * a.bk - base + 15) / 16 * 16);
+    uint16_t* vt_pack = kt_pack + floats_of(amx_kt_elems(a)) * 2;
+    uint16_t* k_pack = vt_pack + floats_of(amx_kt_elems(a)) * 2;
+    uint16_t* a_pack = k_pack + floats_of(amx_k_elems(a)) * 2;
+    uint16_t* b_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
+    std::optional<AmxTiles> tiles;
+    if (amx) tiles.emplace();
 
 #pragma omp for schedule(static, 1)
     for (int64_t item = 0; item < items; ++item) {
@@ -154,7 +184,14 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
       const int64_t k0 = kb * a.bk;
       const int64_t nk = std::min(a.bk, a.sk - k0);
       const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
-      if (bf16_dot) {  // K and V packed for the products with Q and dO; V is needed for nothing else
+      if (amx) {  // K^T, V^T and K packed as B of the products with Q, dO and dS
+        const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
+        transpose_tile(ktt, nk, kr.ptr, kr.ld, nk, a.d);
+        transpose_tile(vtt, nk, vr.ptr, vr.ld, nk, a.d);
+        amx_pack_b(kt_pack, ktt, nk, a.d, nk);
+        amx_pack_b(vt_pack, vtt, nk, a.d, nk);
+        amx_pack_b(k_pack, kr.ptr, kr.ld, nk, a.d);
+      } else if (bf16_dot) {  // K and V packed for the products with Q and dO; V is needed for nothing else
         bf16_pack_b(reinterpret_cast<uint32_t*>(ktt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
                     a.kv_rs, nk, a.d);
         bf16_pack_b(reinterpret_cast<uint32_t*>(vtt), static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d)),
@@ -180,7 +217,10 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, qt);
           const F32Rows dor = f32_rows(at(dout, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, dot);
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
-          if (bf16_dot) {
+          if (amx) {
+            amx_pack_a(a_pack, false, qr.ptr, qr.ld, nq, a.d);
+            amx_tile_product(nq, nk, a.d, s2, a_pack, kt_pack, 0.0f, pt, nk);
+          } else if (bf16_dot) {
             bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq, a.d);
             bf16_tile_gemm(nq, nk, a.d, s2, rows_packed, reinterpret_cast<const uint32_t*>(ktt), false, pt, nk);
           } else {
@@ -204,9 +244,18 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             for (int64_t j = lim; j < nk; ++j) prow[j] = 0.0f;
           }
           // dV (nk, D) += P^T dO.
-          tile_gemm(true, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
+          if (amx) {
+            amx_pack_a(a_pack, true, pt, nk, nk, nq);
+            amx_pack_b(b_pack, dor.ptr, dor.ld, nq, a.d);
+            amx_tile_product(nk, a.d, nq, 1.0f, a_pack, b_pack, 1.0f, dvt, a.d);
+          } else {
+            tile_gemm(true, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
+          }
           // dP (nq, nk) = dO V^T; dS = P * (dP - D).
-          if (bf16_dot) {
+          if (amx) {
+            amx_pack_a(a_pack, false, dor.ptr, dor.ld, nq, a.d);
+            amx_tile_product(nq, nk, a.d, 1.0f, a_pack, vt_pack, 0.0f, dpt, nk);
+          } else if (bf16_dot) {
             bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(dout, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq,
                         a.d);
             bf16_tile_gemm(nq, nk, a.d, 1.0f, rows_packed, reinterpret_cast<const uint32_t*>(vtt), false, dpt, nk);
@@ -221,9 +270,17 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             for (int64_t j = 0; j < nk; ++j) prow[j] = prow[j] * (dprow[j] - di);
           }
           // dK (nk, D) += scale dS^T Q;  dQ part (nq, D) = scale dS K.
-          tile_gemm(true, nk, a.d, nq, a.scale, pt, nk, qr.ptr, qr.ld, 1.0f, dkt, a.d);
-          tile_gemm(false, nq, a.d, nk, a.scale, pt, nk, kr.ptr, kr.ld, 1.0f,
-                dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
+          if (amx) {
+            amx_pack_a(a_pack, true, pt, nk, nk, nq);
+            amx_pack_b(b_pack, qr.ptr, qr.ld, nq, a.d);
+            amx_tile_product(nk, a.d, nq, a.scale, a_pack, b_pack, 1.0f, dkt, a.d);
+            amx_pack_a(a_pack, false, pt, nk, nq, nk);
+            amx_tile_product(nq, a.d, nk, a.scale, a_pack, k_pack, 1.0f, dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
+          } else {
+            tile_gemm(true, nk, a.d, nq, a.scale, pt, nk, qr.ptr, qr.ld, 1.0f, dkt, a.d);
+            tile_gemm(false, nq, a.d, nk, a.scale, pt, nk, kr.ptr, kr.ld, 1.0f, dq_mine + q0 * acc_rs + hq * a.d,
+                      acc_rs);
+          }
         }
       }
       for (int64_t j = 0; j < nk; ++j) {

@@ -6,9 +6,10 @@
 // queries) = K Q^T, so that the query tile is transposed once per item rather than each key
 // tile once per query tile, and the softmax statistics of all query rows advance together in
 // vector lanes; O += P V is then a GEMM with A = (S^T)^T. Tile products are tile_gemm (our own
-// register-blocked kernel, no BLAS), and S on bf16 storage the bf16 dot-product kernel where the
-// CPU has one (its products of bf16 exact, as the widened ones are); items are spread over the
-// device's OpenMP threads.
+// register-blocked kernel, no BLAS); on bf16 storage, S on the bf16 dot-product kernel where the
+// CPU has one (its products of bf16 exact, as the widened ones are), or both products on AMX
+// where bf16 GEMMs run there (amx.h: P rounded to bf16 for P V, as the GPU kernels do); items are
+// spread over the device's OpenMP threads.
 // Per-thread scratch is independent of the sequence length.
 #include <omp.h>
 
@@ -16,6 +17,9 @@
 #include <cmath>
 #include <limits>
 
+#include <optional>
+
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -30,9 +34,21 @@ namespace {
 // they are aligned), Q^T tile, k and v tiles (bf16 widening; the q tile's widening reuses
 // acc), S^T, accumulator, and per query row m, l, the new max, the rescale factor and what
 // exp2 subtracts. Rounded up to 64 bytes, so that threads share no cache line.
+bool use_amx(const AttnGeom& a) { return a.dtype == DType::kBF16 && bf16_tile_products_on_amx(); }
+
+// With AMX, after those: the packed Q^T (B of S^T), K or P (A of either product), V (B of P V),
+// each from a 64-byte boundary.
+int64_t amx_q_elems(const AttnGeom& a) { return amx_packed_b_elems(a.d, a.bq); }
+int64_t amx_a_elems(const AttnGeom& a) {
+  return std::max(amx_packed_a_elems(a.bk, a.d), amx_packed_a_elems(a.bq, a.bk));
+}
+int64_t amx_v_elems(const AttnGeom& a) { return amx_packed_b_elems(a.bk, a.d); }
+int64_t floats_of(int64_t bf16_elems) { return (bf16_elems + 31) / 32 * 16; }
+
 int64_t forward_tile_floats(const AttnGeom& a) {
-  const int64_t n = 4 * a.bq + a.d * a.bq + 2 * a.bk * a.d + a.bk * a.bq + a.bq * a.d + 5 * a.bq;
-  return (n + 15) / 16 * 16;
+  int64_t n = (4 * a.bq + a.d * a.bq + 2 * a.bk * a.d + a.bk * a.bq + a.bq * a.d + 5 * a.bq + 15) / 16 * 16;
+  if (use_amx(a)) n += floats_of(amx_q_elems(a)) + floats_of(amx_a_elems(a)) + floats_of(amx_v_elems(a));
+  return n;
 }
 enum ForwardScratch { kTiles };
 
@@ -81,8 +97,13 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
   const int64_t items = a.h * a.nqb;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const bool bf16_dot = use_bf16_dot(a);
+  const bool amx = use_amx(a);
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel num_threads(threads)
+  {
+  std::optional<AmxTiles> tiles;
+  if (amx) tiles.emplace();
+#pragma omp for schedule(dynamic, 1)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t h = item % a.h;
     const int64_t qb = item / a.h;
@@ -103,8 +124,16 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     float* mnew = l + a.bq;
     float* alpha = mnew + a.bq;
     float* sub = alpha + a.bq;        // what exp2 subtracts: mnew, or 0 for a row with nothing visible
+    // AMX packs (unused otherwise).
+    uint16_t* q_pack = reinterpret_cast<uint16_t*>(base + (sub + a.bq - base + 15) / 16 * 16);
+    uint16_t* a_pack = q_pack + floats_of(amx_q_elems(a)) * 2;
+    uint16_t* v_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
 
-    if (bf16_dot) {  // the query tile packed as bf16 pairs; the scale is applied to the products
+    if (amx) {  // Q^T packed as bf16 pairs, unscaled (so exact): the scale is applied to the products
+      const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, h, a.d), a.dtype, nq, a.d, a.q_rs, acc);
+      transpose_tile(qt, nq, qr.ptr, qr.ld, nq, a.d);
+      amx_pack_b(q_pack, qt, nq, a.d, nq);
+    } else if (bf16_dot) {  // the query tile packed as bf16 pairs; the scale is applied to the products
       bf16_pack_b(reinterpret_cast<uint32_t*>(qt), static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)),
                   a.q_rs, nq, a.d);
     } else {  // scaled query tile, transposed (the widening of bf16 rows borrows acc)
@@ -126,7 +155,11 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
       const int64_t nk = std::min(a.bk, a.sk - k0);
       const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
       // st (nk, nq) = K Q^T, in log2 units.
-      if (bf16_dot) {
+      if (amx) {
+        const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
+        amx_pack_a(a_pack, false, kr.ptr, kr.ld, nk, a.d);
+        amx_tile_product(nk, nq, a.d, qscale, a_pack, q_pack, 0.0f, st, nq);
+      } else if (bf16_dot) {
         bf16_pack_a(reinterpret_cast<uint32_t*>(kt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
                     a.kv_rs, nk, a.d);
         bf16_tile_gemm(nk, nq, a.d, qscale, reinterpret_cast<const uint32_t*>(kt), reinterpret_cast<const uint32_t*>(qt),
@@ -191,7 +224,13 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
         for (int64_t x = 0; x < a.d; ++x) arow[x] *= alpha[i];
       }
       // acc (nq, D) += P (nq, nk) V (nk, D), with P = (P^T)^T.
-      tile_gemm(true, nq, a.d, nk, 1.0f, st, nq, vr.ptr, vr.ld, 1.0f, acc, a.d);
+      if (amx) {
+        amx_pack_a(a_pack, true, st, nq, nq, nk);
+        amx_pack_b(v_pack, vr.ptr, vr.ld, nk, a.d);
+        amx_tile_product(nq, a.d, nk, 1.0f, a_pack, v_pack, 1.0f, acc, a.d);
+      } else {
+        tile_gemm(true, nq, a.d, nk, 1.0f, st, nq, vr.ptr, vr.ld, 1.0f, acc, a.d);
+      }
     }
 
     for (int64_t i = 0; i < nq; ++i) {
@@ -202,6 +241,7 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
       store_f32(at(out, a.out_dtype, q0 + i, a.q_rs, h, a.d), a.out_dtype, arow, a.d);
       lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : l[i] == 0.0f ? neg_inf : l[i];
     }
+  }
   }
 }
 

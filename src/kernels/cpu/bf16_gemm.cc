@@ -24,15 +24,15 @@
 #include <cpuid.h>
 #endif
 
+#include "kernels/cpu/amx.h"
+#include "kernels/cpu/bf16_simd.h"
 #include "untied/core/check.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define UNTIED_HAVE_BF16_GEMM 1
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#define UNTIED_HAVE_AMX 1
+#define UNTIED_HAVE_AMX 1  // as amx.cc decides
 #endif
 #endif
 
@@ -75,38 +75,6 @@ const __m512i kLo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42,
                                      36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
 const __m512i kHi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22,
                                      53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
-
-inline __mmask32 first_bits32(int64_t n) { return n >= 32 ? ~__mmask32{0} : (__mmask32{1} << std::max<int64_t>(n, 0)) - 1; }
-
-// In place: r[i] lane j <- r[j] lane i, for 16 vectors of 16 32-bit lanes (interleaves of 32
-// and 64 bits within 128-bit lanes, then two exchanges of 128-bit lanes). (GCC 12's unpack
-// intrinsics pass an undefined vector as their unused merge source, which -Wmaybe-uninitialized
-// reports as a use.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4i + j], 128-bit lane L: rows 4i..4i+3 of column 4L + j.
-  for (int i = 0; i < 4; ++i) {
-    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512i x = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), y = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
-    const __m512i z = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88), w = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
-    r[j] = _mm512_shuffle_i32x4(x, z, 0x88);       // column j
-    r[4 + j] = _mm512_shuffle_i32x4(y, w, 0x88);   // column 4 + j
-    r[8 + j] = _mm512_shuffle_i32x4(x, z, 0xDD);   // column 8 + j
-    r[12 + j] = _mm512_shuffle_i32x4(y, w, 0xDD);  // column 12 + j
-  }
-}
-#pragma GCC diagnostic pop
 
 // For an operand stored with k along its rows (so that a pair is one 32-bit word): rows
 // [0, rows) (rows <= 16) of `base`, row stride ld elements, k [0, kc): out[p * stride + row] =
@@ -241,20 +209,6 @@ constexpr int64_t kTileWords = 16 * 16;  // a 16 x 32 bf16 tile in 32-bit words
 // what was packed, and where C is read after the tiles were stored.
 inline void memory_barrier() { asm volatile("" ::: "memory"); }
 
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Every tile 16 rows x 64 bytes (palette 1). Per thread: the configuration is a thread's state.
-void amx_configure() {
-  TileConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
-}
-
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
@@ -268,7 +222,7 @@ PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
 
 // Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into tiles (layout above); `chunks`
 // 32-k chunks per tile row (ceil(kc / 32)), round_up(mc, 32) rows.
-void amx_pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
                 int64_t kc, int64_t chunks) {
   const int64_t tiles = round_up(mc, 32) / 16;
   for (int64_t t = 0; t < tiles; ++t) {
@@ -349,7 +303,7 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 
 #pragma omp parallel num_threads(ps.threads)
   {
-    amx_configure();
+    const AmxTiles tiles;
     uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + omp_get_thread_num() * ps.a_bytes);
     for (int64_t j0 = 0; j0 < n; j0 += kAmxNc) {
       const int64_t nc = std::min(kAmxNc, n - j0);
@@ -364,7 +318,7 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 #pragma omp for schedule(static)
         for (int64_t ib = 0; ib < mblocks; ++ib) {
           const int64_t i0 = ib * kAmxMc, mc = std::min(kAmxMc, m - i0);
-          amx_pack_a(apack, trans_a, a, lda, i0, mc, p0, kc, chunks);
+          amx_pack_a_block(apack, trans_a, a, lda, i0, mc, p0, kc, chunks);
           memory_barrier();
           for (int64_t jp = 0; jp < panels; ++jp) {
             const uint16_t* bp = bpack + jp * chunks * 16 * kNr * 2;
@@ -376,15 +330,9 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
         }
       }
     }
-    _tile_release();
   }
 }
 
-// Tile data is a feature the kernel hands out per process on request (Linux 5.16 and later).
-bool amx_permitted() {
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-  return ok;
-}
 #endif  // UNTIED_HAVE_AMX
 }  // namespace
 
@@ -508,36 +456,8 @@ std::string bf16_gemm_description() { return "none"; }
 
 namespace {
 
-// Whether the CPU has AMX with bf16 (CPUID leaf 7: EDX bits 22 and 24).
-bool cpu_has_amx_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-  return (d >> 22 & 1u) != 0 && (d >> 24 & 1u) != 0;
-#else
-  return false;
-#endif
-}
-
 const char* choice_env() { return std::getenv("UNTIED_BF16_GEMM"); }
 bool env_is(const char* v) { return choice_env() != nullptr && std::strcmp(choice_env(), v) == 0; }
-
-bool amx_compiled() {
-#if defined(UNTIED_HAVE_AMX)
-  return true;
-#else
-  return false;
-#endif
-}
-
-// AMX compiled in, on the CPU, and tile data granted by the operating system.
-bool amx_usable() {
-#if defined(UNTIED_HAVE_AMX)
-  return cpu_has_amx_bf16() && amx_permitted();
-#else
-  return false;
-#endif
-}
 
 Path chosen_path() {
   static const Path chosen = [] {
@@ -546,7 +466,7 @@ Path chosen_path() {
     if (amx_usable()) return Path::kAmx;  // asked for, or by default
     // A CPU with AMX that this build or the OS cannot use: the dot-product kernel runs at half
     // sgemm's rate there (2 threads: 167 against 305 GFLOP/s), so bf16 operands are widened.
-    return cpu_has_amx_bf16() ? Path::kWiden : Path::kDot;
+    return cpu_has_amx() ? Path::kWiden : Path::kDot;
   }();
   return chosen;
 }
@@ -559,8 +479,8 @@ std::string bf16_gemm_choice_error() {
   if (env_is("amx")) {
     if (amx_usable()) return "";
     return std::string("UNTIED_BF16_GEMM=amx: ") +
-           (!cpu_has_amx_bf16() ? "this CPU has no AMX"
-            : !bf16_gemm_compiled() || !amx_compiled() ? "this build has no AMX kernel (build with -march=native on this CPU)"
+           (!cpu_has_amx() ? "this CPU has no AMX"
+            : !amx_compiled() ? "this build has no AMX kernel (build with -march=native on this CPU)"
                                                       : "the operating system refused tile data (Linux 5.16 or later is needed)") +
            "; use kernel or widen, or unset it";
   }
@@ -578,5 +498,7 @@ std::string bf16_gemm_not_chosen_reason() {
 bool bf16_gemm_available() { return chosen_path() != Path::kWiden; }
 
 bool bf16_tile_products_available() { return chosen_path() == Path::kDot; }
+
+bool bf16_tile_products_on_amx() { return chosen_path() == Path::kAmx; }
 
 }  // namespace untied::cpu

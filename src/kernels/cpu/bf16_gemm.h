@@ -44,6 +44,9 @@ bool bf16_gemm_compiled();
 bool bf16_gemm_available();
 // Whether the attention's tile products below run (the dot-product kernel is the path).
 bool bf16_tile_products_available();
+// Whether the attention's tile products on bf16 storage run on AMX (amx.h): AMX is the path. They
+// then round P and dS to bf16 for their products, as the GPU kernels do.
+bool bf16_tile_products_on_amx();
 // A message when UNTIED_BF16_GEMM holds anything but amx, kernel, widen or nothing, or amx where
 // it cannot run; else "".
 std::string bf16_gemm_choice_error();

@@ -1,0 +1,204 @@
+// AMX: permission, tile configuration and the attention's tile products (amx.h).
+#include "kernels/cpu/amx.h"
+
+#include <algorithm>
+#include <cstring>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "kernels/cpu/bf16_simd.h"
+#include "untied/core/check.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define UNTIED_HAVE_AMX 1
+#endif
+
+namespace untied::cpu {
+
+namespace {
+
+// CPUID leaf 7: EDX bits 22 (AMX-BF16) and 24 (AMX-TILE).
+bool cpu_has_amx_bf16() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  return (d >> 22 & 1u) != 0 && (d >> 24 & 1u) != 0;
+#else
+  return false;
+#endif
+}
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+}  // namespace
+
+bool cpu_has_amx() { return cpu_has_amx_bf16(); }
+
+bool amx_compiled() {
+#if defined(UNTIED_HAVE_AMX)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool amx_usable() {
+#if defined(UNTIED_HAVE_AMX)
+  // Tile data is a feature Linux (5.16 and later) hands out per process on request.
+  static const bool ok = cpu_has_amx_bf16() &&
+                         syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  return ok;
+#else
+  return false;
+#endif
+}
+
+int64_t amx_packed_a_elems(int64_t m, int64_t k) { return round_up(m, 32) * round_up(k, 32); }
+int64_t amx_packed_b_elems(int64_t k, int64_t n) { return round_up(k, 32) * round_up(n, 32); }
+
+#if defined(UNTIED_HAVE_AMX)
+
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// The asm behind the tile intrinsics names no memory: the compiler is told where tiles read what
+// was packed, and where C is read after the tiles were stored.
+inline void memory_barrier() { asm volatile("" ::: "memory"); }
+
+// 16 fp32 of row `lo` and 16 of row `hi` (masked loads: lanes past `lanes` zero) rounded to bf16
+// and interleaved into 16 pairs (lo_j, hi_j), one 32-bit word per lane j.
+const __m512i kPairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+inline __m512i pairs16(const float* lo, const float* hi, __mmask16 lanes) {
+  const __m512 l = lo ? _mm512_maskz_loadu_ps(lanes, lo) : _mm512_setzero_ps();
+  const __m512 h = hi ? _mm512_maskz_loadu_ps(lanes, hi) : _mm512_setzero_ps();
+  return _mm512_permutexvar_epi16(kPairs, (__m512i)_mm512_cvtne2ps_pbh(h, l));
+}
+
+}  // namespace
+
+AmxTiles::AmxTiles() {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  memory_barrier();  // the intrinsic's asm claims to read only the first 8 bytes of cfg
+  _tile_loadconfig(&cfg);
+}
+AmxTiles::~AmxTiles() { _tile_release(); }
+
+void amx_pack_a(uint16_t* dst, bool trans_a, const float* a, int64_t lda, int64_t m, int64_t k) {
+  const int64_t tiles = round_up(m, 32) / 16, chunks = round_up(k, 32) / 32;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t rows = std::clamp<int64_t>(m - 16 * t, 0, 16), r0 = 16 * t;
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint16_t* out = dst + (t * chunks + c) * 512;
+      const int64_t k0 = 32 * c, kn = std::min<int64_t>(32, k - k0);
+      if (!trans_a) {  // a tile row: 32 consecutive k of a row of A
+        const __mmask16 l0 = first_bits16(kn), l1 = first_bits16(kn - 16);
+        for (int64_t r = 0; r < 16; ++r) {
+          __m512i x = _mm512_setzero_si512();
+          if (r < rows) {
+            const float* src = a + (r0 + r) * lda + k0;
+            x = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(l1, src + 16), _mm512_maskz_loadu_ps(l0, src));
+          }
+          _mm512_storeu_si512(out + 32 * r, x);
+        }
+        continue;
+      }
+      // A is (k, m): x[q] holds pair q of k for each of the 16 rows; transposed, row by row.
+      const __mmask16 lanes = first_bits16(rows);
+      __m512i x[16];
+      for (int64_t q = 0; q < 16; ++q) {
+        const float* lo = 2 * q < kn ? a + (k0 + 2 * q) * lda + r0 : nullptr;
+        const float* hi = 2 * q + 1 < kn ? a + (k0 + 2 * q + 1) * lda + r0 : nullptr;
+        x[q] = pairs16(lo, hi, lanes);
+      }
+      transpose16(x);
+      for (int64_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + 32 * r, x[r]);
+    }
+  }
+}
+
+void amx_pack_b(uint16_t* dst, const float* b, int64_t ldb, int64_t k, int64_t n) {
+  const int64_t np = round_up(n, 32), pairs = round_up(k, 32) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const float* lo = 2 * p < k ? b + 2 * p * ldb : nullptr;
+    const float* hi = 2 * p + 1 < k ? b + (2 * p + 1) * ldb : nullptr;
+    for (int64_t j = 0; j < np; j += 16)
+      _mm512_storeu_si512(dst + (p * np + j) * 2,
+                          pairs16(lo ? lo + j : nullptr, hi ? hi + j : nullptr, first_bits16(n - j)));
+  }
+}
+
+void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
+                      const uint16_t* b_packed, float beta, float* c, int64_t ldc) {
+  const int64_t chunks = round_up(k, 32) / 32, np = round_up(n, 32);
+  const int64_t b_stride = np * 4;  // bytes between a B tile's rows (pairs of k)
+  alignas(64) float buf[32][32];
+  const __m512 va = _mm512_set1_ps(alpha);
+  memory_barrier();
+  for (int64_t i = 0; i < m; i += 32) {
+    const uint16_t* a0 = a_packed + (i / 16) * chunks * 512;
+    const uint16_t* a1 = a0 + chunks * 512;
+    for (int64_t j = 0; j < n; j += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const uint16_t* bt = b_packed + (ch * 16 * np + j) * 2;
+        _tile_loadd(4, a0 + ch * 512, 64);
+        _tile_loadd(5, a1 + ch * 512, 64);
+        _tile_loadd(6, bt, b_stride);
+        _tile_loadd(7, bt + 32, b_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, &buf[0][0], 128);
+      _tile_stored(1, &buf[0][16], 128);
+      _tile_stored(2, &buf[16][0], 128);
+      _tile_stored(3, &buf[16][16], 128);
+      memory_barrier();
+      const int64_t rows = std::min<int64_t>(32, m - i), cols = n - j;
+      const __mmask16 m0 = first_bits16(cols), m1 = first_bits16(cols - 16);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* cr = c + (i + r) * ldc + j;
+        __m512 x0 = _mm512_mul_ps(va, _mm512_load_ps(&buf[r][0])), x1 = _mm512_mul_ps(va, _mm512_load_ps(&buf[r][16]));
+        if (beta != 0.0f) {
+          x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cr));
+          x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cr + 16));
+        }
+        _mm512_mask_storeu_ps(cr, m0, x0);
+        _mm512_mask_storeu_ps(cr + 16, m1, x1);
+      }
+    }
+  }
+}
+
+#else  // no AMX in this build
+
+AmxTiles::AmxTiles() { UNTIED_CHECK(false, "AmxTiles: this build has no AMX (check amx_usable())"); }
+AmxTiles::~AmxTiles() = default;
+void amx_pack_a(uint16_t*, bool, const float*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "amx_pack_a: this build has no AMX");
+}
+void amx_pack_b(uint16_t*, const float*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "amx_pack_b: this build has no AMX");
+}
+void amx_tile_product(int64_t, int64_t, int64_t, float, const uint16_t*, const uint16_t*, float, float*, int64_t) {
+  UNTIED_CHECK(false, "amx_tile_product: this build has no AMX");
+}
+
+#endif
+
+}  // namespace untied::cpu

@@ -1,0 +1,51 @@
+// AMX (Intel's tile instructions, Sapphire Rapids and later) on the CPU: whether it can run, a
+// thread's tile configuration, and the attention's tile products on it.
+//
+// Tile products, the contract of tile_gemm (tile_gemm.h) with bf16 operands:
+//
+//   C (m, n) fp32 = alpha * op(A) B + beta * C        beta 0 or 1; beta = 0 never reads C
+//
+//   op(A) = A, (m, k), row stride lda; or with trans_a, A^T where A is (k, m). B is (k, n),
+//   row stride ldb. A and B are fp32, rounded to bf16 (to nearest even) as they are packed:
+//   exact for values that were bf16 (the attention's q, k, v and dO on bf16 storage), and for
+//   P and dS the rounding that FlashAttention and this project's GPU kernels make before their
+//   products. Products of two bf16 are exact and are summed in fp32, each 32 k by the tile
+//   instruction (in its own order), then in increasing k.
+//
+// Packed layouts (elements are bf16, the pads zero):
+//   A: tiles of 16 rows x 32 k, [16-row tile][32-k chunk][16][32], rows rounded up to 32;
+//   B: [32-k chunk][16 pairs of k][n rounded up to 32][2].
+// Each thread that runs tile products holds an AmxTiles for the time it does.
+#pragma once
+
+#include <cstdint>
+
+namespace untied::cpu {
+
+// The CPU has AMX-BF16 (whatever the build).
+bool cpu_has_amx();
+// Compiled in (a build for a CPU with AMX-BF16, on Linux).
+bool amx_compiled();
+// Compiled in, on a CPU with AMX-BF16, and tile data granted by Linux (asked once per process).
+bool amx_usable();
+
+// The calling thread's tiles configured (8 tiles of 16 rows x 64 bytes) while it lives, released
+// after. Requires amx_usable().
+class AmxTiles {
+ public:
+  AmxTiles();
+  ~AmxTiles();
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+};
+
+// bf16 elements of a packed A (m, k) and B (k, n).
+int64_t amx_packed_a_elems(int64_t m, int64_t k);
+int64_t amx_packed_b_elems(int64_t k, int64_t n);
+void amx_pack_a(uint16_t* dst, bool trans_a, const float* a, int64_t lda, int64_t m, int64_t k);
+void amx_pack_b(uint16_t* dst, const float* b, int64_t ldb, int64_t k, int64_t n);
+// C = alpha * A B + beta * C on packed operands of this m, n, k.
+void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
+                      const uint16_t* b_packed, float beta, float* c, int64_t ldc);
+
+}  // namespace untied::cpu
