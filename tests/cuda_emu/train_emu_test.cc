@@ -14,7 +14,11 @@
 // the emulator's expf is the host's), the same size of difference as between the CPU
 // strategies, which agree to 1e-4 of the loss over six steps (trainer_test). bf16 storage rounds
 // activations and weights to 8 bits of mantissa, so a last-bit difference anywhere can move a
-// later loss by ~1e-2 of itself.
+// later loss by ~1e-2 of itself. The CPU side runs with UNTIED_BF16_GEMM=widen (CMakeLists.txt):
+// fp32 arithmetic on bf16 values, as the emulated GPU's small heads take its portable path. On a
+// CPU with AMX the default would round P and dS to bf16 (as the GPU's tensor-core path does),
+// which moved the loss of "upipe on 4 ranks, bf16" by 1.1e-2 at step 4, against <= 5e-4 in fp32
+// arithmetic.
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -77,6 +77,13 @@ inline void memory_barrier() { asm volatile("" ::: "memory"); }
 // and interleaved into 16 pairs (lo_j, hi_j), one 32-bit word per lane j.
 const __m512i kPairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+// Two rows of 32 bf16 interleaved into 32 pairs: kLoPairs gives columns 0..15, kHiPairs 16..31
+// (indices 0-31 pick from the first row, 32-63 from the second).
+const __m512i kLoPairs = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+const __m512i kHiPairs = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                                          22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+
 inline __m512i pairs16(const float* lo, const float* hi, __mmask16 lanes) {
   const __m512 l = lo ? _mm512_maskz_loadu_ps(lanes, lo) : _mm512_setzero_ps();
   const __m512 h = hi ? _mm512_maskz_loadu_ps(lanes, hi) : _mm512_setzero_ps();
@@ -138,6 +145,48 @@ void amx_pack_b(uint16_t* dst, const float* b, int64_t ldb, int64_t k, int64_t n
   }
 }
 
+void amx_pack_a(uint16_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64_t k) {
+  const int64_t tiles = round_up(m, 32) / 16, chunks = round_up(k, 32) / 32;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t rows = std::clamp<int64_t>(m - 16 * t, 0, 16);
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint16_t* out = dst + (t * chunks + c) * 512;
+      const __mmask32 km = first_bits32(k - 32 * c);
+      for (int64_t r = 0; r < 16; ++r)
+        _mm512_storeu_si512(out + 32 * r, r < rows ? _mm512_maskz_loadu_epi16(km, a + (16 * t + r) * lda + 32 * c)
+                                                   : _mm512_setzero_si512());
+    }
+  }
+}
+
+void amx_pack_b(uint16_t* dst, const uint16_t* b, int64_t ldb, int64_t k, int64_t n) {
+  const int64_t np = round_up(n, 32), pairs = round_up(k, 32) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    for (int64_t j = 0; j < np; j += 32) {
+      const __mmask32 cm = first_bits32(n - j);
+      const __m512i lo = 2 * p < k ? _mm512_maskz_loadu_epi16(cm, b + 2 * p * ldb + j) : _mm512_setzero_si512();
+      const __m512i hi = 2 * p + 1 < k ? _mm512_maskz_loadu_epi16(cm, b + (2 * p + 1) * ldb + j) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + (p * np + j) * 2, _mm512_permutex2var_epi16(lo, kLoPairs, hi));
+      _mm512_storeu_si512(dst + (p * np + j + 16) * 2, _mm512_permutex2var_epi16(lo, kHiPairs, hi));
+    }
+  }
+}
+
+void amx_pack_bt(uint16_t* dst, const uint16_t* bt, int64_t ldbt, int64_t k, int64_t n) {
+  const int64_t np = round_up(n, 32), chunks = round_up(k, 32) / 32;
+  __m512i r[16];
+  for (int64_t j = 0; j < np; j += 16) {
+    const int64_t cols = std::clamp<int64_t>(n - j, 0, 16);  // rows of bt
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask32 km = first_bits32(k - 32 * c);
+      for (int64_t i = 0; i < 16; ++i)
+        r[i] = i < cols ? _mm512_maskz_loadu_epi16(km, bt + (j + i) * ldbt + 32 * c) : _mm512_setzero_si512();
+      transpose16(r);  // r[q]: pair q of the chunk for each of the 16 columns
+      for (int64_t q = 0; q < 16; ++q) _mm512_storeu_si512(dst + ((16 * c + q) * np + j) * 2, r[q]);
+    }
+  }
+}
+
 void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
                       const uint16_t* b_packed, float beta, float* c, int64_t ldc) {
   const int64_t chunks = round_up(k, 32) / 32, np = round_up(n, 32);
@@ -194,6 +243,15 @@ void amx_pack_a(uint16_t*, bool, const float*, int64_t, int64_t, int64_t) {
 }
 void amx_pack_b(uint16_t*, const float*, int64_t, int64_t, int64_t) {
   UNTIED_CHECK(false, "amx_pack_b: this build has no AMX");
+}
+void amx_pack_a(uint16_t*, const uint16_t*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "amx_pack_a: this build has no AMX");
+}
+void amx_pack_b(uint16_t*, const uint16_t*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "amx_pack_b: this build has no AMX");
+}
+void amx_pack_bt(uint16_t*, const uint16_t*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "amx_pack_bt: this build has no AMX");
 }
 void amx_tile_product(int64_t, int64_t, int64_t, float, const uint16_t*, const uint16_t*, float, float*, int64_t) {
   UNTIED_CHECK(false, "amx_tile_product: this build has no AMX");

@@ -44,6 +44,11 @@ int64_t amx_packed_a_elems(int64_t m, int64_t k);
 int64_t amx_packed_b_elems(int64_t k, int64_t n);
 void amx_pack_a(uint16_t* dst, bool trans_a, const float* a, int64_t lda, int64_t m, int64_t k);
 void amx_pack_b(uint16_t* dst, const float* b, int64_t ldb, int64_t k, int64_t n);
+// The same from bf16 (copied, no rounding): A (m, k); B (k, n); and B given as its transpose bt
+// (n, k), row stride ldbt (rows of q, k or v as B of a product with k = D).
+void amx_pack_a(uint16_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64_t k);
+void amx_pack_b(uint16_t* dst, const uint16_t* b, int64_t ldb, int64_t k, int64_t n);
+void amx_pack_bt(uint16_t* dst, const uint16_t* bt, int64_t ldbt, int64_t k, int64_t n);
 // C = alpha * A B + beta * C on packed operands of this m, n, k.
 void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
                       const uint16_t* b_packed, float beta, float* c, int64_t ldc);

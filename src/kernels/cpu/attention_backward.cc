@@ -183,14 +183,13 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
       const int64_t kb = item / a.g;
       const int64_t k0 = kb * a.bk;
       const int64_t nk = std::min(a.bk, a.sk - k0);
-      const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
+      const auto* k_rows = static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d));
+      // K widened (AMX packs the stored bf16 instead).
+      const F32Rows kr = amx ? F32Rows{nullptr, 0} : f32_rows(k_rows, a.dtype, nk, a.d, a.kv_rs, kt);
       if (amx) {  // K^T, V^T and K packed as B of the products with Q, dO and dS
-        const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
-        transpose_tile(ktt, nk, kr.ptr, kr.ld, nk, a.d);
-        transpose_tile(vtt, nk, vr.ptr, vr.ld, nk, a.d);
-        amx_pack_b(kt_pack, ktt, nk, a.d, nk);
-        amx_pack_b(vt_pack, vtt, nk, a.d, nk);
-        amx_pack_b(k_pack, kr.ptr, kr.ld, nk, a.d);
+        amx_pack_bt(kt_pack, k_rows, a.kv_rs, a.d, nk);
+        amx_pack_bt(vt_pack, static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d)), a.kv_rs, a.d, nk);
+        amx_pack_b(k_pack, k_rows, a.kv_rs, nk, a.d);
       } else if (bf16_dot) {  // K and V packed for the products with Q and dO; V is needed for nothing else
         bf16_pack_b(reinterpret_cast<uint32_t*>(ktt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
                     a.kv_rs, nk, a.d);
@@ -214,11 +213,14 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           // Documents and window: once a tile's first row starts after this key tile, so do all later ones.
           if (has_lower_bound(a) && first_visible_key(a, q0) >= k0 + nk) break;
           const int64_t nq = std::min(a.bq, a.sq - q0);
-          const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, qt);
-          const F32Rows dor = f32_rows(at(dout, a.dtype, q0, a.q_rs, hq, a.d), a.dtype, nq, a.d, a.q_rs, dot);
+          const auto* q_rows = static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d));
+          const auto* do_rows = static_cast<const uint16_t*>(at(dout, a.dtype, q0, a.q_rs, hq, a.d));
+          // Q and dO widened (AMX packs the stored bf16 instead).
+          const F32Rows qr = amx ? F32Rows{nullptr, 0} : f32_rows(q_rows, a.dtype, nq, a.d, a.q_rs, qt);
+          const F32Rows dor = amx ? F32Rows{nullptr, 0} : f32_rows(do_rows, a.dtype, nq, a.d, a.q_rs, dot);
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
           if (amx) {
-            amx_pack_a(a_pack, false, qr.ptr, qr.ld, nq, a.d);
+            amx_pack_a(a_pack, q_rows, a.q_rs, nq, a.d);
             amx_tile_product(nq, nk, a.d, s2, a_pack, kt_pack, 0.0f, pt, nk);
           } else if (bf16_dot) {
             bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq, a.d);
@@ -246,14 +248,14 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           // dV (nk, D) += P^T dO.
           if (amx) {
             amx_pack_a(a_pack, true, pt, nk, nk, nq);
-            amx_pack_b(b_pack, dor.ptr, dor.ld, nq, a.d);
+            amx_pack_b(b_pack, do_rows, a.q_rs, nq, a.d);
             amx_tile_product(nk, a.d, nq, 1.0f, a_pack, b_pack, 1.0f, dvt, a.d);
           } else {
             tile_gemm(true, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
           }
           // dP (nq, nk) = dO V^T; dS = P * (dP - D).
           if (amx) {
-            amx_pack_a(a_pack, false, dor.ptr, dor.ld, nq, a.d);
+            amx_pack_a(a_pack, do_rows, a.q_rs, nq, a.d);
             amx_tile_product(nq, nk, a.d, 1.0f, a_pack, vt_pack, 0.0f, dpt, nk);
           } else if (bf16_dot) {
             bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(dout, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq,
@@ -272,7 +274,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           // dK (nk, D) += scale dS^T Q;  dQ part (nq, D) = scale dS K.
           if (amx) {
             amx_pack_a(a_pack, true, pt, nk, nk, nq);
-            amx_pack_b(b_pack, qr.ptr, qr.ld, nq, a.d);
+            amx_pack_b(b_pack, q_rows, a.q_rs, nq, a.d);
             amx_tile_product(nk, a.d, nq, a.scale, a_pack, b_pack, 1.0f, dkt, a.d);
             amx_pack_a(a_pack, false, pt, nk, nq, nk);
             amx_tile_product(nq, a.d, nk, a.scale, a_pack, k_pack, 1.0f, dq_mine + q0 * acc_rs + hq * a.d, acc_rs);

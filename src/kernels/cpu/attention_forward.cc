@@ -129,10 +129,8 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     uint16_t* a_pack = q_pack + floats_of(amx_q_elems(a)) * 2;
     uint16_t* v_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
 
-    if (amx) {  // Q^T packed as bf16 pairs, unscaled (so exact): the scale is applied to the products
-      const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, h, a.d), a.dtype, nq, a.d, a.q_rs, acc);
-      transpose_tile(qt, nq, qr.ptr, qr.ld, nq, a.d);
-      amx_pack_b(q_pack, qt, nq, a.d, nq);
+    if (amx) {  // Q^T packed from the stored bf16; the scale is applied to the products
+      amx_pack_bt(q_pack, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)), a.q_rs, a.d, nq);
     } else if (bf16_dot) {  // the query tile packed as bf16 pairs; the scale is applied to the products
       bf16_pack_b(reinterpret_cast<uint32_t*>(qt), static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)),
                   a.q_rs, nq, a.d);
@@ -153,11 +151,13 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
     const int64_t k_begin = first_visible_key(a, q0), k_end = visible_keys(a, q0 + nq - 1);
     for (int64_t k0 = k_begin; k0 < k_end; k0 += a.bk) {
       const int64_t nk = std::min(a.bk, a.sk - k0);
-      const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
+      const auto* k_rows = static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d));
+      const auto* v_rows = static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d));
+      // V widened (AMX packs it from the stored bf16 instead).
+      const F32Rows vr = amx ? F32Rows{nullptr, 0} : f32_rows(v_rows, a.dtype, nk, a.d, a.kv_rs, vt);
       // st (nk, nq) = K Q^T, in log2 units.
       if (amx) {
-        const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
-        amx_pack_a(a_pack, false, kr.ptr, kr.ld, nk, a.d);
+        amx_pack_a(a_pack, k_rows, a.kv_rs, nk, a.d);
         amx_tile_product(nk, nq, a.d, qscale, a_pack, q_pack, 0.0f, st, nq);
       } else if (bf16_dot) {
         bf16_pack_a(reinterpret_cast<uint32_t*>(kt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
@@ -226,7 +226,7 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
       // acc (nq, D) += P (nq, nk) V (nk, D), with P = (P^T)^T.
       if (amx) {
         amx_pack_a(a_pack, true, st, nq, nq, nk);
-        amx_pack_b(v_pack, vr.ptr, vr.ld, nk, a.d);
+        amx_pack_b(v_pack, v_rows, a.kv_rs, nk, a.d);
         amx_tile_product(nq, a.d, nk, 1.0f, a_pack, v_pack, 1.0f, acc, a.d);
       } else {
         tile_gemm(true, nq, a.d, nk, 1.0f, st, nq, vr.ptr, vr.ld, 1.0f, acc, a.d);
