@@ -198,10 +198,21 @@ void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16
     const uint16_t* a0 = a_packed + (i / 16) * chunks * 512;
     const uint16_t* a1 = a0 + chunks * 512;
     for (int64_t j = 0; j < n; j += 32) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
+      // A whole 32 x 32 block of C with alpha 1 goes through the tiles: loaded (beta 1) or zeroed,
+      // and stored. Otherwise the tiles start at zero and C is combined from the stack.
+      const bool direct = alpha == 1.0f && m - i >= 32 && n - j >= 32;
+      float* const cb = c + i * ldc + j;
+      if (direct && beta != 0.0f) {
+        _tile_loadd(0, cb, ldc * 4);
+        _tile_loadd(1, cb + 16, ldc * 4);
+        _tile_loadd(2, cb + 16 * ldc, ldc * 4);
+        _tile_loadd(3, cb + 16 * ldc + 16, ldc * 4);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const uint16_t* bt = b_packed + (ch * 16 * np + j) * 2;
         _tile_loadd(4, a0 + ch * 512, 64);
@@ -212,6 +223,14 @@ void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16
         _tile_dpbf16ps(1, 4, 7);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
+      }
+      if (direct) {
+        _tile_stored(0, cb, ldc * 4);
+        _tile_stored(1, cb + 16, ldc * 4);
+        _tile_stored(2, cb + 16 * ldc, ldc * 4);
+        _tile_stored(3, cb + 16 * ldc + 16, ldc * 4);
+        memory_barrier();
+        continue;
       }
       _tile_stored(0, &buf[0][0], 128);
       _tile_stored(1, &buf[0][16], 128);

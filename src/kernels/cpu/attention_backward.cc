@@ -264,20 +264,23 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           } else {
             tile_gemm(false, nq, nk, a.d, 1.0f, dor.ptr, dor.ld, vtt, nk, 0.0f, dpt, nk);
           }
+          // On AMX, dS is scaled here (then rounded to bf16 once), so that its products add into
+          // dK and dQ through the tiles (amx_tile_product with alpha 1).
+          const float ds_scale = amx ? a.scale : 1.0f;
           for (int64_t i = 0; i < nq; ++i) {
             const float di = delta[hq * a.sq + q0 + i];
             float* prow = pt + i * nk;
             const float* dprow = dpt + i * nk;
 #pragma omp simd
-            for (int64_t j = 0; j < nk; ++j) prow[j] = prow[j] * (dprow[j] - di);
+            for (int64_t j = 0; j < nk; ++j) prow[j] = ds_scale * (prow[j] * (dprow[j] - di));
           }
           // dK (nk, D) += scale dS^T Q;  dQ part (nq, D) = scale dS K.
           if (amx) {
             amx_pack_a(a_pack, true, pt, nk, nk, nq);
             amx_pack_b(b_pack, q_rows, a.q_rs, nq, a.d);
-            amx_tile_product(nk, a.d, nq, a.scale, a_pack, b_pack, 1.0f, dkt, a.d);
+            amx_tile_product(nk, a.d, nq, 1.0f, a_pack, b_pack, 1.0f, dkt, a.d);
             amx_pack_a(a_pack, false, pt, nk, nq, nk);
-            amx_tile_product(nq, a.d, nk, a.scale, a_pack, k_pack, 1.0f, dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
+            amx_tile_product(nq, a.d, nk, 1.0f, a_pack, k_pack, 1.0f, dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
           } else {
             tile_gemm(true, nk, a.d, nq, a.scale, pt, nk, qr.ptr, qr.ld, 1.0f, dkt, a.d);
             tile_gemm(false, nq, a.d, nk, a.scale, pt, nk, kr.ptr, kr.ld, 1.0f, dq_mine + q0 * acc_rs + hq * a.d,
