@@ -255,9 +255,15 @@ void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t ld
 
 // C[0:rows, 0:cols] = alpha * (A tiles a0, a1) (B panel bp) + (accumulate ? beta * C : 0), over
 // `chunks` chunks of 32 k.
-inline void amx_micro(int64_t chunks, const uint32_t* a0, const uint16_t* bp, float* c, int64_t ldc, int64_t rows,
+// The A tiles of 32 rows: rows 0-15 from a0, 16-31 from a1, each tile row `stride` bytes apart and
+// each chunk of 32 k `step` bytes after the previous one (packed, or read in place).
+struct ATiles {
+  const char *a0, *a1;
+  int64_t stride, step;
+};
+
+inline void amx_micro(int64_t chunks, const ATiles& at, const uint16_t* bp, float* c, int64_t ldc, int64_t rows,
                       int64_t cols, float alpha, bool accumulate, float beta) {
-  const uint32_t* a1 = a0 + chunks * kTileWords;  // the next 16 rows
   alignas(64) float buf[32][32];
   _tile_zero(0);
   _tile_zero(1);
@@ -265,8 +271,8 @@ inline void amx_micro(int64_t chunks, const uint32_t* a0, const uint16_t* bp, fl
   _tile_zero(3);
   for (int64_t ch = 0; ch < chunks; ++ch) {
     const uint16_t* b = bp + ch * 16 * kNr * 2;
-    _tile_loadd(4, a0 + ch * kTileWords, 64);
-    _tile_loadd(5, a1 + ch * kTileWords, 64);
+    _tile_loadd(4, at.a0 + ch * at.step, at.stride);
+    _tile_loadd(5, at.a1 + ch * at.step, at.stride);
     _tile_loadd(6, b, 2 * kNr * 2);
     _tile_loadd(7, b + 16 * 2, 2 * kNr * 2);
     _tile_dpbf16ps(0, 4, 6);
@@ -318,13 +324,24 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 #pragma omp for schedule(static)
         for (int64_t ib = 0; ib < mblocks; ++ib) {
           const int64_t i0 = ib * kAmxMc, mc = std::min(kAmxMc, m - i0);
-          amx_pack_a_block(apack, trans_a, a, lda, i0, mc, p0, kc, chunks);
+          // A (m, k) with whole chunks of k: groups of 32 rows are read in place (tile rows lda
+          // apart); the rows left over, and any other A, are packed.
+          const int64_t in_place = !trans_a && kc % 32 == 0 ? mc / 32 * 32 : 0;
+          if (in_place < mc) amx_pack_a_block(apack, trans_a, a, lda, i0 + in_place, mc - in_place, p0, kc, chunks);
           memory_barrier();
+          auto tiles_of = [&](int64_t i) {
+            if (i < in_place) {
+              const char* a0 = reinterpret_cast<const char*>(a + (i0 + i) * lda + p0);
+              return ATiles{a0, a0 + 16 * lda * 2, lda * 2, 64};
+            }
+            const char* a0 = reinterpret_cast<const char*>(apack + (i - in_place) / 16 * chunks * kTileWords);
+            return ATiles{a0, a0 + chunks * kTileWords * 4, 64, kTileWords * 4};
+          };
           for (int64_t jp = 0; jp < panels; ++jp) {
             const uint16_t* bp = bpack + jp * chunks * 16 * kNr * 2;
             const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
             for (int64_t i = 0; i < mc; i += 32)
-              amx_micro(chunks, apack + (i / 16) * chunks * kTileWords, bp, c + (i0 + i) * ldc + j0 + jp * kNr, ldc,
+              amx_micro(chunks, tiles_of(i), bp, c + (i0 + i) * ldc + j0 + jp * kNr, ldc,
                         std::min<int64_t>(32, mc - i), cols, alpha, accumulate, bk);
           }
         }

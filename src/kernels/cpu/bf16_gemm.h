@@ -18,7 +18,9 @@
 //
 // Cache blocking as in BLIS: a (512, 2048) block of op(B) is packed into panels of 32 columns
 // with the k pairs interleaved (shared by the threads), and a block of rows of op(A) per thread
-// (144 rows in panels of 12 for the dot-product kernel, 128 rows in 16 x 32 tiles for AMX). A
+// (144 rows in panels of 12 for the dot-product kernel; 128 rows in 16 x 32 tiles for AMX, which
+// reads A's tiles in place instead where A is not transposed, for whole groups of 32 rows and
+// whole 32s of k). A
 // 12 x 32 block of C stays in registers (dot products), or a 32 x 32 block in four tiles (AMX).
 // Threads (OpenMP, `threads` of them) take blocks of rows. Packing space comes from the caller
 // (bf16_gemm_pack_bytes).
