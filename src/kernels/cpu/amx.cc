@@ -165,7 +165,8 @@ void amx_pack_b(uint16_t* dst, const uint16_t* b, int64_t ldb, int64_t k, int64_
     for (int64_t j = 0; j < np; j += 32) {
       const __mmask32 cm = first_bits32(n - j);
       const __m512i lo = 2 * p < k ? _mm512_maskz_loadu_epi16(cm, b + 2 * p * ldb + j) : _mm512_setzero_si512();
-      const __m512i hi = 2 * p + 1 < k ? _mm512_maskz_loadu_epi16(cm, b + (2 * p + 1) * ldb + j) : _mm512_setzero_si512();
+      const __m512i hi =
+          2 * p + 1 < k ? _mm512_maskz_loadu_epi16(cm, b + (2 * p + 1) * ldb + j) : _mm512_setzero_si512();
       _mm512_storeu_si512(dst + (p * np + j) * 2, _mm512_permutex2var_epi16(lo, kLoPairs, hi));
       _mm512_storeu_si512(dst + (p * np + j + 16) * 2, _mm512_permutex2var_epi16(lo, kHiPairs, hi));
     }

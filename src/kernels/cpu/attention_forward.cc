@@ -101,147 +101,146 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
 
 #pragma omp parallel num_threads(threads)
   {
-  std::optional<AmxTiles> tiles;
-  if (amx) tiles.emplace();
+    std::optional<AmxTiles> tiles;
+    if (amx) tiles.emplace();
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t h = item % a.h;
-    const int64_t qb = item / a.h;
-    const int64_t kvh = h / a.group;
-    const int64_t q0 = qb * a.bq;
-    const int64_t nq = std::min(a.bq, a.sq - q0);
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t h = item % a.h;
+      const int64_t qb = item / a.h;
+      const int64_t kvh = h / a.group;
+      const int64_t q0 = qb * a.bq;
+      const int64_t nq = std::min(a.bq, a.sq - q0);
 
-    float* base = scratch.as<float>(kTiles) + per_thread * omp_get_thread_num();
-    int64_t* lo = reinterpret_cast<int64_t*>(base);  // visible keys [lo, lim) per query row
-    int64_t* lim = lo + a.bq;
-    float* qt = base + 4 * a.bq;      // (D, nq): Q^T, scaled
-    float* kt = qt + a.d * a.bq;      // (nk, D), bf16 widened
-    float* vt = kt + a.bk * a.d;      // (nk, D), bf16 widened
-    float* st = vt + a.bk * a.d;      // (nk, nq): S^T, then P^T
-    float* acc = st + a.bk * a.bq;    // (nq, D)
-    float* m = acc + a.bq * a.d;      // running max per query row
-    float* l = m + a.bq;              // running sum
-    float* mnew = l + a.bq;
-    float* alpha = mnew + a.bq;
-    float* sub = alpha + a.bq;        // what exp2 subtracts: mnew, or 0 for a row with nothing visible
-    // AMX packs (unused otherwise).
-    uint16_t* q_pack = reinterpret_cast<uint16_t*>(base + (sub + a.bq - base + 15) / 16 * 16);
-    uint16_t* a_pack = q_pack + floats_of(amx_q_elems(a)) * 2;
-    uint16_t* v_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
+      float* base = scratch.as<float>(kTiles) + per_thread * omp_get_thread_num();
+      int64_t* lo = reinterpret_cast<int64_t*>(base);  // visible keys [lo, lim) per query row
+      int64_t* lim = lo + a.bq;
+      float* qt = base + 4 * a.bq;      // (D, nq): Q^T, scaled
+      float* kt = qt + a.d * a.bq;      // (nk, D), bf16 widened
+      float* vt = kt + a.bk * a.d;      // (nk, D), bf16 widened
+      float* st = vt + a.bk * a.d;      // (nk, nq): S^T, then P^T
+      float* acc = st + a.bk * a.bq;    // (nq, D)
+      float* m = acc + a.bq * a.d;      // running max per query row
+      float* l = m + a.bq;              // running sum
+      float* mnew = l + a.bq;
+      float* alpha = mnew + a.bq;
+      float* sub = alpha + a.bq;        // what exp2 subtracts: mnew, or 0 for a row with nothing visible
+      // AMX packs (unused otherwise).
+      uint16_t* q_pack = reinterpret_cast<uint16_t*>(base + (sub + a.bq - base + 15) / 16 * 16);
+      uint16_t* a_pack = q_pack + floats_of(amx_q_elems(a)) * 2;
+      uint16_t* v_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
 
-    if (amx) {  // Q^T packed from the stored bf16; the scale is applied to the products
-      amx_pack_bt(q_pack, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)), a.q_rs, a.d, nq);
-    } else if (bf16_dot) {  // the query tile packed as bf16 pairs; the scale is applied to the products
-      bf16_pack_b(reinterpret_cast<uint32_t*>(qt), static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)),
-                  a.q_rs, nq, a.d);
-    } else {  // scaled query tile, transposed (the widening of bf16 rows borrows acc)
-      const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, h, a.d), a.dtype, nq, a.d, a.q_rs, acc);
-      transpose_tile(qt, nq, qr.ptr, qr.ld, nq, a.d);
-      for (int64_t x = 0; x < a.d * nq; ++x) qt[x] *= qscale;
-    }
-    std::fill(acc, acc + nq * a.d, 0.0f);
-    std::fill(m, m + nq, neg_inf);
-    std::fill(l, l + nq, 0.0f);
-    for (int64_t i = 0; i < nq; ++i) {
-      lo[i] = first_visible_key(a, q0 + i);
-      lim[i] = visible_keys(a, q0 + i);
-    }
-
-    // Keys [k_begin, k_end): from the first row's first key to the last row's last one.
-    const int64_t k_begin = first_visible_key(a, q0), k_end = visible_keys(a, q0 + nq - 1);
-    for (int64_t k0 = k_begin; k0 < k_end; k0 += a.bk) {
-      const int64_t nk = std::min(a.bk, a.sk - k0);
-      const auto* k_rows = static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d));
-      const auto* v_rows = static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d));
-      // V widened (AMX packs it from the stored bf16 instead).
-      const F32Rows vr = amx ? F32Rows{nullptr, 0} : f32_rows(v_rows, a.dtype, nk, a.d, a.kv_rs, vt);
-      // st (nk, nq) = K Q^T, in log2 units.
-      if (amx) {
-        amx_pack_a(a_pack, k_rows, a.kv_rs, nk, a.d);
-        amx_tile_product(nk, nq, a.d, qscale, a_pack, q_pack, 0.0f, st, nq);
-      } else if (bf16_dot) {
-        bf16_pack_a(reinterpret_cast<uint32_t*>(kt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
-                    a.kv_rs, nk, a.d);
-        bf16_tile_gemm(nk, nq, a.d, qscale, reinterpret_cast<const uint32_t*>(kt), reinterpret_cast<const uint32_t*>(qt),
-                       false, st, nq);
-      } else {
-        const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
-        tile_gemm(false, nk, nq, a.d, 1.0f, kr.ptr, kr.ld, qt, nq, 0.0f, st, nq);
+      if (amx) {  // Q^T packed from the stored bf16; the scale is applied to the products
+        amx_pack_bt(q_pack, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)), a.q_rs, a.d, nq);
+      } else if (bf16_dot) {  // the query tile packed as bf16 pairs; the scale is applied to the products
+        bf16_pack_b(reinterpret_cast<uint32_t*>(qt), static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)),
+                    a.q_rs, nq, a.d);
+      } else {  // scaled query tile, transposed (the widening of bf16 rows borrows acc)
+        const F32Rows qr = f32_rows(at(q, a.dtype, q0, a.q_rs, h, a.d), a.dtype, nq, a.d, a.q_rs, acc);
+        transpose_tile(qt, nq, qr.ptr, qr.ld, nq, a.d);
+        for (int64_t x = 0; x < a.d * nq; ++x) qt[x] *= qscale;
       }
-      const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
-                              (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
-      if (needs_mask) {
-        for (int64_t j = 0; j < nk; ++j) {
-          float* srow = st + j * nq;
-          const int64_t key = k0 + j;
-#pragma omp simd
-          for (int64_t i = 0; i < nq; ++i) srow[i] = key >= lo[i] && key < lim[i] ? srow[i] : neg_inf;
+      std::fill(acc, acc + nq * a.d, 0.0f);
+      std::fill(m, m + nq, neg_inf);
+      std::fill(l, l + nq, 0.0f);
+      for (int64_t i = 0; i < nq; ++i) {
+        lo[i] = first_visible_key(a, q0 + i);
+        lim[i] = visible_keys(a, q0 + i);
+      }
+
+      // Keys [k_begin, k_end): from the first row's first key to the last row's last one.
+      const int64_t k_begin = first_visible_key(a, q0), k_end = visible_keys(a, q0 + nq - 1);
+      for (int64_t k0 = k_begin; k0 < k_end; k0 += a.bk) {
+        const int64_t nk = std::min(a.bk, a.sk - k0);
+        const auto* k_rows = static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d));
+        const auto* v_rows = static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d));
+        // V widened (AMX packs it from the stored bf16 instead).
+        const F32Rows vr = amx ? F32Rows{nullptr, 0} : f32_rows(v_rows, a.dtype, nk, a.d, a.kv_rs, vt);
+        // st (nk, nq) = K Q^T, in log2 units.
+        if (amx) {
+          amx_pack_a(a_pack, k_rows, a.kv_rs, nk, a.d);
+          amx_tile_product(nk, nq, a.d, qscale, a_pack, q_pack, 0.0f, st, nq);
+        } else if (bf16_dot) {
+          bf16_pack_a(reinterpret_cast<uint32_t*>(kt), k_rows, a.kv_rs, nk, a.d);
+          bf16_tile_gemm(nk, nq, a.d, qscale, reinterpret_cast<const uint32_t*>(kt),
+                         reinterpret_cast<const uint32_t*>(qt), false, st, nq);
+        } else {
+          const F32Rows kr = f32_rows(at(k, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, kt);
+          tile_gemm(false, nk, nq, a.d, 1.0f, kr.ptr, kr.ld, qt, nq, 0.0f, st, nq);
         }
-      }
-      // New row maxima (max skips NaN scores).
-      std::copy(m, m + nq, mnew);
-      for (int64_t j = 0; j < nk; ++j) {
-        const float* srow = st + j * nq;
-#pragma omp simd
-        for (int64_t i = 0; i < nq; ++i) mnew[i] = srow[i] > mnew[i] ? srow[i] : mnew[i];
-      }
-      // A row that has seen nothing yet has only -inf or NaN scores: a NaN input must give a
-      // NaN output, so l becomes NaN, and the scores become -inf (p = 0).
-      bool empty_row = false;
-      for (int64_t i = 0; i < nq; ++i) empty_row = empty_row || mnew[i] == neg_inf;
-      if (empty_row) {
-        for (int64_t i = 0; i < nq; ++i) {
-          if (mnew[i] != neg_inf) continue;
+        const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
+                                (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
+        if (needs_mask) {
           for (int64_t j = 0; j < nk; ++j) {
-            float& s = st[j * nq + i];
-            if (s != s) l[i] = std::numeric_limits<float>::quiet_NaN();
-            s = neg_inf;
+            float* srow = st + j * nq;
+            const int64_t key = k0 + j;
+#pragma omp simd
+            for (int64_t i = 0; i < nq; ++i) srow[i] = key >= lo[i] && key < lim[i] ? srow[i] : neg_inf;
           }
         }
-      }
+        // New row maxima (max skips NaN scores).
+        std::copy(m, m + nq, mnew);
+        for (int64_t j = 0; j < nk; ++j) {
+          const float* srow = st + j * nq;
 #pragma omp simd
-      for (int64_t i = 0; i < nq; ++i) {
-        const bool none = mnew[i] == neg_inf;
-        sub[i] = none ? 0.0f : mnew[i];
-        alpha[i] = none ? 1.0f : fast_exp2(m[i] - mnew[i]);
-        l[i] *= alpha[i];
-        m[i] = mnew[i];
-      }
-      // P^T = exp2(S^T - m), and l += its column sums (keys in increasing order).
-      for (int64_t j = 0; j < nk; ++j) {
-        float* srow = st + j * nq;
+          for (int64_t i = 0; i < nq; ++i) mnew[i] = srow[i] > mnew[i] ? srow[i] : mnew[i];
+        }
+        // A row that has seen nothing yet has only -inf or NaN scores: a NaN input must give a
+        // NaN output, so l becomes NaN, and the scores become -inf (p = 0).
+        bool empty_row = false;
+        for (int64_t i = 0; i < nq; ++i) empty_row = empty_row || mnew[i] == neg_inf;
+        if (empty_row) {
+          for (int64_t i = 0; i < nq; ++i) {
+            if (mnew[i] != neg_inf) continue;
+            for (int64_t j = 0; j < nk; ++j) {
+              float& s = st[j * nq + i];
+              if (s != s) l[i] = std::numeric_limits<float>::quiet_NaN();
+              s = neg_inf;
+            }
+          }
+        }
 #pragma omp simd
         for (int64_t i = 0; i < nq; ++i) {
-          const float p = fast_exp2(srow[i] - sub[i]);
-          srow[i] = p;
-          l[i] += p;
+          const bool none = mnew[i] == neg_inf;
+          sub[i] = none ? 0.0f : mnew[i];
+          alpha[i] = none ? 1.0f : fast_exp2(m[i] - mnew[i]);
+          l[i] *= alpha[i];
+          m[i] = mnew[i];
+        }
+        // P^T = exp2(S^T - m), and l += its column sums (keys in increasing order).
+        for (int64_t j = 0; j < nk; ++j) {
+          float* srow = st + j * nq;
+#pragma omp simd
+          for (int64_t i = 0; i < nq; ++i) {
+            const float p = fast_exp2(srow[i] - sub[i]);
+            srow[i] = p;
+            l[i] += p;
+          }
+        }
+        for (int64_t i = 0; i < nq; ++i) {
+          if (alpha[i] == 1.0f) continue;
+          float* arow = acc + i * a.d;
+#pragma omp simd
+          for (int64_t x = 0; x < a.d; ++x) arow[x] *= alpha[i];
+        }
+        // acc (nq, D) += P (nq, nk) V (nk, D), with P = (P^T)^T.
+        if (amx) {
+          amx_pack_a(a_pack, true, st, nq, nq, nk);
+          amx_pack_b(v_pack, v_rows, a.kv_rs, nk, a.d);
+          amx_tile_product(nq, a.d, nk, 1.0f, a_pack, v_pack, 1.0f, acc, a.d);
+        } else {
+          tile_gemm(true, nq, a.d, nk, 1.0f, st, nq, vr.ptr, vr.ld, 1.0f, acc, a.d);
         }
       }
-      for (int64_t i = 0; i < nq; ++i) {
-        if (alpha[i] == 1.0f) continue;
-        float* arow = acc + i * a.d;
-#pragma omp simd
-        for (int64_t x = 0; x < a.d; ++x) arow[x] *= alpha[i];
-      }
-      // acc (nq, D) += P (nq, nk) V (nk, D), with P = (P^T)^T.
-      if (amx) {
-        amx_pack_a(a_pack, true, st, nq, nq, nk);
-        amx_pack_b(v_pack, v_rows, a.kv_rs, nk, a.d);
-        amx_tile_product(nq, a.d, nk, 1.0f, a_pack, v_pack, 1.0f, acc, a.d);
-      } else {
-        tile_gemm(true, nq, a.d, nk, 1.0f, st, nq, vr.ptr, vr.ld, 1.0f, acc, a.d);
-      }
-    }
 
-    for (int64_t i = 0; i < nq; ++i) {
-      // l = 0: a row that sees no key (output 0); l NaN: NaN scores, which must not read as masked.
-      const float inv = l[i] > 0.0f ? 1.0f / l[i] : l[i] == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-      float* arow = acc + i * a.d;
-      for (int64_t x = 0; x < a.d; ++x) arow[x] *= inv;
-      store_f32(at(out, a.out_dtype, q0 + i, a.q_rs, h, a.d), a.out_dtype, arow, a.d);
-      lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : l[i] == 0.0f ? neg_inf : l[i];
+      for (int64_t i = 0; i < nq; ++i) {
+        // l = 0: a row that sees no key (output 0); l NaN: NaN scores, which must not read as masked.
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : l[i] == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        float* arow = acc + i * a.d;
+        for (int64_t x = 0; x < a.d; ++x) arow[x] *= inv;
+        store_f32(at(out, a.out_dtype, q0 + i, a.q_rs, h, a.d), a.out_dtype, arow, a.d);
+        lse[h * a.sq + q0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : l[i] == 0.0f ? neg_inf : l[i];
+      }
     }
-  }
   }
 }
 

@@ -19,10 +19,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16_simd.h"
@@ -186,6 +184,39 @@ inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, 
 }
 
 
+// The loops both kernels share, outermost first: columns of C by nc; k by kc, the (kc, nc) block
+// of op(B) packed by the threads together, a 32-column panel per call of pack_panel(jp, j0, p0,
+// kc); rows of C by mc, a block per thread at a time: rows(apack, i0, mc, j0, nc, p0, kc,
+// accumulate, beta_k) packs what it needs of op(A) into the thread's apack and runs the block's
+// products. The first block along k applies beta; later ones add to C. With `amx`, each thread
+// holds its tiles configured throughout.
+template <typename PackPanel, typename Rows>
+void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mc, int64_t kc, int64_t nc, float beta,
+                   const PackSizes& ps, void* pack, bool amx, PackPanel pack_panel, Rows rows) {
+  char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
+  const int64_t mblocks = (m + mc - 1) / mc;
+#pragma omp parallel num_threads(ps.threads)
+  {
+    std::optional<AmxTiles> tiles;
+    if (amx) tiles.emplace();
+    uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + omp_get_thread_num() * ps.a_bytes);
+    for (int64_t j0 = 0; j0 < n; j0 += nc) {
+      const int64_t ncur = std::min(nc, n - j0);
+      const int64_t panels = (ncur + kNr - 1) / kNr;
+      for (int64_t p0 = 0; p0 < k; p0 += kc) {
+        const int64_t kcur = std::min(kc, k - p0);
+        const bool accumulate = p0 > 0 || beta != 0.0f;
+        const float bk = p0 > 0 ? 1.0f : beta;
+#pragma omp for schedule(static)
+        for (int64_t jp = 0; jp < panels; ++jp) pack_panel(jp, j0, p0, kcur);
+#pragma omp for schedule(static)
+        for (int64_t ib = 0; ib < mblocks; ++ib)
+          rows(apack, ib * mc, std::min(mc, m - ib * mc), j0, ncur, p0, kcur, accumulate, bk);
+      }
+    }
+  }
+}
+
 #if defined(UNTIED_HAVE_AMX)
 // ---- AMX: the same GEMM on tile instructions (TDPBF16PS) ----
 //
@@ -222,8 +253,8 @@ PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
 
 // Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into tiles (layout above); `chunks`
 // 32-k chunks per tile row (ceil(kc / 32)), round_up(mc, 32) rows.
-void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
-                int64_t kc, int64_t chunks) {
+void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int64_t mc,
+                      int64_t p0, int64_t kc, int64_t chunks) {
   const int64_t tiles = round_up(mc, 32) / 16;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t rows = std::clamp<int64_t>(mc - 16 * t, 0, 16), r0 = i0 + 16 * t;
@@ -242,7 +273,8 @@ void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t ld
       const __mmask32 rm = first_bits32(rows);
       __m512i x[16];
       for (int64_t q = 0; q < 16; ++q) {
-        const __m512i lo = 2 * q < kn ? _mm512_maskz_loadu_epi16(rm, a + (k0 + 2 * q) * lda + r0) : _mm512_setzero_si512();
+        const __m512i lo =
+            2 * q < kn ? _mm512_maskz_loadu_epi16(rm, a + (k0 + 2 * q) * lda + r0) : _mm512_setzero_si512();
         const __m512i hi =
             2 * q + 1 < kn ? _mm512_maskz_loadu_epi16(rm, a + (k0 + 2 * q + 1) * lda + r0) : _mm512_setzero_si512();
         x[q] = _mm512_permutex2var_epi16(lo, kLo, hi);
@@ -304,50 +336,35 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads, void* pack) {
   const PackSizes ps = amx_pack_sizes(m, n, k, threads);
   uint16_t* const bpack = static_cast<uint16_t*>(pack);
-  char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
-  const int64_t mblocks = (m + kAmxMc - 1) / kAmxMc;
-
-#pragma omp parallel num_threads(ps.threads)
-  {
-    const AmxTiles tiles;
-    uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + omp_get_thread_num() * ps.a_bytes);
-    for (int64_t j0 = 0; j0 < n; j0 += kAmxNc) {
-      const int64_t nc = std::min(kAmxNc, n - j0);
-      const int64_t panels = (nc + kNr - 1) / kNr;
-      for (int64_t p0 = 0; p0 < k; p0 += kAmxKc) {
-        const int64_t kc = std::min(kAmxKc, k - p0);
-        const int64_t chunks = (kc + 31) / 32;
-        const bool accumulate = p0 > 0 || beta != 0.0f;
-        const float bk = p0 > 0 ? 1.0f : beta;
-#pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, chunks * 16);
-#pragma omp for schedule(static)
-        for (int64_t ib = 0; ib < mblocks; ++ib) {
-          const int64_t i0 = ib * kAmxMc, mc = std::min(kAmxMc, m - i0);
-          // A (m, k) with whole chunks of k: groups of 32 rows are read in place (tile rows lda
-          // apart); the rows left over, and any other A, are packed.
-          const int64_t in_place = !trans_a && kc % 32 == 0 ? mc / 32 * 32 : 0;
-          if (in_place < mc) amx_pack_a_block(apack, trans_a, a, lda, i0 + in_place, mc - in_place, p0, kc, chunks);
-          memory_barrier();
-          auto tiles_of = [&](int64_t i) {
-            if (i < in_place) {
-              const char* a0 = reinterpret_cast<const char*>(a + (i0 + i) * lda + p0);
-              return ATiles{a0, a0 + 16 * lda * 2, lda * 2, 64};
-            }
-            const char* a0 = reinterpret_cast<const char*>(apack + (i - in_place) / 16 * chunks * kTileWords);
-            return ATiles{a0, a0 + chunks * kTileWords * 4, 64, kTileWords * 4};
-          };
-          for (int64_t jp = 0; jp < panels; ++jp) {
-            const uint16_t* bp = bpack + jp * chunks * 16 * kNr * 2;
-            const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
-            for (int64_t i = 0; i < mc; i += 32)
-              amx_micro(chunks, tiles_of(i), bp, c + (i0 + i) * ldc + j0 + jp * kNr, ldc,
-                        std::min<int64_t>(32, mc - i), cols, alpha, accumulate, bk);
-          }
-        }
+  auto chunks_of = [](int64_t kc) { return (kc + 31) / 32; };
+  auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
+    pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, chunks_of(kc) * 16);
+  };
+  auto rows = [&](uint32_t* apack, int64_t i0, int64_t mc, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
+                  bool accumulate, float bk) {
+    const int64_t chunks = chunks_of(kc);
+    // A (m, k) with whole chunks of k: groups of 32 rows are read in place (tile rows lda apart);
+    // the rows left over, and any other A, are packed.
+    const int64_t in_place = !trans_a && kc % 32 == 0 ? mc / 32 * 32 : 0;
+    if (in_place < mc) amx_pack_a_block(apack, trans_a, a, lda, i0 + in_place, mc - in_place, p0, kc, chunks);
+    memory_barrier();
+    auto tiles_of = [&](int64_t i) {
+      if (i < in_place) {
+        const char* a0 = reinterpret_cast<const char*>(a + (i0 + i) * lda + p0);
+        return ATiles{a0, a0 + 16 * lda * 2, lda * 2, 64};
       }
+      const char* a0 = reinterpret_cast<const char*>(apack + (i - in_place) / 16 * chunks * kTileWords);
+      return ATiles{a0, a0 + chunks * kTileWords * 4, 64, kTileWords * 4};
+    };
+    for (int64_t jp = 0; jp * kNr < nc; ++jp) {
+      const uint16_t* bp = bpack + jp * chunks * 16 * kNr * 2;
+      const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
+      for (int64_t i = 0; i < mc; i += 32)
+        amx_micro(chunks, tiles_of(i), bp, c + (i0 + i) * ldc + j0 + jp * kNr, ldc, std::min<int64_t>(32, mc - i),
+                  cols, alpha, accumulate, bk);
     }
-  }
+  };
+  blocked_loops(m, n, k, kAmxMc, kAmxKc, kAmxNc, beta, ps, pack, /*amx=*/true, pack_panel, rows);
 }
 
 #endif  // UNTIED_HAVE_AMX
@@ -378,41 +395,22 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 #endif
   const PackSizes ps = pack_sizes(m, n, k, threads);
   uint16_t* const bpack = static_cast<uint16_t*>(pack);
-  char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
-  const int64_t mblocks = (m + kMc - 1) / kMc;
-
-#pragma omp parallel num_threads(ps.threads)
-  {
-    uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + omp_get_thread_num() * ps.a_bytes);
-    for (int64_t j0 = 0; j0 < n; j0 += kNc) {
-      const int64_t nc = std::min(kNc, n - j0);
-      const int64_t panels = (nc + kNr - 1) / kNr;
-      for (int64_t p0 = 0; p0 < k; p0 += kKc) {
-        const int64_t kc = std::min(kKc, k - p0);
-        const int64_t kp = (kc + 1) / 2;
-        // The first block along k applies beta; later ones add to C.
-        const bool accumulate = p0 > 0 || beta != 0.0f;
-        const float bk = p0 > 0 ? 1.0f : beta;
-#pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < panels; ++jp) pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, kp);
-#pragma omp for schedule(static)
-        for (int64_t ib = 0; ib < mblocks; ++ib) {
-          const int64_t i0 = ib * kMc, mc = std::min(kMc, m - i0);
-          pack_a(apack, trans_a, a, lda, i0, mc, p0, kc);
-          const int64_t apanels = (mc + kMr - 1) / kMr;
-          for (int64_t jp = 0; jp < panels; ++jp) {
-            const uint16_t* bp = bpack + jp * kp * kNr * 2;
-            const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
-            for (int64_t ip = 0; ip < apanels; ++ip) {
-              const int64_t rows = std::min<int64_t>(kMr, mc - ip * kMr);
-              micro(kp, apack + ip * kp * kMr, bp, c + (i0 + ip * kMr) * ldc + j0 + jp * kNr, ldc, rows, cols,
-                    alpha, accumulate, bk);
-            }
-          }
-        }
-      }
+  auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
+    pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, (kc + 1) / 2);
+  };
+  auto rows = [&](uint32_t* apack, int64_t i0, int64_t mc, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
+                  bool accumulate, float bk) {
+    const int64_t kp = (kc + 1) / 2;
+    pack_a(apack, trans_a, a, lda, i0, mc, p0, kc);
+    for (int64_t jp = 0; jp * kNr < nc; ++jp) {
+      const uint16_t* bp = bpack + jp * kp * kNr * 2;
+      const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
+      for (int64_t ip = 0; ip * kMr < mc; ++ip)
+        micro(kp, apack + ip * kp * kMr, bp, c + (i0 + ip * kMr) * ldc + j0 + jp * kNr, ldc,
+              std::min<int64_t>(kMr, mc - ip * kMr), cols, alpha, accumulate, bk);
     }
-  }
+  };
+  blocked_loops(m, n, k, kMc, kKc, kNc, beta, ps, pack, /*amx=*/false, pack_panel, rows);
 }
 
 int64_t bf16_packed_a_words(int64_t m, int64_t k) { return (m + kMr - 1) / kMr * kMr * ((k + 1) / 2); }
@@ -424,7 +422,8 @@ void bf16_pack_a(uint32_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64
 
 void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64_t k) {
   const int64_t panels = (n + kNr - 1) / kNr;
-  for (int64_t jp = 0; jp < panels; ++jp) pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/true, b, ldb, n, 0, k, 0, jp, (k + 1) / 2);
+  for (int64_t jp = 0; jp < panels; ++jp)
+    pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/true, b, ldb, n, 0, k, 0, jp, (k + 1) / 2);
 }
 
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
