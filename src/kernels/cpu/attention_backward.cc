@@ -221,7 +221,8 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
           if (amx) {
             amx_pack_a(a_pack, q_rows, a.q_rs, nq, a.d);
-            amx_tile_product(nq, nk, a.d, s2, a_pack, kt_pack, 0.0f, pt, nk);
+            // Unscaled, so that whole tiles are stored straight into pt; scaled in the exp below.
+            amx_tile_product(nq, nk, a.d, 1.0f, a_pack, kt_pack, 0.0f, pt, nk);
           } else if (bf16_dot) {
             bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq, a.d);
             bf16_tile_gemm(nq, nk, a.d, s2, rows_packed, reinterpret_cast<const uint32_t*>(ktt), false, pt, nk);
@@ -230,6 +231,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           }
           const bool needs_mask = (a.causal && visible_keys(a, q0) < k0 + nk) ||
                                   (has_lower_bound(a) && first_visible_key(a, q0 + nq - 1) > k0);
+          const float post_scale = amx ? s2 : 1.0f;  // x * 1.0f is x, NaN and -inf included
           for (int64_t i = 0; i < nq; ++i) {
             float* prow = pt + i * nk;
             const float l2 = lse[hq * a.sq + q0 + i] * kLog2e;
@@ -242,7 +244,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             }
             for (int64_t j = 0; j < lo; ++j) prow[j] = 0.0f;
 #pragma omp simd
-            for (int64_t j = lo; j < lim; ++j) prow[j] = fast_exp2(prow[j] - l2);
+            for (int64_t j = lo; j < lim; ++j) prow[j] = fast_exp2(prow[j] * post_scale - l2);
             for (int64_t j = lim; j < nk; ++j) prow[j] = 0.0f;
           }
           // dV (nk, D) += P^T dO.

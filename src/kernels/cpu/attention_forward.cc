@@ -158,7 +158,8 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
         // st (nk, nq) = K Q^T, in log2 units.
         if (amx) {
           amx_pack_a(a_pack, k_rows, a.kv_rs, nk, a.d);
-          amx_tile_product(nk, nq, a.d, qscale, a_pack, q_pack, 0.0f, st, nq);
+          // Unscaled, so that whole tiles are stored straight into st; scaled with the maxima below.
+          amx_tile_product(nk, nq, a.d, 1.0f, a_pack, q_pack, 0.0f, st, nq);
         } else if (bf16_dot) {
           bf16_pack_a(reinterpret_cast<uint32_t*>(kt), k_rows, a.kv_rs, nk, a.d);
           bf16_tile_gemm(nk, nq, a.d, qscale, reinterpret_cast<const uint32_t*>(kt),
@@ -177,10 +178,15 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
             for (int64_t i = 0; i < nq; ++i) srow[i] = key >= lo[i] && key < lim[i] ? srow[i] : neg_inf;
           }
         }
-        // New row maxima (max skips NaN scores).
+        // New row maxima (max skips NaN scores); on AMX the scores are scaled here (the same
+        // product, alpha * sum, as a scaling product makes; the mask's -inf stays -inf).
         std::copy(m, m + nq, mnew);
         for (int64_t j = 0; j < nk; ++j) {
-          const float* srow = st + j * nq;
+          float* srow = st + j * nq;
+          if (amx) {
+#pragma omp simd
+            for (int64_t i = 0; i < nq; ++i) srow[i] *= qscale;
+          }
 #pragma omp simd
           for (int64_t i = 0; i < nq; ++i) mnew[i] = srow[i] > mnew[i] ? srow[i] : mnew[i];
         }
