@@ -190,6 +190,7 @@ void amx_pack_bt(uint16_t* dst, const uint16_t* bt, int64_t ldbt, int64_t k, int
 
 void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
                       const uint16_t* b_packed, float beta, float* c, int64_t ldc) {
+  UNTIED_CHECK(beta == 0.0f || beta == 1.0f, "amx_tile_product: beta must be 0 or 1, got ", beta);
   const int64_t chunks = round_up(k, 32) / 32, np = round_up(n, 32);
   const int64_t b_stride = np * 4;  // bytes between a B tile's rows (pairs of k)
   alignas(64) float buf[32][32];

@@ -1,4 +1,4 @@
-// AVX-512 helpers shared by the bf16 kernels (bf16_gemm.cc, amx_tile.cc): masks of the first n
+// AVX-512 helpers shared by the bf16 kernels (bf16_gemm.cc, amx.cc): masks of the first n
 // lanes, and a 16 x 16 transpose of 32-bit lanes (a pair of bf16 per lane). Only for builds with
 // AVX-512 (the includers check).
 #pragma once
