@@ -2,7 +2,6 @@
 #include "kernels/cpu/amx.h"
 
 #include <algorithm>
-#include <cstring>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -30,8 +29,6 @@ bool cpu_has_amx_bf16() {
   return false;
 #endif
 }
-
-int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 }  // namespace
 
@@ -69,20 +66,10 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// The asm behind the tile intrinsics names no memory: the compiler is told where tiles read what
-// was packed, and where C is read after the tiles were stored.
-inline void memory_barrier() { asm volatile("" ::: "memory"); }
-
 // 16 fp32 of row `lo` and 16 of row `hi` (masked loads: lanes past `lanes` zero) rounded to bf16
 // and interleaved into 16 pairs (lo_j, hi_j), one 32-bit word per lane j.
 const __m512i kPairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-// Two rows of 32 bf16 interleaved into 32 pairs: kLoPairs gives columns 0..15, kHiPairs 16..31
-// (indices 0-31 pick from the first row, 32-63 from the second).
-const __m512i kLoPairs = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-const __m512i kHiPairs = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
-                                          22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
 
 inline __m512i pairs16(const float* lo, const float* hi, __mmask16 lanes) {
   const __m512 l = lo ? _mm512_maskz_loadu_ps(lanes, lo) : _mm512_setzero_ps();

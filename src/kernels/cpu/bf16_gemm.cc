@@ -67,13 +67,6 @@ PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
   return {(kc * nc * 2 + 63) / 64 * 64, (mc * kc * 2 + 63) / 64 * 64, used};
 }
 
-// Interleaving two rows of 32 bf16 (x0 = op(.)(2p, 0:32), x1 = op(.)(2p + 1, 0:32)) into 32 pairs:
-// kLo gives pairs 0..15, kHi pairs 16..31 (permutex2var indices: 0-31 pick from x0, 32-63 from x1).
-const __m512i kLo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
-                                     36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-const __m512i kHi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54, 22,
-                                     53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
-
 // For an operand stored with k along its rows (so that a pair is one 32-bit word): rows
 // [0, rows) (rows <= 16) of `base`, row stride ld elements, k [0, kc): out[p * stride + row] =
 // pair p of the row, for p < ceil(kc / 2), lanes `store_lanes` written (rows past `rows` and an
@@ -107,8 +100,8 @@ void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t
       const uint16_t* r0 = b + (p0 + 2 * p) * ldb + jb;
       const __m512i x0 = _mm512_maskz_loadu_epi16(cm, r0);
       const __m512i x1 = p < full ? _mm512_maskz_loadu_epi16(cm, r0 + ldb) : _mm512_setzero_si512();
-      _mm512_storeu_si512(out + p * kNr, _mm512_permutex2var_epi16(x0, kLo, x1));
-      _mm512_storeu_si512(out + p * kNr + 16, _mm512_permutex2var_epi16(x0, kHi, x1));
+      _mm512_storeu_si512(out + p * kNr, _mm512_permutex2var_epi16(x0, kLoPairs, x1));
+      _mm512_storeu_si512(out + p * kNr + 16, _mm512_permutex2var_epi16(x0, kHiPairs, x1));
     }
     return;
   }
@@ -133,7 +126,7 @@ void pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t
         const uint16_t* src = a + (p0 + 2 * p) * lda + r0;
         const __m512i x0 = _mm512_maskz_loadu_epi16(rm, src);
         const __m512i x1 = p < full ? _mm512_maskz_loadu_epi16(rm, src + lda) : _mm512_setzero_si512();
-        _mm512_mask_storeu_epi32(out + p * kMr, kPanel, _mm512_permutex2var_epi16(x0, kLo, x1));
+        _mm512_mask_storeu_epi32(out + p * kMr, kPanel, _mm512_permutex2var_epi16(x0, kLoPairs, x1));
       }
       continue;
     }
@@ -236,12 +229,6 @@ constexpr int64_t kAmxMc = 128;
 constexpr int64_t kAmxNc = 2048;
 constexpr int64_t kTileWords = 16 * 16;  // a 16 x 32 bf16 tile in 32-bit words
 
-// The asm behind the tile intrinsics names no memory, so the compiler is told where tiles read
-// what was packed, and where C is read after the tiles were stored.
-inline void memory_barrier() { asm volatile("" ::: "memory"); }
-
-int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
 PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
   const int64_t kc = std::min(kAmxKc, round_up(k, 32));
   const int64_t nc = std::min(kAmxNc, round_up(n, kNr));
@@ -277,7 +264,7 @@ void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t ld
             2 * q < kn ? _mm512_maskz_loadu_epi16(rm, a + (k0 + 2 * q) * lda + r0) : _mm512_setzero_si512();
         const __m512i hi =
             2 * q + 1 < kn ? _mm512_maskz_loadu_epi16(rm, a + (k0 + 2 * q + 1) * lda + r0) : _mm512_setzero_si512();
-        x[q] = _mm512_permutex2var_epi16(lo, kLo, hi);
+        x[q] = _mm512_permutex2var_epi16(lo, kLoPairs, hi);
       }
       transpose16(x);
       for (int64_t r = 0; r < 16; ++r) _mm512_storeu_si512(out + 16 * r, x[r]);

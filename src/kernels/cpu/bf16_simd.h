@@ -1,7 +1,15 @@
 // AVX-512 helpers shared by the bf16 kernels (bf16_gemm.cc, amx.cc): masks of the first n
-// lanes, and a 16 x 16 transpose of 32-bit lanes (a pair of bf16 per lane). Only for builds with
+// lanes, the interleaving of two rows of bf16 into pairs, a 16 x 16 transpose of 32-bit lanes (a
+// pair of bf16 per lane), and the compiler barrier the tile intrinsics need. Only for builds with
 // AVX-512 (the includers check).
 #pragma once
+
+#include <cstdint>
+
+namespace untied::cpu {
+// x rounded up to a multiple of `to` (any build).
+inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+}  // namespace untied::cpu
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -17,6 +25,18 @@ inline __mmask32 first_bits32(int64_t n) {
 inline __mmask16 first_bits16(int64_t n) {
   return n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
 }
+
+// Interleaving two rows of 32 bf16 (x0 = row 2p, x1 = row 2p + 1) into 32 pairs with
+// _mm512_permutex2var_epi16(x0, index, x1): kLoPairs gives pairs 0..15, kHiPairs 16..31 (indices
+// 0-31 pick from x0, 32-63 from x1).
+inline const __m512i kLoPairs = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                                 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+inline const __m512i kHiPairs = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55,
+                                                 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+
+// The asm behind GCC's tile intrinsics names no memory: the compiler is told where tiles read
+// what was written before, and where memory is read after tiles were stored.
+inline void memory_barrier() { asm volatile("" ::: "memory"); }
 
 // In place: r[i] lane j <- r[j] lane i, for 16 vectors of 16 32-bit lanes (interleaves of 32
 // and 64 bits within 128-bit lanes, then two exchanges of 128-bit lanes). (GCC 12's unpack
