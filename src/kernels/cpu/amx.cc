@@ -6,13 +6,13 @@
 #include <cpuid.h>
 #endif
 
+#include "kernels/cpu/amx_block.h"
 #include "kernels/cpu/bf16_simd.h"
 #include "untied/core/check.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#if defined(UNTIED_HAVE_AMX)
 #include <sys/syscall.h>
 #include <unistd.h>
-#define UNTIED_HAVE_AMX 1
 #endif
 
 namespace untied::cpu {
@@ -179,65 +179,14 @@ void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16
                       const uint16_t* b_packed, float beta, float* c, int64_t ldc) {
   UNTIED_CHECK(beta == 0.0f || beta == 1.0f, "amx_tile_product: beta must be 0 or 1, got ", beta);
   const int64_t chunks = round_up(k, 32) / 32, np = round_up(n, 32);
-  const int64_t b_stride = np * 4;  // bytes between a B tile's rows (pairs of k)
-  alignas(64) float buf[32][32];
-  const __m512 va = _mm512_set1_ps(alpha);
-  memory_barrier();
   for (int64_t i = 0; i < m; i += 32) {
-    const uint16_t* a0 = a_packed + (i / 16) * chunks * 512;
-    const uint16_t* a1 = a0 + chunks * 512;
+    const char* a0 = reinterpret_cast<const char*>(a_packed + (i / 16) * chunks * 512);
     for (int64_t j = 0; j < n; j += 32) {
-      // A whole 32 x 32 block of C with alpha 1 goes through the tiles: loaded (beta 1) or zeroed,
-      // and stored. Otherwise the tiles start at zero and C is combined from the stack.
-      const bool direct = alpha == 1.0f && m - i >= 32 && n - j >= 32;
-      float* const cb = c + i * ldc + j;
-      if (direct && beta != 0.0f) {
-        _tile_loadd(0, cb, ldc * 4);
-        _tile_loadd(1, cb + 16, ldc * 4);
-        _tile_loadd(2, cb + 16 * ldc, ldc * 4);
-        _tile_loadd(3, cb + 16 * ldc + 16, ldc * 4);
-      } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      }
-      for (int64_t ch = 0; ch < chunks; ++ch) {
-        const uint16_t* bt = b_packed + (ch * 16 * np + j) * 2;
-        _tile_loadd(4, a0 + ch * 512, 64);
-        _tile_loadd(5, a1 + ch * 512, 64);
-        _tile_loadd(6, bt, b_stride);
-        _tile_loadd(7, bt + 32, b_stride);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      if (direct) {
-        _tile_stored(0, cb, ldc * 4);
-        _tile_stored(1, cb + 16, ldc * 4);
-        _tile_stored(2, cb + 16 * ldc, ldc * 4);
-        _tile_stored(3, cb + 16 * ldc + 16, ldc * 4);
-        memory_barrier();
-        continue;
-      }
-      _tile_stored(0, &buf[0][0], 128);
-      _tile_stored(1, &buf[0][16], 128);
-      _tile_stored(2, &buf[16][0], 128);
-      _tile_stored(3, &buf[16][16], 128);
-      memory_barrier();
-      const int64_t rows = std::min<int64_t>(32, m - i), cols = n - j;
-      const __mmask16 m0 = first_bits16(cols), m1 = first_bits16(cols - 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* cr = c + (i + r) * ldc + j;
-        __m512 x0 = _mm512_mul_ps(va, _mm512_load_ps(&buf[r][0])), x1 = _mm512_mul_ps(va, _mm512_load_ps(&buf[r][16]));
-        if (beta != 0.0f) {
-          x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cr));
-          x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cr + 16));
-        }
-        _mm512_mask_storeu_ps(cr, m0, x0);
-        _mm512_mask_storeu_ps(cr + 16, m1, x1);
-      }
+      const AmxOperands op{.a0 = a0, .a1 = a0 + chunks * 1024, .a_stride = 64, .a_step = 1024,
+                           .b = reinterpret_cast<const char*>(b_packed + j * 2), .b_stride = np * 4,
+                           .b_step = 16 * np * 4};
+      amx_block(chunks, op, c + i * ldc + j, ldc, std::min<int64_t>(32, m - i), std::min<int64_t>(32, n - j), alpha,
+                beta);
     }
   }
 }
