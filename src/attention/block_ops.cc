@@ -46,20 +46,59 @@ void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const
   check_grad_weights(c, g);
 }
 
-void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,
-                  int64_t rows, const Tensor& w, int64_t head, int64_t d) {
-  const int64_t e = w.dim(1);
-  const char* wrow = static_cast<const char*>(w.data()) + head * d * e * dtype_size(w.dtype());
-  gemm(dev, GemmParams{.trans_b = true, .m = rows, .n = d, .k = e, .a = x, .lda = e, .a_dtype = x_t,
-                       .b = wrow, .ldb = e, .b_dtype = w.dtype(), .c = out, .ldc = ld_out, .c_dtype = out_t});
+namespace {
+bool consecutive(const std::vector<int64_t>& heads) {
+  for (size_t k = 1; k < heads.size(); ++k)
+    if (heads[k] != heads[k - 1] + 1) return false;
+  return true;
+}
+}  // namespace
+
+HeadWeights::HeadWeights(Device& dev, const Tensor& w, const std::vector<int64_t>& heads, int64_t d, Side side)
+    : dtype_(w.dtype()) {
+  UNTIED_CHECK(!heads.empty(), "HeadWeights: no heads");
+  const int64_t n = static_cast<int64_t>(heads.size()), es = dtype_size(w.dtype());
+  const char* base = static_cast<const char*>(w.data());
+  if (side == kRows) {  // w (n_heads*D, E): D rows per head
+    const int64_t e = w.dim(1);
+    ld_ = e;
+    if (consecutive(heads)) {
+      data_ = base + heads[0] * d * e * es;
+      return;
+    }
+    copy_ = TensorBuffer(dev.allocator(), w.dtype(), {n * d, e}, Tag::kAttnWorkspace, "weight rows of a block of heads");
+    for (int64_t k = 0; k < n; ++k)
+      dev.copy(copy_.as<char>() + k * d * e * es, base + heads[static_cast<size_t>(k)] * d * e * es, d * e * es);
+  } else {  // wo (E, n_heads*D): D columns per head
+    const int64_t e = w.dim(0), hd = w.dim(1);
+    if (consecutive(heads)) {
+      data_ = base + heads[0] * d * es;
+      ld_ = hd;
+      return;
+    }
+    ld_ = n * d;
+    copy_ = TensorBuffer(dev.allocator(), w.dtype(), {e, n * d}, Tag::kAttnWorkspace, "wo columns of a block of heads");
+    for (int64_t k = 0; k < n; ++k)
+      dev.copy_2d(copy_.as<char>() + k * d * es, n * d * es, base + heads[static_cast<size_t>(k)] * d * es, hd * es,
+                  d * es, e);
+  }
+  data_ = copy_.data();
 }
 
-void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
-                           int64_t rows, const Tensor& wo, int64_t head, int64_t d) {
-  const int64_t e = wo.dim(0), hd = wo.dim(1);
-  const char* col = static_cast<const char*>(wo.data()) + head * d * dtype_size(wo.dtype());
-  gemm(dev, GemmParams{.m = rows, .n = d, .k = e, .a = dy, .lda = e, .a_dtype = dy_t, .b = col, .ldb = hd,
-                       .b_dtype = wo.dtype(), .c = dst, .ldc = ld_dst, .c_dtype = dst_t});
+void project_heads(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t, int64_t rows,
+                   const Tensor& w, const std::vector<int64_t>& heads, int64_t d) {
+  const int64_t e = w.dim(1), n = static_cast<int64_t>(heads.size()) * d;
+  const HeadWeights wh(dev, w, heads, d, HeadWeights::kRows);
+  gemm(dev, GemmParams{.trans_b = true, .m = rows, .n = n, .k = e, .a = x, .lda = e, .a_dtype = x_t, .b = wh.data(),
+                       .ldb = wh.ld(), .b_dtype = wh.dtype(), .c = out, .ldc = ld_out, .c_dtype = out_t});
+}
+
+void project_out_grad_heads(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
+                            int64_t rows, const Tensor& wo, const std::vector<int64_t>& heads, int64_t d) {
+  const int64_t e = wo.dim(0), n = static_cast<int64_t>(heads.size()) * d;
+  const HeadWeights wh(dev, wo, heads, d, HeadWeights::kCols);
+  gemm(dev, GemmParams{.m = rows, .n = n, .k = e, .a = dy, .lda = e, .a_dtype = dy_t, .b = wh.data(), .ldb = wh.ld(),
+                       .b_dtype = wh.dtype(), .c = dst, .ldc = ld_dst, .c_dtype = dst_t});
 }
 
 int64_t InputRows::max_rows() const {
@@ -109,43 +148,68 @@ void hand_out_whole(Device& dev, const TiledGrad& dx, int64_t rows, int64_t hidd
     dx.consume(r0, std::min(dx.tile, rows - r0), whole.as<float>() == nullptr ? nullptr : whole.as<float>() + r0 * hidden);
 }
 
-void head_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
-                     int64_t head, int64_t d) {
-  const int64_t e = w.dim(1);
-  const char* wrow = static_cast<const char*>(w.data()) + head * d * e * dtype_size(w.dtype());
-  gemm(dev, GemmParams{.m = rows, .n = e, .k = d, .beta = 1.0f, .a = g, .lda = ld_g, .a_dtype = g_t,
-                       .b = wrow, .ldb = e, .b_dtype = w.dtype(), .c = dx, .ldc = e});
+void heads_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
+                      const std::vector<int64_t>& heads, int64_t d) {
+  const int64_t e = w.dim(1), k = static_cast<int64_t>(heads.size()) * d;
+  const HeadWeights wh(dev, w, heads, d, HeadWeights::kRows);
+  gemm(dev, GemmParams{.m = rows, .n = e, .k = k, .beta = 1.0f, .a = g, .lda = ld_g, .a_dtype = g_t, .b = wh.data(),
+                       .ldb = wh.ld(), .b_dtype = wh.dtype(), .c = dx, .ldc = e});
 }
 
-void head_weight_grads(Device& dev, const std::vector<HeadGrad>& heads, int64_t ld_g, DType g_t, const InputRows& x,
+void head_weight_grads(Device& dev, const std::vector<HeadBlock>& blocks, int64_t ld_g, DType g_t, const InputRows& x,
                        int64_t d, const Tensor& dw, Write dw_write) {
   const int64_t e = dw.dim(1), es_dw = dtype_size(dw.dtype()), es_g = dtype_size(g_t);
-  const bool scratch = x.tiled() && dw.dtype() != DType::kF32;
+  const bool tiled = x.tiled();
+  // Which blocks go straight into dw, and where the others' sums lie in the scratch (in heads).
+  std::vector<bool> direct(blocks.size());
+  std::vector<int64_t> offset(blocks.size(), 0);
+  int64_t scratch_heads = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const int64_t n = static_cast<int64_t>(blocks[b].heads.size());
+    direct[b] = consecutive(blocks[b].heads) && (!tiled || dw.dtype() == DType::kF32);
+    if (direct[b]) continue;
+    if (tiled) {
+      offset[b] = scratch_heads;
+      scratch_heads += n;
+    } else {
+      scratch_heads = std::max(scratch_heads, n);
+    }
+  }
   TensorBuffer acc;
-  if (scratch)
-    acc = TensorBuffer(dev.allocator(), DType::kF32, {static_cast<int64_t>(heads.size()), d, e}, Tag::kAttnWorkspace,
-                       "weight gradient fp32 sums (tiles)");
+  if (scratch_heads > 0)
+    acc = TensorBuffer(dev.allocator(), DType::kF32, {scratch_heads, d, e}, Tag::kAttnWorkspace,
+                       "weight gradient fp32 sums");
+  auto sums_of = [&](size_t b) { return acc.as<float>() == nullptr ? nullptr : acc.as<float>() + offset[b] * d * e; };
+  // A scratch block's sums into dw, head by head.
+  auto write_out = [&](size_t b) {
+    const std::vector<int64_t>& heads = blocks[b].heads;
+    for (size_t k = 0; k < heads.size(); ++k) {
+      char* dst = static_cast<char*>(dw.data()) + heads[k] * d * e * es_dw;
+      const float* src = sums_of(b) == nullptr ? nullptr : sums_of(b) + static_cast<int64_t>(k) * d * e;
+      if (dw_write == Write::kAccumulate) add_into(dev, dst, dw.dtype(), src, DType::kF32, d * e);
+      else convert(dev, dst, dw.dtype(), src, DType::kF32, d * e);
+    }
+  };
   bool first = true;
   x.for_each([&](int64_t r0, int64_t n, const void* xr) {
-    for (size_t k = 0; k < heads.size(); ++k) {
-      const char* g = static_cast<const char*>(heads[k].g) + r0 * ld_g * es_g;
-      void* c = scratch ? static_cast<void*>(acc.as<float>() == nullptr ? nullptr : acc.as<float>() + k * d * e)
-                        : static_cast<void*>(static_cast<char*>(dw.data()) + heads[k].head * d * e * es_dw);
-      const bool add = scratch ? !first : (!first || dw_write == Write::kAccumulate);
-      // dw_head (D, E) (+)= g^T (D, n) x (n, E)
-      gemm(dev, GemmParams{.trans_a = true, .m = d, .n = e, .k = n, .beta = add ? 1.0f : 0.0f, .a = g, .lda = ld_g,
-                           .a_dtype = g_t, .b = xr, .ldb = e, .b_dtype = x.dtype(), .c = c, .ldc = e,
-                           .c_dtype = scratch ? DType::kF32 : dw.dtype()});
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const HeadBlock& blk = blocks[b];
+      const char* g = static_cast<const char*>(blk.g) + r0 * ld_g * es_g;
+      void* c = direct[b] ? static_cast<void*>(static_cast<char*>(dw.data()) + blk.heads[0] * d * e * es_dw)
+                          : static_cast<void*>(sums_of(b));
+      const bool add = direct[b] ? (!first || dw_write == Write::kAccumulate) : (tiled && !first);
+      // dW (n_b*D, E) (+)= g^T (n_b*D, n) x (n, E)
+      gemm(dev, GemmParams{.trans_a = true, .m = static_cast<int64_t>(blk.heads.size()) * d, .n = e, .k = n,
+                           .beta = add ? 1.0f : 0.0f, .a = g, .lda = ld_g, .a_dtype = g_t, .b = xr, .ldb = e,
+                           .b_dtype = x.dtype(), .c = c, .ldc = e,
+                           .c_dtype = direct[b] ? dw.dtype() : DType::kF32});
+      if (!direct[b] && !tiled) write_out(b);
     }
     first = false;
   });
-  if (!scratch) return;
-  for (size_t k = 0; k < heads.size(); ++k) {
-    char* dst = static_cast<char*>(dw.data()) + heads[k].head * d * e * es_dw;
-    const float* src = acc.as<float>() == nullptr ? nullptr : acc.as<float>() + k * d * e;
-    if (dw_write == Write::kAccumulate) add_into(dev, dst, dw.dtype(), src, DType::kF32, d * e);
-    else convert(dev, dst, dw.dtype(), src, DType::kF32, d * e);
-  }
+  if (tiled)
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (!direct[b]) write_out(b);
 }
 
 void rope_blocks(Device& dev, void* buf, DType t, int64_t blocks, int64_t rows, int64_t heads, int64_t d,

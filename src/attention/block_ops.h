@@ -47,13 +47,35 @@ void check_weights(const AttentionConfig& cfg, const AttentionWeights& w);
 void hand_out_whole_output(Device& dev, const TiledOutput& y, int64_t rows, int64_t hidden, DType t,
                            const std::function<void(const Tensor& whole)>& forward);
 
-// out (rows, D) at ld_out = x (rows, E) w[head*D .. head*D+D)^T.  (w is (n_heads*D, E))
-void project_head(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t,
-                  int64_t rows, const Tensor& w, int64_t head, int64_t d);
+// The projections run one GEMM per block of heads: the heads whose slots lie side by side in a
+// send or receive buffer (PackedHeads: block p's slots j = 0..n-1), `heads` holding the model's
+// head in each slot. Their weights are w's own rows (or wo's columns) when the heads are
+// consecutive, else a copy of them in slot order (HeadWeights).
 
-// dst (rows, D) at ld_dst = dy (rows, E) wo[:, head*D .. head*D+D)   (wo is (E, H*D)).
-void project_out_grad_head(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
-                           int64_t rows, const Tensor& wo, int64_t head, int64_t d);
+// The weights of a block of heads as one matrix: the rows of w (n_heads*D, E) for `heads`, in
+// order, as (n*D, E) (kRows); or the columns of wo (E, n_heads*D) as (E, n*D) (kCols).
+class HeadWeights {
+ public:
+  enum Side { kRows, kCols };
+  HeadWeights(Device& dev, const Tensor& w, const std::vector<int64_t>& heads, int64_t d, Side side);
+  const void* data() const { return data_; }
+  int64_t ld() const { return ld_; }
+  DType dtype() const { return dtype_; }
+
+ private:
+  TensorBuffer copy_;  // Tag::kAttnWorkspace, when the heads are not consecutive
+  const void* data_ = nullptr;
+  int64_t ld_ = 0;
+  DType dtype_ = DType::kF32;
+};
+
+// out (rows, n*D) at ld_out = x (rows, E) W^T, W = HeadWeights(w, heads, kRows).
+void project_heads(Device& dev, void* out, int64_t ld_out, DType out_t, const void* x, DType x_t, int64_t rows,
+                   const Tensor& w, const std::vector<int64_t>& heads, int64_t d);
+
+// dst (rows, n*D) at ld_dst = dy (rows, E) W, W = HeadWeights(wo, heads, kCols).
+void project_out_grad_heads(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
+                            int64_t rows, const Tensor& wo, const std::vector<int64_t>& heads, int64_t d);
 
 // The block input as the projections read it: whole (an (L, E) tensor), or a tile of rows at a
 // time (TiledInput, attention_block.h), each tile written into a scratch buffer first.
@@ -89,20 +111,23 @@ TensorBuffer whole_input(Device& dev, const TiledInput& x, int64_t rows, int64_t
 void hand_out_whole(Device& dev, const TiledGrad& dx, int64_t rows, int64_t hidden,
                     const std::function<void(const Tensor& whole)>& backward);
 
-// One head's rows of a gradient g (rows, D) at ld_g, for head_weight_grads.
-struct HeadGrad {
+// A block of heads of a gradient (rows, n*D) at g, for head_weight_grads.
+struct HeadBlock {
   const void* g;
-  int64_t head;
+  std::vector<int64_t> heads;
 };
-// The backward of project_head: the weight side for a set of heads: dw_head (D, E) (= or +=, per
-// dw_write) g^T x for each entry, x read by `x`'s runs of rows. Tiled, the sums over tiles run
-// in fp32 (in dw itself, or, for a dw in another dtype, in an fp32 scratch written into dw once
-// per head), so a bf16 dw is rounded once per call as when whole.
-void head_weight_grads(Device& dev, const std::vector<HeadGrad>& heads, int64_t ld_g, DType g_t, const InputRows& x,
+// The backward of project_heads, the weight side: dw_head (D, E) (= or +=, per dw_write) g^T x
+// for each head of each block, x read by `x`'s runs of rows, one GEMM per block and run (x
+// packed once for the block's heads). The sums run in fp32 and a dw in another dtype is rounded
+// once per call: a block whose heads are consecutive is written into dw's rows by its GEMM
+// (which rounds once) when x is whole or dw is fp32; otherwise its sums go to an fp32 scratch
+// (Tag::kAttnWorkspace: one block's heads when x is whole, every block's when it is tiled, as the
+// sums over tiles need) and are written or added into dw per head.
+void head_weight_grads(Device& dev, const std::vector<HeadBlock>& blocks, int64_t ld_g, DType g_t, const InputRows& x,
                        int64_t d, const Tensor& dw, Write dw_write);
-// The input side: dx (rows, E) (f32 accumulator) += g (rows, D) w_head.
-void head_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
-                     int64_t head, int64_t d);
+// The input side: dx (rows, E) (f32 accumulator) += g (rows, n*D) W, W = HeadWeights(w, heads, kRows).
+void heads_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
+                      const std::vector<int64_t>& heads, int64_t d);
 
 // The RoPE positions of a run of rows: the segments of global positions they hold
 // (token_layout.h: one or two runs), or, with packed documents, a device table of one position per

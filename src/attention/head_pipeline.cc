@@ -64,6 +64,18 @@ HeadPipeline::HeadPipeline(Device& dev, Communicator& comm, const AttentionConfi
                                             cfg.head_dim, cfg.dtype, cfg.ring_overlap);
 }
 
+std::vector<int64_t> HeadPipeline::q_heads(int64_t s, int64_t p) const {
+  std::vector<int64_t> h(static_cast<size_t>(sched_.q_per_rank));
+  for (int64_t j = 0; j < sched_.q_per_rank; ++j) h[static_cast<size_t>(j)] = sched_.q_head(s, p, j);
+  return h;
+}
+
+std::vector<int64_t> HeadPipeline::kv_heads(int64_t round, int64_t p) const {
+  std::vector<int64_t> h(static_cast<size_t>(sched_.kv_per_rank));
+  for (int64_t i = 0; i < sched_.kv_per_rank; ++i) h[static_cast<size_t>(i)] = sched_.kv_head(round, p, i);
+  return h;
+}
+
 PackedHeads HeadPipeline::packed(void* base, int64_t heads, int64_t elem_bytes) const {
   return PackedHeads{.base = base, .rows = rows_, .heads = heads, .d = cfg_.head_dim, .elem_bytes = elem_bytes};
 }
@@ -90,8 +102,7 @@ void HeadPipeline::project_q(const AttentionWeights& w, const InputRows& x, int6
   const int64_t es = dtype_size(t);
   x.for_each([&](int64_t r0, int64_t n, const void* xr) {
     for (int64_t p = 0; p < C; ++p)
-      for (int64_t j = 0; j < u; ++j)
-        project_head(dev_, q.slot(p, j) + r0 * q.ld() * es, q.ld(), t, xr, x.dtype(), n, w.wq, sched_.q_head(s, p, j), D);
+      project_heads(dev_, q.slot(p, 0) + r0 * q.ld() * es, q.ld(), t, xr, x.dtype(), n, w.wq, q_heads(s, p), D);
   });
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
   rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
@@ -121,9 +132,8 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const InputRows& x, int
     const PackedHeads kv = packed(send.data(), nkv);
     x.for_each([&](int64_t r0, int64_t n, const void* xr) {
       for (int64_t p = 0; p < C; ++p)
-        for (int64_t i = 0; i < nkv; ++i)
-          project_head(dev_, kv.slot(p, i) + r0 * kv.ld() * es, kv.ld(), t, xr, x.dtype(), n, part.w,
-                       sched_.kv_head(round, p, i), D);
+        project_heads(dev_, kv.slot(p, 0) + r0 * kv.ld() * es, kv.ld(), t, xr, x.dtype(), n, part.w,
+                      kv_heads(round, p), D);
     });
     if (part.norm_w != nullptr) {
       normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
@@ -316,9 +326,8 @@ HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const InputRows& dy,
   const PackedHeads dout = packed(do_send.data(), u);
   dy.for_each([&](int64_t r0, int64_t n, const void* dyr) {
     for (int64_t p = 0; p < C; ++p)
-      for (int64_t j = 0; j < u; ++j)
-        project_out_grad_head(dev_, dout.slot(p, j) + r0 * dout.ld() * es, dout.ld(), t, dyr, dy.dtype(), n, w.wo,
-                              sched_.q_head(s, p, j), D);
+      project_out_grad_heads(dev_, dout.slot(p, 0) + r0 * dout.ld() * es, dout.ld(), t, dyr, dy.dtype(), n, w.wo,
+                             q_heads(s, p), D);
   });
   // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j], or the row of delta_all for that head
   for (int64_t p = 0; p < C; ++p)
@@ -364,13 +373,12 @@ void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, cons
   }
   // Every query head is in exactly one slot of one stage: its dwq rows are written once.
   const PackedHeads dq_seq = packed(recv.data(), u);
-  std::vector<HeadGrad> heads;
-  for (int64_t p = 0; p < C; ++p)
-    for (int64_t j = 0; j < u; ++j) {
-      if (stash == nullptr) head_input_grad(dev_, dx_acc, dq_seq.slot(p, j), dq_seq.ld(), t, L, w.wq, sched_.q_head(s, p, j), D);
-      heads.push_back({.g = dq_seq.slot(p, j), .head = sched_.q_head(s, p, j)});
-    }
-  head_weight_grads(dev_, heads, dq_seq.ld(), t, x, D, g.dwq, Write::kOverwrite);
+  std::vector<HeadBlock> blocks;
+  for (int64_t p = 0; p < C; ++p) {
+    blocks.push_back({.g = dq_seq.slot(p, 0), .heads = q_heads(s, p)});
+    if (stash == nullptr) heads_input_grad(dev_, dx_acc, dq_seq.slot(p, 0), dq_seq.ld(), t, L, w.wq, blocks.back().heads, D);
+  }
+  head_weight_grads(dev_, blocks, dq_seq.ld(), t, x, D, g.dwq, Write::kOverwrite);
   if (stash != nullptr) stash->keep(stash->q, std::move(recv), "dq (kept for dx, host)");
   recv.reset();
 }
@@ -415,14 +423,13 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
     }
     // A KV head replicated over ranks (G < C) appears in several slots: its dw rows add up.
     const PackedHeads grad = packed((through_norm ? dk_pre : recv).data(), nkv);
-    std::vector<HeadGrad> heads;
-    for (int64_t p = 0; p < C; ++p)
-      for (int64_t i = 0; i < nkv; ++i) {
-        if (stash == nullptr)
-          head_input_grad(dev_, dx_acc, grad.slot(p, i), grad.ld(), t, L, part.w, sched_.kv_head(round, p, i), D);
-        heads.push_back({.g = grad.slot(p, i), .head = sched_.kv_head(round, p, i)});
-      }
-    head_weight_grads(dev_, heads, grad.ld(), t, x, D, part.dw, Write::kAccumulate);
+    std::vector<HeadBlock> blocks;
+    for (int64_t p = 0; p < C; ++p) {
+      blocks.push_back({.g = grad.slot(p, 0), .heads = kv_heads(round, p)});
+      if (stash == nullptr)
+        heads_input_grad(dev_, dx_acc, grad.slot(p, 0), grad.ld(), t, L, part.w, blocks.back().heads, D);
+    }
+    head_weight_grads(dev_, blocks, grad.ld(), t, x, D, part.dw, Write::kAccumulate);
     if (stash != nullptr)
       stash->keep(part.is_k ? stash->k : stash->v, std::move(through_norm ? dk_pre : recv),
                   part.is_k ? "dk (kept for dx, host)" : "dv (kept for dx, host)");
@@ -459,17 +466,13 @@ void HeadPipeline::hand_out_dx(const TiledGrad& out, const DxStash& stash, const
     dev_.fill_zero(dx, n * E * 4);
     for (int64_t s = 0; s < sched_.stages; ++s) {
       const PackedHeads q = rows_of(stash.q[static_cast<size_t>(s)], u, r0, n, q_rows);
-      for (int64_t p = 0; p < C; ++p)
-        for (int64_t j = 0; j < u; ++j)
-          head_input_grad(dev_, dx, q.slot(p, j), q.ld(), t, n, w.wq, sched_.q_head(s, p, j), D);
+      for (int64_t p = 0; p < C; ++p) heads_input_grad(dev_, dx, q.slot(p, 0), q.ld(), t, n, w.wq, q_heads(s, p), D);
       if (!sched_.last_of_round(s)) continue;
       const size_t round = static_cast<size_t>(sched_.round(s));
       for (auto [part, wt] : {std::pair{&stash.k, &w.wk}, {&stash.v, &w.wv}}) {
         const PackedHeads g = rows_of((*part)[round], nkv, r0, n, kv_rows);
         for (int64_t p = 0; p < C; ++p)
-          for (int64_t i = 0; i < nkv; ++i)
-            head_input_grad(dev_, dx, g.slot(p, i), g.ld(), t, n, *wt, sched_.kv_head(static_cast<int64_t>(round), p, i),
-                            D);
+          heads_input_grad(dev_, dx, g.slot(p, 0), g.ld(), t, n, *wt, kv_heads(static_cast<int64_t>(round), p), D);
       }
     }
     out.consume(r0, n, dx);
@@ -573,7 +576,7 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
     TensorBuffer dout_h(alloc, t, {rows, D}, Tag::kAttnWorkspace, "dO projection (one head)");
     with_output([&](int64_t r0, int64_t n, const char* dyr, const char* o) {
       for (int64_t h = 0; h < H; ++h) {
-        project_out_grad_head(dev_, dout_h.data(), D, t, dyr, dy.dtype(), n, w.wo, h, D);
+        project_out_grad_heads(dev_, dout_h.data(), D, t, dyr, dy.dtype(), n, w.wo, {h}, D);
         row_dot(dev_, n, D, t, o == nullptr ? nullptr : o + h * D * es, H * D, dout_h.data(), D,
                 delta_all.as<float>() + h * L + r0, 1);
       }

@@ -58,6 +58,9 @@ class HeadPipeline final : public AttentionBlock {
   void run_backward(const Tensor* dx, const TiledGrad* tiled, AttentionGrads& g, const InputRows& dy,
                     const InputRows& x, const AttentionWeights& w, AttentionSaved& saved);
 
+  // The model's heads in block p's slots (in order): query heads at stage s, KV heads in round t.
+  std::vector<int64_t> q_heads(int64_t s, int64_t p) const;
+  std::vector<int64_t> kv_heads(int64_t t, int64_t p) const;
   // Send layouts on this rank: per destination rank p, L rows of `heads` heads.
   PackedHeads packed(void* base, int64_t heads, int64_t elem_bytes) const;
   PackedHeads packed(void* base, int64_t heads) const { return packed(base, heads, dtype_size(cfg_.dtype)); }
