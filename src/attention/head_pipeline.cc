@@ -566,19 +566,23 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
     });
     if (scratch) convert(dev_, g.dwo.data(), g.dwo.dtype(), dwo32.data(), DType::kF32, E * H * D);
   }
-  // early_delta: D = rowsum(dO * O) of every head now, each head's dO projected as each stage does
-  // it (a run of dy's rows at a time), so that the saved output can go before the stages' buffers
-  // come.
+  // early_delta: D = rowsum(dO * O) of every head now, the dO of U consecutive heads (as many as
+  // a stage's buffers hold) projected at a time, a run of dy's rows at a time, so that the saved
+  // output can go before the stages' buffers come.
   TensorBuffer delta_all;
   if (cfg_.early_delta) {
     delta_all = TensorBuffer(alloc, DType::kF32, {H, L}, Tag::kAttnWorkspace, "attention D (every head)");
     const int64_t rows = o_tile > 0 ? std::min(o_tile, dy.max_rows()) : dy.max_rows();
-    TensorBuffer dout_h(alloc, t, {rows, D}, Tag::kAttnWorkspace, "dO projection (one head)");
+    const int64_t U = sched_.stage_heads;
+    TensorBuffer dout_g(alloc, t, {rows, U, D}, Tag::kAttnWorkspace, "dO projection (U heads)");
     with_output([&](int64_t r0, int64_t n, const char* dyr, const char* o) {
-      for (int64_t h = 0; h < H; ++h) {
-        project_out_grad_heads(dev_, dout_h.data(), D, t, dyr, dy.dtype(), n, w.wo, {h}, D);
-        row_dot(dev_, n, D, t, o == nullptr ? nullptr : o + h * D * es, H * D, dout_h.data(), D,
-                delta_all.as<float>() + h * L + r0, 1);
+      for (int64_t h0 = 0; h0 < H; h0 += U) {
+        std::vector<int64_t> heads(static_cast<size_t>(U));
+        for (int64_t j = 0; j < U; ++j) heads[static_cast<size_t>(j)] = h0 + j;
+        project_out_grad_heads(dev_, dout_g.data(), U * D, t, dyr, dy.dtype(), n, w.wo, heads, D);
+        for (int64_t j = 0; j < U; ++j)
+          row_dot(dev_, n, D, t, o == nullptr ? nullptr : o + (h0 + j) * D * es, H * D, dout_g.as<char>() + j * D * es,
+                  U * D, delta_all.as<float>() + (h0 + j) * L + r0, 1);
       }
     });
     saved.attn_out.reset();

@@ -246,18 +246,21 @@ PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
 void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t i0, int64_t mc,
                       int64_t p0, int64_t kc, int64_t chunks) {
   const int64_t tiles = round_up(mc, 32) / 16;
+  if (!trans_a) {  // A is (m, k): a tile row is 32 consecutive k of a row; each row read in order
+    for (int64_t i = 0; i < tiles * 16; ++i) {
+      uint32_t* out = dst + (i / 16 * chunks) * kTileWords + 16 * (i % 16);
+      const uint16_t* src = a + (i0 + i) * lda + p0;
+      for (int64_t c = 0; c < chunks; ++c)
+        _mm512_storeu_si512(out + c * kTileWords, i < mc ? _mm512_maskz_loadu_epi16(first_bits32(kc - 32 * c), src + 32 * c)
+                                                         : _mm512_setzero_si512());
+    }
+    return;
+  }
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t rows = std::clamp<int64_t>(mc - 16 * t, 0, 16), r0 = i0 + 16 * t;
     for (int64_t c = 0; c < chunks; ++c) {
       uint32_t* out = dst + (t * chunks + c) * kTileWords;
       const int64_t k0 = p0 + 32 * c, kn = std::min<int64_t>(32, kc - 32 * c);  // k in this chunk
-      if (!trans_a) {  // A is (m, k): a tile row is 32 consecutive k of a row
-        const __mmask32 km = first_bits32(kn);
-        for (int64_t r = 0; r < 16; ++r)
-          _mm512_storeu_si512(out + 16 * r, r < rows ? _mm512_maskz_loadu_epi16(km, a + (r0 + r) * lda + k0)
-                                                     : _mm512_setzero_si512());
-        continue;
-      }
       // A is (k, m): pairs of k rows interleaved for 16 rows (x[q]: pair q of each row), then
       // transposed so that each row's 16 pairs are one vector.
       const __mmask32 rm = first_bits32(rows);
