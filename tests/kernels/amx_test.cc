@@ -7,6 +7,7 @@
 // Skipped where AMX cannot run (a CPU or build without it).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -97,6 +98,43 @@ TEST(AmxTile, EveryEdgeOfTheTiles) {
             cases += 2;
           }
   EXPECT_EQ(bad, 0) << "out of " << cases << " cases";
+}
+
+// A read in place (amx_tile_product_rows) gives the packed A's result bit for bit, over whole
+// tiles of rows and k, B as the attention packs it, alpha 1 and another, beta 0 and 1; and the
+// shapes it cannot take are refused (amx_rows_in_place).
+TEST(AmxTile, RowsInPlaceMatchPacked) {
+  SKIP_WITHOUT_AMX();
+  EXPECT_FALSE(amx_rows_in_place(31, 128, 512));    // a partial tile of rows
+  EXPECT_FALSE(amx_rows_in_place(64, 80, 512));     // a partial chunk of k
+  EXPECT_FALSE(amx_rows_in_place(64, 128, 2048));   // rows 4 KiB apart: one L1 set
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist;
+  for (int64_t m : {32, 128})
+    for (int64_t n : {1, 33, 128})
+      for (int64_t k : {32, 64, 128})
+        for (float alpha : {1.0f, 0.25f})
+          for (float beta : {0.0f, 1.0f}) {
+            const int64_t lda = 4 * k + 8;  // rows of a packed-heads buffer, a few heads wide
+            ASSERT_TRUE(amx_rows_in_place(m, k, lda));
+            std::vector<uint16_t> a(m * lda), bt(n * k);
+            for (auto& x : a) x = float_to_bf16(dist(gen)).bits;
+            for (auto& x : bt) x = float_to_bf16(dist(gen)).bits;
+            std::vector<uint16_t> ap(amx_packed_a_elems(m, k)), bp(amx_packed_b_elems(k, n));
+            amx_pack_a(ap.data(), a.data(), lda, m, k);
+            amx_pack_bt(bp.data(), bt.data(), k, k, n);
+            std::vector<float> packed(m * n), in_place(m * n);
+            for (auto& x : packed) x = dist(gen);
+            in_place = packed;
+            {
+              const AmxTiles tiles;
+              amx_tile_product(m, n, k, alpha, ap.data(), bp.data(), beta, packed.data(), n);
+              amx_tile_product_rows(m, n, k, alpha, a.data(), lda, bp.data(), beta, in_place.data(), n);
+            }
+            for (int64_t i = 0; i < m * n; ++i)
+              ASSERT_EQ(std::bit_cast<uint32_t>(in_place[i]), std::bit_cast<uint32_t>(packed[i]))
+                  << "m=" << m << " n=" << n << " k=" << k << " alpha=" << alpha << " beta=" << beta << " at " << i;
+          }
 }
 
 // fp32 operands are rounded to nearest even as they are packed: 1 + 2^-8 (a tie) rounds to 1,

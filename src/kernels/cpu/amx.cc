@@ -53,6 +53,8 @@ bool amx_usable() {
 #endif
 }
 
+bool amx_rows_in_place(int64_t m, int64_t k, int64_t lda) { return m % 32 == 0 && k % 32 == 0 && lda * 2 % 4096 != 0; }
+
 int64_t amx_packed_a_elems(int64_t m, int64_t k) { return round_up(m, 32) * round_up(k, 32); }
 int64_t amx_packed_b_elems(int64_t k, int64_t n) { return round_up(k, 32) * round_up(n, 32); }
 
@@ -175,20 +177,46 @@ void amx_pack_bt(uint16_t* dst, const uint16_t* bt, int64_t ldbt, int64_t k, int
   }
 }
 
-void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
-                      const uint16_t* b_packed, float beta, float* c, int64_t ldc) {
+namespace {
+
+// Where the A tiles of rows 32i.. lie: rows 0-15 at base + i * group, rows 16-31 `half` further;
+// tile rows `stride` apart, chunks of 32 k `step` apart (bytes).
+struct ATiles {
+  const char* base;
+  int64_t group, half, stride, step;
+};
+
+void tile_product(int64_t m, int64_t n, int64_t k, float alpha, const ATiles& a, const uint16_t* b_packed, float beta,
+                  float* c, int64_t ldc) {
   UNTIED_CHECK(beta == 0.0f || beta == 1.0f, "amx_tile_product: beta must be 0 or 1, got ", beta);
   const int64_t chunks = round_up(k, 32) / 32, np = round_up(n, 32);
   for (int64_t i = 0; i < m; i += 32) {
-    const char* a0 = reinterpret_cast<const char*>(a_packed + (i / 16) * chunks * 512);
+    const char* a0 = a.base + i / 32 * a.group;
     for (int64_t j = 0; j < n; j += 32) {
-      const AmxOperands op{.a0 = a0, .a1 = a0 + chunks * 1024, .a_stride = 64, .a_step = 1024,
+      const AmxOperands op{.a0 = a0, .a1 = a0 + a.half, .a_stride = a.stride, .a_step = a.step,
                            .b = reinterpret_cast<const char*>(b_packed + j * 2), .b_stride = np * 4,
                            .b_step = 16 * np * 4};
       amx_block(chunks, op, c + i * ldc + j, ldc, std::min<int64_t>(32, m - i), std::min<int64_t>(32, n - j), alpha,
                 beta);
     }
   }
+}
+
+}  // namespace
+
+void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
+                      const uint16_t* b_packed, float beta, float* c, int64_t ldc) {
+  const int64_t tile = round_up(k, 32) / 32 * 1024;  // bytes of a 16-row tile's chunks
+  tile_product(m, n, k, alpha, ATiles{reinterpret_cast<const char*>(a_packed), 2 * tile, tile, 64, 1024}, b_packed,
+               beta, c, ldc);
+}
+
+void amx_tile_product_rows(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                           const uint16_t* b_packed, float beta, float* c, int64_t ldc) {
+  UNTIED_CHECK(amx_rows_in_place(m, k, lda), "amx_tile_product_rows: A (", m, ", ", k, ") with lda ", lda,
+               " cannot be read in place");
+  tile_product(m, n, k, alpha, ATiles{reinterpret_cast<const char*>(a), 32 * lda * 2, 16 * lda * 2, lda * 2, 64},
+               b_packed, beta, c, ldc);
 }
 
 #else  // no AMX in this build
@@ -212,6 +240,10 @@ void amx_pack_bt(uint16_t*, const uint16_t*, int64_t, int64_t, int64_t) {
 }
 void amx_tile_product(int64_t, int64_t, int64_t, float, const uint16_t*, const uint16_t*, float, float*, int64_t) {
   UNTIED_CHECK(false, "amx_tile_product: this build has no AMX");
+}
+void amx_tile_product_rows(int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, float, float*,
+                           int64_t) {
+  UNTIED_CHECK(false, "amx_tile_product_rows: this build has no AMX");
 }
 
 #endif

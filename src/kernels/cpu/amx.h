@@ -52,5 +52,11 @@ void amx_pack_bt(uint16_t* dst, const uint16_t* bt, int64_t ldbt, int64_t k, int
 // C = alpha * A B + beta * C on packed operands of this m, n, k.
 void amx_tile_product(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
                       const uint16_t* b_packed, float beta, float* c, int64_t ldc);
+// The same with A (m, k) read in place from bf16 rows lda apart, where amx_rows_in_place: whole
+// tiles of rows and of k (m and k multiples of 32), and rows that do not share one set of the L1
+// cache (lda * 2 bytes not a multiple of 4 KiB). The same arithmetic as on the packed A.
+bool amx_rows_in_place(int64_t m, int64_t k, int64_t lda);
+void amx_tile_product_rows(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                           const uint16_t* b_packed, float beta, float* c, int64_t ldc);
 
 }  // namespace untied::cpu

@@ -219,10 +219,16 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           const F32Rows qr = amx ? F32Rows{nullptr, 0} : f32_rows(q_rows, a.dtype, nq, a.d, a.q_rs, qt);
           const F32Rows dor = amx ? F32Rows{nullptr, 0} : f32_rows(do_rows, a.dtype, nq, a.d, a.q_rs, dot);
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
+          // On AMX, Q's and dO's rows are read in place where whole tiles allow, else packed.
+          const bool in_place = amx && amx_rows_in_place(nq, a.d, a.q_rs);
           if (amx) {
-            amx_pack_a(a_pack, q_rows, a.q_rs, nq, a.d);
             // Unscaled, so that whole tiles are stored straight into pt; scaled in the exp below.
-            amx_tile_product(nq, nk, a.d, 1.0f, a_pack, kt_pack, 0.0f, pt, nk);
+            if (in_place) {
+              amx_tile_product_rows(nq, nk, a.d, 1.0f, q_rows, a.q_rs, kt_pack, 0.0f, pt, nk);
+            } else {
+              amx_pack_a(a_pack, q_rows, a.q_rs, nq, a.d);
+              amx_tile_product(nq, nk, a.d, 1.0f, a_pack, kt_pack, 0.0f, pt, nk);
+            }
           } else if (bf16_dot) {
             bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq, a.d);
             bf16_tile_gemm(nq, nk, a.d, s2, rows_packed, reinterpret_cast<const uint32_t*>(ktt), false, pt, nk);
@@ -256,7 +262,9 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             tile_gemm(true, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
           }
           // dP (nq, nk) = dO V^T; dS = P * (dP - D).
-          if (amx) {
+          if (in_place) {
+            amx_tile_product_rows(nq, nk, a.d, 1.0f, do_rows, a.q_rs, vt_pack, 0.0f, dpt, nk);
+          } else if (amx) {
             amx_pack_a(a_pack, do_rows, a.q_rs, nq, a.d);
             amx_tile_product(nq, nk, a.d, 1.0f, a_pack, vt_pack, 0.0f, dpt, nk);
           } else if (bf16_dot) {

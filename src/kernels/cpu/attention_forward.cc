@@ -157,9 +157,14 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
         const F32Rows vr = amx ? F32Rows{nullptr, 0} : f32_rows(v_rows, a.dtype, nk, a.d, a.kv_rs, vt);
         // st (nk, nq) = K Q^T, in log2 units.
         if (amx) {
-          amx_pack_a(a_pack, k_rows, a.kv_rs, nk, a.d);
           // Unscaled, so that whole tiles are stored straight into st; scaled with the maxima below.
-          amx_tile_product(nk, nq, a.d, 1.0f, a_pack, q_pack, 0.0f, st, nq);
+          // K's rows read in place where whole tiles allow, else packed.
+          if (amx_rows_in_place(nk, a.d, a.kv_rs)) {
+            amx_tile_product_rows(nk, nq, a.d, 1.0f, k_rows, a.kv_rs, q_pack, 0.0f, st, nq);
+          } else {
+            amx_pack_a(a_pack, k_rows, a.kv_rs, nk, a.d);
+            amx_tile_product(nk, nq, a.d, 1.0f, a_pack, q_pack, 0.0f, st, nq);
+          }
         } else if (bf16_dot) {
           bf16_pack_a(reinterpret_cast<uint32_t*>(kt), k_rows, a.kv_rs, nk, a.d);
           bf16_tile_gemm(nk, nq, a.d, qscale, reinterpret_cast<const uint32_t*>(kt),
