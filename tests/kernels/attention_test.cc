@@ -22,7 +22,8 @@
 //     fp32 whatever the dtype, and dq/dk, whose rowsum(dO * O) reads the bf16-rounded out).
 //     Same factor 4. On top, each bf16 output element must be within half a bf16 ulp plus the
 //     fp32 budget of its exact value (expect_rounded_once): computed in fp32, rounded once.
-//     Where the tile products run on AMX, P and dS are rounded to bf16 before their products
+//     Where the tile products run on bf16 kernels (AMX, or the AVX512-BF16 dot-product kernel),
+//     P and dS are rounded to bf16 before their products
 //     (as FlashAttention and the GPU kernels do): each element may then be off by 2^-8 (bf16's
 //     unit roundoff) of the sum of |terms| behind it more (expect_rounded_once_after_bf16_operands), the most that
 //     rounding one factor of every term to nearest can change a sum.
@@ -181,8 +182,10 @@ BackwardResult run_backward(Device& dev, const Problem& p, const Inputs& in,
 
 std::unique_ptr<Device> cpu() { return make_cpu_device(CpuDeviceOptions{.threads = 2}); }
 
-// Whether the kernel rounds P and dS to bf16 for their products on bf16 storage (on AMX).
-bool p_rounded_to_bf16() { return cpu::bf16_tile_products_on_amx(); }
+// Whether the kernel rounds P and dS to bf16 for their products on bf16 storage (on AMX, and on
+// the dot-product kernel where its packs fit the tiles; where they do not, the fp32 products
+// meet the stricter bound too).
+bool p_rounded_to_bf16() { return cpu::bf16_tile_products_on_amx() || cpu::bf16_tile_products_available(); }
 
 // The fp64 reference gradients and the error budget of each (see the top of the file), for a
 // backward call that is given `out` and `lse` (the values exactly as the kernel receives them).
@@ -286,6 +289,9 @@ std::vector<AttnCase> attention_cases() {
                 .kv_heads = 4, .head_dim = 64, .causal = false, .dtype = DType::kBF16});
   cs.push_back({.name = "bf16_g8_s300", .seq_q = 300, .seq_k = 300, .heads = 8, .kv_heads = 1,
                 .head_dim = 64, .causal = true, .dtype = DType::kBF16});
+  //   long enough for the 256 x 256 default tiles of the AMX path, and not a multiple of them
+  cs.push_back({.name = "bf16_s2100", .seq_q = 2100, .seq_k = 2100, .heads = 2, .kv_heads = 1,
+                .head_dim = 128, .causal = true, .dtype = DType::kBF16});
   cs.push_back({.name = "bf16_ring_partial_empty", .seq_q = 50, .seq_k = 64, .heads = 4,
                 .kv_heads = 2, .head_dim = 64, .causal = true, .q_offset = 100,
                 .k_offset = 120, .dtype = DType::kBF16, .block_q = 16, .block_k = 32});

@@ -8,10 +8,10 @@
 //        dQ += scale dS K.
 //    dK and dV of the tile stay in per-thread fp32 accumulators and are written once. K^T and
 //    V^T of the tile are packed once per item, so that every product is a tile_gemm (our own
-//    register-blocked kernel, no BLAS) with B read row by row; on bf16 storage, where the CPU
-//    has AVX512-BF16, P and dP are products of the bf16 values themselves (bf16_gemm.h), and
-//    where bf16 GEMMs run on AMX, all five products run there (amx.h), with P and dS rounded
-//    to bf16 for theirs, as the GPU kernels do.
+//    register-blocked kernel, no BLAS) with B read row by row; on bf16 storage all five
+//    products run on bf16 operands, on the bf16 dot-product kernel (bf16_gemm.h) or on AMX
+//    (amx.h) where bf16 GEMMs run there, with P and dS rounded to bf16 for theirs, as the GPU
+//    kernels do.
 // 3. dQ is accumulated in fp32: thread 0 writes to the main accumulator (dq itself when it is
 //    f32, else a workspace), other threads to private ones that are added in thread order at
 //    the end. Work is assigned statically, so results are deterministic for a given thread
@@ -50,26 +50,32 @@ int64_t amx_a_elems(const AttnGeom& a) {
 int64_t amx_b_elems(const AttnGeom& a) { return amx_packed_b_elems(a.bq, a.d); }
 int64_t floats_of(int64_t bf16_elems) { return (bf16_elems + 31) / 32 * 16; }
 
+// bf16 storage on a CPU with AVX512-BF16: all five products on the bf16 dot-product kernel
+// (bf16_gemm.h). The packed K and V tiles (B of P and dP) live in the K^T and V^T tiles' space,
+// the packed Q or dO tile (A of those) in the V tile's, where they fit (tiles of at least 32
+// keys); after the tiles, K as B of dQ, one A pack (P^T, dS^T or dS) and one B pack (dO or Q).
+bool use_bf16_dot(const AttnGeom& a) {
+  return a.dtype == DType::kBF16 && bf16_tile_products_available() && bf16_packed_b_words(a.bk, a.d) <= a.bk * a.d &&
+         bf16_packed_a_words(a.bq, a.d) <= a.bk * a.d;
+}
+int64_t words_rounded(int64_t words) { return (words + 15) / 16 * 16; }
+int64_t dot_k_words(const AttnGeom& a) { return words_rounded(bf16_packed_b_words(a.d, a.bk)); }
+int64_t dot_a_words(const AttnGeom& a) {
+  return words_rounded(std::max(bf16_packed_a_words(a.bk, a.bq), bf16_packed_a_words(a.bq, a.bk)));
+}
+int64_t dot_b_words(const AttnGeom& a) { return words_rounded(bf16_packed_b_words(a.d, a.bq)); }
+
 int64_t backward_tile_floats(const AttnGeom& a) {
   int64_t n = (6 * a.bk * a.d + 2 * a.bq * a.d + 2 * a.bq * a.bk + 15) / 16 * 16;
   if (use_amx(a))
     n += 2 * floats_of(amx_kt_elems(a)) + floats_of(amx_k_elems(a)) + floats_of(amx_a_elems(a)) +
          floats_of(amx_b_elems(a));
+  if (use_bf16_dot(a)) n += dot_k_words(a) + dot_a_words(a) + dot_b_words(a);
   return n;
 }
 // dQ accumulators beyond dq itself: one per thread but the first, plus the first's when dq is bf16.
 int extra_dq_accumulators(const AttnGeom& a, int threads) { return threads - 1 + (a.out_dtype == DType::kF32 ? 0 : 1); }
 enum BackwardScratch { kDelta, kDqAccs, kTiles };
-
-// bf16 storage on a CPU with AVX512-BF16: P = Q K^T and dP = dO V^T on the bf16 dot-product
-// kernel (bf16_gemm.h), whose products of two bf16 are exact in fp32 as the widened ones are. The
-// packed K and V tiles live in the K^T and V^T tiles' space, the packed Q or dO tile in the V
-// tile's, where they fit (tiles of at least 32 keys). The other three products read fp32 P and
-// dS and stay fp32.
-bool use_bf16_dot(const AttnGeom& a) {
-  return a.dtype == DType::kBF16 && bf16_tile_products_available() && bf16_packed_b_words(a.bk, a.d) <= a.bk * a.d &&
-         bf16_packed_a_words(a.bq, a.d) <= a.bk * a.d;
-}
 
 }  // namespace
 
@@ -174,6 +180,10 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
     uint16_t* k_pack = vt_pack + floats_of(amx_kt_elems(a)) * 2;
     uint16_t* a_pack = k_pack + floats_of(amx_k_elems(a)) * 2;
     uint16_t* b_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
+    // Dot-product kernel packs (unused otherwise).
+    uint32_t* k_words = reinterpret_cast<uint32_t*>(base + (dpt + a.bq * a.bk - base + 15) / 16 * 16);
+    uint32_t* a_words = k_words + dot_k_words(a);
+    uint32_t* b_words = a_words + dot_a_words(a);
     std::optional<AmxTiles> tiles;
     if (amx) tiles.emplace();
 
@@ -184,17 +194,17 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
       const int64_t k0 = kb * a.bk;
       const int64_t nk = std::min(a.bk, a.sk - k0);
       const auto* k_rows = static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d));
-      // K widened (AMX packs the stored bf16 instead).
-      const F32Rows kr = amx ? F32Rows{nullptr, 0} : f32_rows(k_rows, a.dtype, nk, a.d, a.kv_rs, kt);
+      // K widened (the bf16 kernels pack the stored bf16 instead).
+      const F32Rows kr = amx || bf16_dot ? F32Rows{nullptr, 0} : f32_rows(k_rows, a.dtype, nk, a.d, a.kv_rs, kt);
       if (amx) {  // K^T, V^T and K packed as B of the products with Q, dO and dS
         amx_pack_bt(kt_pack, k_rows, a.kv_rs, a.d, nk);
         amx_pack_bt(vt_pack, static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d)), a.kv_rs, a.d, nk);
         amx_pack_b(k_pack, k_rows, a.kv_rs, nk, a.d);
-      } else if (bf16_dot) {  // K and V packed for the products with Q and dO; V is needed for nothing else
-        bf16_pack_b(reinterpret_cast<uint32_t*>(ktt), static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d)),
-                    a.kv_rs, nk, a.d);
+      } else if (bf16_dot) {  // K and V packed as B of the products with Q and dO, K as B of dQ's
+        bf16_pack_b(reinterpret_cast<uint32_t*>(ktt), k_rows, a.kv_rs, nk, a.d);
         bf16_pack_b(reinterpret_cast<uint32_t*>(vtt), static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d)),
                     a.kv_rs, nk, a.d);
+        bf16_pack_bt(k_words, k_rows, a.kv_rs, a.d, nk);
       } else {
         const F32Rows vr = f32_rows(at(v, a.dtype, k0, a.kv_rs, kvh, a.d), a.dtype, nk, a.d, a.kv_rs, vt);
         transpose_tile(ktt, nk, kr.ptr, kr.ld, nk, a.d);
@@ -215,9 +225,10 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
           const int64_t nq = std::min(a.bq, a.sq - q0);
           const auto* q_rows = static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d));
           const auto* do_rows = static_cast<const uint16_t*>(at(dout, a.dtype, q0, a.q_rs, hq, a.d));
-          // Q and dO widened (AMX packs the stored bf16 instead).
-          const F32Rows qr = amx ? F32Rows{nullptr, 0} : f32_rows(q_rows, a.dtype, nq, a.d, a.q_rs, qt);
-          const F32Rows dor = amx ? F32Rows{nullptr, 0} : f32_rows(do_rows, a.dtype, nq, a.d, a.q_rs, dot);
+          // Q and dO widened (the bf16 kernels pack the stored bf16 instead).
+          const bool widen = !amx && !bf16_dot;
+          const F32Rows qr = widen ? f32_rows(q_rows, a.dtype, nq, a.d, a.q_rs, qt) : F32Rows{nullptr, 0};
+          const F32Rows dor = widen ? f32_rows(do_rows, a.dtype, nq, a.d, a.q_rs, dot) : F32Rows{nullptr, 0};
           // P (nq, nk) = exp2(s2 * Q K^T - lse*log2e), masked.
           // On AMX, Q's and dO's rows are read in place where whole tiles allow, else packed.
           const bool in_place = amx && amx_rows_in_place(nq, a.d, a.q_rs);
@@ -230,7 +241,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
               amx_tile_product(nq, nk, a.d, 1.0f, a_pack, kt_pack, 0.0f, pt, nk);
             }
           } else if (bf16_dot) {
-            bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq, a.d);
+            bf16_pack_a(rows_packed, q_rows, a.q_rs, nq, a.d);
             bf16_tile_gemm(nq, nk, a.d, s2, rows_packed, reinterpret_cast<const uint32_t*>(ktt), false, pt, nk);
           } else {
             tile_gemm(false, nq, nk, a.d, s2, qr.ptr, qr.ld, ktt, nk, 0.0f, pt, nk);
@@ -258,6 +269,10 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             amx_pack_a(a_pack, true, pt, nk, nk, nq);
             amx_pack_b(b_pack, do_rows, a.q_rs, nq, a.d);
             amx_tile_product(nk, a.d, nq, 1.0f, a_pack, b_pack, 1.0f, dvt, a.d);
+          } else if (bf16_dot) {
+            bf16_pack_a_f32(a_words, /*trans_a=*/true, pt, nk, nk, nq);
+            bf16_pack_bt(b_words, do_rows, a.q_rs, a.d, nq);
+            bf16_tile_gemm(nk, a.d, nq, 1.0f, a_words, b_words, /*accumulate=*/true, dvt, a.d);
           } else {
             tile_gemm(true, nk, a.d, nq, 1.0f, pt, nk, dor.ptr, dor.ld, 1.0f, dvt, a.d);
           }
@@ -268,8 +283,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             amx_pack_a(a_pack, do_rows, a.q_rs, nq, a.d);
             amx_tile_product(nq, nk, a.d, 1.0f, a_pack, vt_pack, 0.0f, dpt, nk);
           } else if (bf16_dot) {
-            bf16_pack_a(rows_packed, static_cast<const uint16_t*>(at(dout, a.dtype, q0, a.q_rs, hq, a.d)), a.q_rs, nq,
-                        a.d);
+            bf16_pack_a(rows_packed, do_rows, a.q_rs, nq, a.d);
             bf16_tile_gemm(nq, nk, a.d, 1.0f, rows_packed, reinterpret_cast<const uint32_t*>(vtt), false, dpt, nk);
           } else {
             tile_gemm(false, nq, nk, a.d, 1.0f, dor.ptr, dor.ld, vtt, nk, 0.0f, dpt, nk);
@@ -291,6 +305,13 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
             amx_tile_product(nk, a.d, nq, 1.0f, a_pack, b_pack, 1.0f, dkt, a.d);
             amx_pack_a(a_pack, false, pt, nk, nq, nk);
             amx_tile_product(nq, a.d, nk, 1.0f, a_pack, k_pack, 1.0f, dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
+          } else if (bf16_dot) {  // dS rounded to bf16 once, the scale applied to the products
+            bf16_pack_a_f32(a_words, /*trans_a=*/true, pt, nk, nk, nq);
+            bf16_pack_bt(b_words, q_rows, a.q_rs, a.d, nq);
+            bf16_tile_gemm(nk, a.d, nq, a.scale, a_words, b_words, /*accumulate=*/true, dkt, a.d);
+            bf16_pack_a_f32(a_words, /*trans_a=*/false, pt, nk, nq, nk);
+            bf16_tile_gemm(nq, a.d, nk, a.scale, a_words, k_words, /*accumulate=*/true,
+                           dq_mine + q0 * acc_rs + hq * a.d, acc_rs);
           } else {
             tile_gemm(true, nk, a.d, nq, a.scale, pt, nk, qr.ptr, qr.ld, 1.0f, dkt, a.d);
             tile_gemm(false, nq, a.d, nk, a.scale, pt, nk, kr.ptr, kr.ld, 1.0f, dq_mine + q0 * acc_rs + hq * a.d,

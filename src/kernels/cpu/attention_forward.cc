@@ -6,10 +6,10 @@
 // queries) = K Q^T, so that the query tile is transposed once per item rather than each key
 // tile once per query tile, and the softmax statistics of all query rows advance together in
 // vector lanes; O += P V is then a GEMM with A = (S^T)^T. Tile products are tile_gemm (our own
-// register-blocked kernel, no BLAS); on bf16 storage, S on the bf16 dot-product kernel where the
-// CPU has one (its products of bf16 exact, as the widened ones are), or both products on AMX
-// where bf16 GEMMs run there (amx.h: P rounded to bf16 for P V, as the GPU kernels do); items are
-// spread over the device's OpenMP threads.
+// register-blocked kernel, no BLAS); on bf16 storage both products run on bf16 operands, on the
+// bf16 dot-product kernel (bf16_gemm.h) or on AMX (amx.h) where bf16 GEMMs run there, with P
+// rounded to bf16 for P V as the GPU kernels do (the products of two bf16 are exact, as the
+// widened ones are); items are spread over the device's OpenMP threads.
 // Per-thread scratch is independent of the sequence length.
 #include <omp.h>
 
@@ -45,21 +45,23 @@ int64_t amx_a_elems(const AttnGeom& a) {
 int64_t amx_v_elems(const AttnGeom& a) { return amx_packed_b_elems(a.bk, a.d); }
 int64_t floats_of(int64_t bf16_elems) { return (bf16_elems + 31) / 32 * 16; }
 
-int64_t forward_tile_floats(const AttnGeom& a) {
-  int64_t n = (4 * a.bq + a.d * a.bq + 2 * a.bk * a.d + a.bk * a.bq + a.bq * a.d + 5 * a.bq + 15) / 16 * 16;
-  if (use_amx(a)) n += floats_of(amx_q_elems(a)) + floats_of(amx_a_elems(a)) + floats_of(amx_v_elems(a));
-  return n;
-}
-enum ForwardScratch { kTiles };
-
-// bf16 storage on a CPU with AVX512-BF16: S = K Q^T on the bf16 dot-product kernel
-// (bf16_gemm.h), whose products of two bf16 are exact in fp32 as the widened ones are; the
-// packed Q tile lives in the Q^T tile's space and the packed K tile in the K tile's, where they
-// fit (tiles of at least 32 queries and 12 keys).
+// bf16 storage on a CPU with AVX512-BF16: both products on the bf16 dot-product kernel
+// (bf16_gemm.h). The packed Q tile lives in the Q^T tile's space and the packed K tile in the K
+// tile's, where they fit (tiles of at least 32 queries and 12 keys); P and V have packs of their
+// own after the tiles.
 bool use_bf16_dot(const AttnGeom& a) {
   return a.dtype == DType::kBF16 && bf16_tile_products_available() && bf16_packed_b_words(a.bq, a.d) <= a.d * a.bq &&
          bf16_packed_a_words(a.bk, a.d) <= a.bk * a.d;
 }
+int64_t words_rounded(int64_t words) { return (words + 15) / 16 * 16; }
+
+int64_t forward_tile_floats(const AttnGeom& a) {
+  int64_t n = (4 * a.bq + a.d * a.bq + 2 * a.bk * a.d + a.bk * a.bq + a.bq * a.d + 5 * a.bq + 15) / 16 * 16;
+  if (use_amx(a)) n += floats_of(amx_q_elems(a)) + floats_of(amx_a_elems(a)) + floats_of(amx_v_elems(a));
+  if (use_bf16_dot(a)) n += words_rounded(bf16_packed_a_words(a.bq, a.bk)) + words_rounded(bf16_packed_b_words(a.d, a.bk));
+  return n;
+}
+enum ForwardScratch { kTiles };
 
 }  // namespace
 
@@ -128,6 +130,9 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
       uint16_t* q_pack = reinterpret_cast<uint16_t*>(base + (sub + a.bq - base + 15) / 16 * 16);
       uint16_t* a_pack = q_pack + floats_of(amx_q_elems(a)) * 2;
       uint16_t* v_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
+      // Dot-product kernel packs (unused otherwise): P as A, V as B of P V.
+      uint32_t* p_words = reinterpret_cast<uint32_t*>(base + (sub + a.bq - base + 15) / 16 * 16);
+      uint32_t* v_words = p_words + words_rounded(bf16_packed_a_words(a.bq, a.bk));
 
       if (amx) {  // Q^T packed from the stored bf16; the scale is applied to the products
         amx_pack_bt(q_pack, static_cast<const uint16_t*>(at(q, a.dtype, q0, a.q_rs, h, a.d)), a.q_rs, a.d, nq);
@@ -153,8 +158,8 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
         const int64_t nk = std::min(a.bk, a.sk - k0);
         const auto* k_rows = static_cast<const uint16_t*>(at(k, a.dtype, k0, a.kv_rs, kvh, a.d));
         const auto* v_rows = static_cast<const uint16_t*>(at(v, a.dtype, k0, a.kv_rs, kvh, a.d));
-        // V widened (AMX packs it from the stored bf16 instead).
-        const F32Rows vr = amx ? F32Rows{nullptr, 0} : f32_rows(v_rows, a.dtype, nk, a.d, a.kv_rs, vt);
+        // V widened (the bf16 kernels pack it from the stored bf16 instead).
+        const F32Rows vr = amx || bf16_dot ? F32Rows{nullptr, 0} : f32_rows(v_rows, a.dtype, nk, a.d, a.kv_rs, vt);
         // st (nk, nq) = K Q^T, in log2 units.
         if (amx) {
           // Unscaled, so that whole tiles are stored straight into st; scaled with the maxima below.
@@ -238,6 +243,10 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
           amx_pack_a(a_pack, true, st, nq, nq, nk);
           amx_pack_b(v_pack, v_rows, a.kv_rs, nk, a.d);
           amx_tile_product(nq, a.d, nk, 1.0f, a_pack, v_pack, 1.0f, acc, a.d);
+        } else if (bf16_dot) {
+          bf16_pack_a_f32(p_words, /*trans_a=*/true, st, nq, nq, nk);
+          bf16_pack_bt(v_words, v_rows, a.kv_rs, a.d, nk);
+          bf16_tile_gemm(nq, a.d, nk, 1.0f, p_words, v_words, /*accumulate=*/true, acc, a.d);
         } else {
           tile_gemm(true, nq, a.d, nk, 1.0f, st, nq, vr.ptr, vr.ld, 1.0f, acc, a.d);
         }

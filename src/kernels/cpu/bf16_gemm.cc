@@ -83,6 +83,25 @@ void transpose_pairs(uint32_t* out, int64_t stride, __mmask16 store_lanes, const
   }
 }
 
+// The same from fp32 rows (rows <= 16), each value rounded to bf16 to nearest even.
+void transpose_pairs_f32(uint32_t* out, int64_t stride, __mmask16 store_lanes, const float* base, int64_t ld,
+                         int64_t rows, int64_t kc) {
+  const int64_t kp = (kc + 1) / 2;
+  __m512i r[16];
+  for (int64_t pb = 0; pb * 16 < kp; ++pb) {
+    const __mmask16 lo = first_bits16(kc - 32 * pb), hi = first_bits16(kc - 32 * pb - 16);
+    for (int64_t i = 0; i < 16; ++i) {
+      const float* src = base + i * ld + 32 * pb;
+      // _mm512_cvtne2ps_pbh(x, y): y's 16 values in the lower half, x's in the upper.
+      r[i] = i < rows ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, src + 16), _mm512_maskz_loadu_ps(lo, src))
+                      : _mm512_setzero_si512();
+    }
+    transpose16(r);
+    const int64_t pairs = std::min<int64_t>(16, kp - 16 * pb);
+    for (int64_t q = 0; q < pairs; ++q) _mm512_mask_storeu_epi32(out + (16 * pb + q) * stride, store_lanes, r[q]);
+  }
+}
+
 // Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst. A
 // panel spans `kp_stride` pairs (at least ceil(kc / 2)); the pairs past kc are zero.
 void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t n, int64_t p0, int64_t kc,
@@ -364,6 +383,36 @@ void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64
     pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/true, b, ldb, n, 0, k, 0, jp, (k + 1) / 2);
 }
 
+void bf16_pack_a_f32(uint32_t* dst, bool trans_a, const float* a, int64_t lda, int64_t m, int64_t k) {
+  const int64_t kp = (k + 1) / 2, full = k / 2;
+  constexpr __mmask16 kPanel = (1u << kMr) - 1;
+  for (int64_t ip = 0; ip * kMr < m; ++ip) {
+    uint32_t* out = dst + ip * kp * kMr;
+    const int64_t rows = std::min<int64_t>(kMr, m - ip * kMr), r0 = ip * kMr;
+    if (!trans_a) {  // A is (m, k): each row's pairs are adjacent
+      transpose_pairs_f32(out, kMr, kPanel, a + r0 * lda, lda, rows, k);
+      continue;
+    }
+    // A is (k, m): rows 2p and 2p + 1 of 12 rows' values, rounded, make the pairs' lower and
+    // upper halves.
+    const __mmask16 rm = first_bits16(rows);
+    for (int64_t p = 0; p < kp; ++p) {
+      const float* src = a + 2 * p * lda + r0;
+      const __m512i x0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(rm, src)));
+      const __m512i x1 =
+          p < full ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(rm, src + lda)))
+                   : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi32(out + p * kMr, kPanel, _mm512_or_si512(x0, _mm512_slli_epi32(x1, 16)));
+    }
+  }
+}
+
+void bf16_pack_bt(uint32_t* dst, const uint16_t* bt, int64_t ldbt, int64_t n, int64_t k) {
+  const int64_t panels = (n + kNr - 1) / kNr;
+  for (int64_t jp = 0; jp < panels; ++jp)
+    pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/false, bt, ldbt, n, 0, k, 0, jp, (k + 1) / 2);
+}
+
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
                     bool accumulate, float* c, int64_t ldc) {
   const int64_t kp = (k + 1) / 2;
@@ -400,6 +449,12 @@ void bf16_pack_a(uint32_t*, const uint16_t*, int64_t, int64_t, int64_t) {
 }
 void bf16_pack_b(uint32_t*, const uint16_t*, int64_t, int64_t, int64_t) {
   UNTIED_CHECK(false, "bf16_pack_b: this build has no AVX512-BF16 kernel");
+}
+void bf16_pack_a_f32(uint32_t*, bool, const float*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "bf16_pack_a_f32: this build has no AVX512-BF16 kernel");
+}
+void bf16_pack_bt(uint32_t*, const uint16_t*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "bf16_pack_bt: this build has no AVX512-BF16 kernel");
 }
 void bf16_tile_gemm(int64_t, int64_t, int64_t, float, const uint32_t*, const uint32_t*, bool, float*, int64_t) {
   UNTIED_CHECK(false, "bf16_tile_gemm: this build has no AVX512-BF16 kernel");

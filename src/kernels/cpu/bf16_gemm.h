@@ -44,7 +44,8 @@ bool bf16_gemm_compiled();
 // once per process, from the CPU alone: every run on one machine takes the same path, so results
 // repeat bit for bit.
 bool bf16_gemm_available();
-// Whether the attention's tile products below run (the dot-product kernel is the path).
+// Whether the attention's tile products below run (the dot-product kernel is the path). They
+// then round P and dS to bf16 for their products too, as on AMX.
 bool bf16_tile_products_available();
 // Whether the attention's tile products on bf16 storage run on AMX (amx.h): AMX is the path. They
 // then round P and dS to bf16 for their products, as the GPU kernels do.
@@ -73,6 +74,13 @@ int64_t bf16_packed_a_words(int64_t m, int64_t k);  // ceil(m / 12) * 12 * ceil(
 int64_t bf16_packed_b_words(int64_t n, int64_t k);  // ceil(n / 32) * 32 * ceil(k / 2)
 void bf16_pack_a(uint32_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64_t k);
 void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64_t k);
+// A (m, k) from fp32, each value rounded to bf16 (to nearest even; subnormals to zero, as the
+// instruction does): from A's rows (lda apart), or with trans_a from A^T (k, m) given (rows of
+// P^T or dS^T as A of a product over queries, of P or dS over keys).
+void bf16_pack_a_f32(uint32_t* dst, bool trans_a, const float* a, int64_t lda, int64_t m, int64_t k);
+// B (n, k) given as its transpose bt (k, n), rows ldbt apart (V, dO, Q or K as the second
+// factor of a product summed over keys or queries).
+void bf16_pack_bt(uint32_t* dst, const uint16_t* bt, int64_t ldbt, int64_t n, int64_t k);
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
                     bool accumulate, float* c, int64_t ldc);
 
