@@ -174,14 +174,16 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
     float* dot = qt + a.bq * a.d;
     float* pt = dot + a.bq * a.d;
     float* dpt = pt + a.bq * a.bk;
-    // AMX packs (unused otherwise).
-    uint16_t* kt_pack = reinterpret_cast<uint16_t*>(base + (dpt + a.bq * a.bk - base + 15) / 16 * 16);
+    // The bf16 kernels' packs, after the tiles from a 64-byte boundary (one path's, or none).
+    float* const packs = base + (dpt + a.bq * a.bk - base + 15) / 16 * 16;
+    // AMX.
+    uint16_t* kt_pack = reinterpret_cast<uint16_t*>(packs);
     uint16_t* vt_pack = kt_pack + floats_of(amx_kt_elems(a)) * 2;
     uint16_t* k_pack = vt_pack + floats_of(amx_kt_elems(a)) * 2;
     uint16_t* a_pack = k_pack + floats_of(amx_k_elems(a)) * 2;
     uint16_t* b_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
-    // Dot-product kernel packs (unused otherwise).
-    uint32_t* k_words = reinterpret_cast<uint32_t*>(base + (dpt + a.bq * a.bk - base + 15) / 16 * 16);
+    // Dot-product kernel.
+    uint32_t* k_words = reinterpret_cast<uint32_t*>(packs);
     uint32_t* a_words = k_words + dot_k_words(a);
     uint32_t* b_words = a_words + dot_a_words(a);
     std::optional<AmxTiles> tiles;

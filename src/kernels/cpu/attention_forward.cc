@@ -126,12 +126,14 @@ void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch
       float* mnew = l + a.bq;
       float* alpha = mnew + a.bq;
       float* sub = alpha + a.bq;        // what exp2 subtracts: mnew, or 0 for a row with nothing visible
-      // AMX packs (unused otherwise).
-      uint16_t* q_pack = reinterpret_cast<uint16_t*>(base + (sub + a.bq - base + 15) / 16 * 16);
+      // The bf16 kernels' packs, after the tiles from a 64-byte boundary (one path's, or none).
+      float* const packs = base + (sub + a.bq - base + 15) / 16 * 16;
+      // AMX.
+      uint16_t* q_pack = reinterpret_cast<uint16_t*>(packs);
       uint16_t* a_pack = q_pack + floats_of(amx_q_elems(a)) * 2;
       uint16_t* v_pack = a_pack + floats_of(amx_a_elems(a)) * 2;
-      // Dot-product kernel packs (unused otherwise): P as A, V as B of P V.
-      uint32_t* p_words = reinterpret_cast<uint32_t*>(base + (sub + a.bq - base + 15) / 16 * 16);
+      // Dot-product kernel: P as A, V as B of P V.
+      uint32_t* p_words = reinterpret_cast<uint32_t*>(packs);
       uint32_t* v_words = p_words + words_rounded(bf16_packed_a_words(a.bq, a.bk));
 
       if (amx) {  // Q^T packed from the stored bf16; the scale is applied to the products

@@ -66,40 +66,39 @@ PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
 }
 
 // For an operand stored with k along its rows (so that a pair is one 32-bit word): rows
-// [0, rows) (rows <= 16) of `base`, row stride ld elements, k [0, kc): out[p * stride + row] =
-// pair p of the row, for p < ceil(kc / 2), lanes `store_lanes` written (rows past `rows` and an
-// odd k's last upper half are zero). 16 pairs of 16 rows at a time, transposed in registers.
-void transpose_pairs(uint32_t* out, int64_t stride, __mmask16 store_lanes, const uint16_t* base, int64_t ld,
-                     int64_t rows, int64_t kc) {
+// [0, rows) (rows <= 16), k [0, kc): out[p * stride + row] = pair p of the row, for
+// p < ceil(kc / 2), lanes `store_lanes` written (rows past `rows` and an odd k's last upper half
+// are zero). 16 pairs of 16 rows at a time, transposed in registers; load(i, pb) gives elements
+// [32 pb, 32 pb + 32) of row i as bf16, zero past kc.
+template <typename LoadRow>
+void transpose_pairs_by(uint32_t* out, int64_t stride, __mmask16 store_lanes, int64_t rows, int64_t kc, LoadRow load) {
   const int64_t kp = (kc + 1) / 2;
   __m512i r[16];
   for (int64_t pb = 0; pb * 16 < kp; ++pb) {
-    const __mmask32 em = first_bits32(kc - 32 * pb);  // elements of this chunk of 16 pairs
-    for (int64_t i = 0; i < 16; ++i)
-      r[i] = i < rows ? _mm512_maskz_loadu_epi16(em, base + i * ld + 32 * pb) : _mm512_setzero_si512();
+    for (int64_t i = 0; i < 16; ++i) r[i] = i < rows ? load(i, pb) : _mm512_setzero_si512();
     transpose16(r);
     const int64_t pairs = std::min<int64_t>(16, kp - 16 * pb);
     for (int64_t q = 0; q < pairs; ++q) _mm512_mask_storeu_epi32(out + (16 * pb + q) * stride, store_lanes, r[q]);
   }
 }
 
-// The same from fp32 rows (rows <= 16), each value rounded to bf16 to nearest even.
+// From bf16 rows of `base`, row stride ld elements.
+void transpose_pairs(uint32_t* out, int64_t stride, __mmask16 store_lanes, const uint16_t* base, int64_t ld,
+                     int64_t rows, int64_t kc) {
+  transpose_pairs_by(out, stride, store_lanes, rows, kc, [&](int64_t i, int64_t pb) {
+    return _mm512_maskz_loadu_epi16(first_bits32(kc - 32 * pb), base + i * ld + 32 * pb);
+  });
+}
+
+// From fp32 rows, each value rounded to bf16 to nearest even.
 void transpose_pairs_f32(uint32_t* out, int64_t stride, __mmask16 store_lanes, const float* base, int64_t ld,
                          int64_t rows, int64_t kc) {
-  const int64_t kp = (kc + 1) / 2;
-  __m512i r[16];
-  for (int64_t pb = 0; pb * 16 < kp; ++pb) {
-    const __mmask16 lo = first_bits16(kc - 32 * pb), hi = first_bits16(kc - 32 * pb - 16);
-    for (int64_t i = 0; i < 16; ++i) {
-      const float* src = base + i * ld + 32 * pb;
-      // _mm512_cvtne2ps_pbh(x, y): y's 16 values in the lower half, x's in the upper.
-      r[i] = i < rows ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, src + 16), _mm512_maskz_loadu_ps(lo, src))
-                      : _mm512_setzero_si512();
-    }
-    transpose16(r);
-    const int64_t pairs = std::min<int64_t>(16, kp - 16 * pb);
-    for (int64_t q = 0; q < pairs; ++q) _mm512_mask_storeu_epi32(out + (16 * pb + q) * stride, store_lanes, r[q]);
-  }
+  transpose_pairs_by(out, stride, store_lanes, rows, kc, [&](int64_t i, int64_t pb) {
+    const float* src = base + i * ld + 32 * pb;
+    // _mm512_cvtne2ps_pbh(x, y): y's 16 values in the lower half, x's in the upper.
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(first_bits16(kc - 32 * pb - 16), src + 16),
+                                        _mm512_maskz_loadu_ps(first_bits16(kc - 32 * pb), src));
+  });
 }
 
 // Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst. A
@@ -377,12 +376,23 @@ void bf16_pack_a(uint32_t* dst, const uint16_t* a, int64_t lda, int64_t m, int64
   pack_a(dst, /*trans_a=*/false, a, lda, 0, m, 0, k);
 }
 
-void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64_t k) {
+namespace {
+// Every panel of a tile's B (n, k), from B's rows (trans_b) or from its transpose's.
+void pack_tile_b(uint32_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t n, int64_t k) {
   const int64_t panels = (n + kNr - 1) / kNr;
   for (int64_t jp = 0; jp < panels; ++jp)
-    pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/true, b, ldb, n, 0, k, 0, jp, (k + 1) / 2);
+    pack_b(reinterpret_cast<uint16_t*>(dst), trans_b, b, ldb, n, 0, k, 0, jp, (k + 1) / 2);
+}
+}  // namespace
+
+void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64_t k) {
+  pack_tile_b(dst, /*trans_b=*/true, b, ldb, n, k);
 }
 
+// (GCC 12's widening and shift intrinsics pass an undefined vector as their unused merge source,
+// which -Wmaybe-uninitialized reports as a use, as in bf16_simd.h's transpose16.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 void bf16_pack_a_f32(uint32_t* dst, bool trans_a, const float* a, int64_t lda, int64_t m, int64_t k) {
   const int64_t kp = (k + 1) / 2, full = k / 2;
   constexpr __mmask16 kPanel = (1u << kMr) - 1;
@@ -406,11 +416,10 @@ void bf16_pack_a_f32(uint32_t* dst, bool trans_a, const float* a, int64_t lda, i
     }
   }
 }
+#pragma GCC diagnostic pop
 
 void bf16_pack_bt(uint32_t* dst, const uint16_t* bt, int64_t ldbt, int64_t n, int64_t k) {
-  const int64_t panels = (n + kNr - 1) / kNr;
-  for (int64_t jp = 0; jp < panels; ++jp)
-    pack_b(reinterpret_cast<uint16_t*>(dst), /*trans_b=*/false, bt, ldbt, n, 0, k, 0, jp, (k + 1) / 2);
+  pack_tile_b(dst, /*trans_b=*/false, bt, ldbt, n, k);
 }
 
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
