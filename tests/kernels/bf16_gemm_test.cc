@@ -155,5 +155,22 @@ TEST(Bf16Gemm, TileProductOnPackedTiles) {
 
 TEST(Bf16Gemm, Describes) { EXPECT_FALSE(bf16_gemm_description().empty()); }
 
+// The choice of kernel from what the CPU, the build, the OS and UNTIED_BF16_GEMM say: AMX where
+// usable; the dot-product kernel on other CPUs with it compiled in, except Intel's (half rate
+// there); an explicit choice over both.
+TEST(Bf16Gemm, PathFollowsTheCpu) {
+  const Bf16Facts amd{.compiled = true};
+  EXPECT_EQ(bf16_path_for(amd), Bf16Path::kDot);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true}), Bf16Path::kWiden);  // AMX hidden
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_cpu = true, .intel = true}), Bf16Path::kWiden);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_usable = true, .amx_cpu = true, .intel = true}),
+            Bf16Path::kAmx);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true, .choice = "kernel"}), Bf16Path::kDot);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_usable = true, .choice = "kernel"}), Bf16Path::kDot);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_usable = true, .choice = "widen"}), Bf16Path::kWiden);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .choice = "widen"}), Bf16Path::kWiden);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.choice = "kernel"}), Bf16Path::kWiden);  // nothing compiled in
+}
+
 }  // namespace
 }  // namespace untied::cpu

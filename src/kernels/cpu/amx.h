@@ -24,6 +24,8 @@ namespace untied::cpu {
 
 // The CPU has AMX-BF16 (whatever the build).
 bool cpu_has_amx();
+// The CPU's vendor string (CPUID leaf 0) is GenuineIntel.
+bool cpu_is_intel();
 // Compiled in (a build for a CPU with AMX-BF16, on Linux).
 bool amx_compiled();
 // Compiled in, on a CPU with AMX-BF16, and tile data granted by Linux (asked once per process).

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/amx_block.h"
@@ -479,12 +480,12 @@ bool env_is(const char* v) { return choice_env() != nullptr && std::strcmp(choic
 
 Path chosen_path() {
   static const Path chosen = [] {
-    if (!bf16_gemm_compiled() || env_is("widen")) return Path::kWiden;
-    if (env_is("kernel")) return Path::kDot;
-    if (amx_usable()) return Path::kAmx;  // asked for, or by default
-    // A CPU with AMX that this build or the OS cannot use: the dot-product kernel runs at half
-    // sgemm's rate there (2 threads: 167 against 305 GFLOP/s), so bf16 operands are widened.
-    return cpu_has_amx() ? Path::kWiden : Path::kDot;
+    const Bf16Path p = bf16_path_for(Bf16Facts{.compiled = bf16_gemm_compiled(),
+                                               .amx_usable = amx_usable(),
+                                               .amx_cpu = cpu_has_amx(),
+                                               .intel = cpu_is_intel(),
+                                               .choice = choice_env() == nullptr ? "" : choice_env()});
+    return p == Bf16Path::kAmx ? Path::kAmx : p == Bf16Path::kDot ? Path::kDot : Path::kWiden;
   }();
   return chosen;
 }
@@ -509,8 +510,22 @@ std::string bf16_gemm_choice_error() {
 std::string bf16_gemm_not_chosen_reason() {
   if (!bf16_gemm_compiled() || chosen_path() != Path::kWiden) return "";
   if (env_is("widen")) return "UNTIED_BF16_GEMM=widen";
-  return "this CPU has AMX, which this build or the OS cannot use, and where sgemm on widened operands is faster "
-         "than the dot-product kernel; UNTIED_BF16_GEMM=kernel runs it";
+  return std::string(cpu_has_amx() ? "this CPU has AMX, which this build or the OS cannot use; "
+                                   : "an Intel CPU without AMX; ") +
+         "its bf16 dot-product instruction runs at half the f32 FMA's rate, so sgemm on widened operands is "
+         "faster; UNTIED_BF16_GEMM=kernel runs the dot-product kernel";
+}
+
+Bf16Path bf16_path_for(const Bf16Facts& f) {
+  const std::string_view c = f.choice;
+  if (!f.compiled || c == "widen") return Bf16Path::kWiden;
+  if (c == "kernel") return Bf16Path::kDot;
+  if (f.amx_usable) return Bf16Path::kAmx;  // asked for, or by default
+  // Intel's cores retire VDPBF16PS at half the rate of their two f32 FMA ports (a Xeon of
+  // family 6 model 207, one core: 1.3 G/s against 5.3 G/s FMAs, so 83 against 170 GFLOP/s),
+  // where AMD's Zen 4 retires it at the FMA's rate (twice its FLOPs). On Intel, with AMX
+  // absent (or hidden by a hypervisor) or refused, sgemm on widened operands is faster.
+  return f.amx_cpu || f.intel ? Bf16Path::kWiden : Bf16Path::kDot;
 }
 
 bool bf16_gemm_available() { return chosen_path() != Path::kWiden; }

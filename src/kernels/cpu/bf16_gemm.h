@@ -1,7 +1,8 @@
 // GEMM of bf16 operands, our own kernels: Debian's OpenBLAS is built without sbgemm, and
 // widening both operands to fp32 for sgemm cost a copy of each and runs at sgemm's rate. Two
 // kernels: AMX tile instructions (TDPBF16PS) where the CPU has them, and the AVX512-BF16
-// dot-product instruction (VDPBF16PS) elsewhere (which runs, and why: bf16_gemm_available).
+// dot-product instruction (VDPBF16PS) on other CPUs that run it at full rate, AMD's (which runs,
+// and why: bf16_gemm_available).
 //
 //   C (m, n) fp32 = alpha * op(A) op(B) + beta * C        row-major
 //
@@ -34,12 +35,13 @@ namespace untied::cpu {
 // Whether this build has the kernel (compiled for a CPU with AVX512-BF16).
 bool bf16_gemm_compiled();
 // Whether bf16_gemm runs for bf16 operands on this CPU (the GEMM dispatch asks this; otherwise
-// bf16 operands are widened for sgemm). Which code runs it:
+// bf16 operands are widened for sgemm). Which code runs it (bf16_path_for below):
 //   - AMX tile instructions where the CPU has AMX (Intel Sapphire Rapids and later), the build
 //     has them (-march=native there) and Linux grants tile data;
-//   - else the AVX512-BF16 dot-product kernel, where compiled in, but not on a CPU with AMX that
-//     cannot use it: there the dot-product instruction runs at about half sgemm's rate (2
-//     threads: 167 against 305 GFLOP/s), so operands are widened.
+//   - else the AVX512-BF16 dot-product kernel, where compiled in, but not on an Intel CPU: there
+//     the dot-product instruction retires at half the f32 FMAs' rate (2 threads of a Xeon whose
+//     hypervisor hides AMX: 128 against sgemm's 264-310 GFLOP/s at 2048^3), so operands are
+//     widened for sgemm. AMD's Zen 4 retires it at the FMA's rate, twice the FLOPs.
 // UNTIED_BF16_GEMM=amx, =kernel or =widen chooses (checked by bf16_gemm_choice_error). Decided
 // once per process, from the CPU alone: every run on one machine takes the same path, so results
 // repeat bit for bit.
@@ -83,6 +85,19 @@ void bf16_pack_a_f32(uint32_t* dst, bool trans_a, const float* a, int64_t lda, i
 void bf16_pack_bt(uint32_t* dst, const uint16_t* bt, int64_t ldbt, int64_t n, int64_t k);
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
                     bool accumulate, float* c, int64_t ldc);
+
+// The rule behind bf16_gemm_available, from what it depends on: the kernel compiled in, AMX
+// usable (CPU, build and OS), AMX in the CPU's feature bits, an Intel CPU, and UNTIED_BF16_GEMM
+// ("" when unset; a value bf16_gemm_choice_error refuses is never passed on).
+enum class Bf16Path { kWiden, kDot, kAmx };
+struct Bf16Facts {
+  bool compiled = false;
+  bool amx_usable = false;
+  bool amx_cpu = false;
+  bool intel = false;
+  const char* choice = "";
+};
+Bf16Path bf16_path_for(const Bf16Facts& f);
 
 // The kernel that runs, e.g. "amx 32x32", "avx512-bf16 12x32", or "none" (widened for sgemm).
 std::string bf16_gemm_description();
