@@ -161,8 +161,8 @@ TEST(Bf16Gemm, Describes) { EXPECT_FALSE(bf16_gemm_description().empty()); }
 TEST(Bf16Gemm, PathFollowsTheCpu) {
   const Bf16Facts amd{.compiled = true};
   EXPECT_EQ(bf16_path_for(amd), Bf16Path::kDot);
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true}), Bf16Path::kWiden);  // AMX hidden
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_cpu = true, .intel = true}), Bf16Path::kWiden);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true}), Bf16Path::kFma);  // AMX hidden
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_cpu = true, .intel = true}), Bf16Path::kFma);
   EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_usable = true, .amx_cpu = true, .intel = true}),
             Bf16Path::kAmx);
   EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true, .choice = "kernel"}), Bf16Path::kDot);

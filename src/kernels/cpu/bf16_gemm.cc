@@ -37,7 +37,7 @@ namespace untied::cpu {
 
 namespace {
 // Which code runs bf16 GEMMs in this process (chosen_path, at the end of the file).
-enum class Path { kWiden, kDot, kAmx };
+enum class Path { kWiden, kFma, kDot, kAmx };
 Path chosen_path();
 }  // namespace
 
@@ -152,30 +152,20 @@ void pack_a(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t lda, int64_t
   }
 }
 
-// C[0:rows, 0:cols] = alpha * Apanel Bpanel + (accumulate ? beta * C : 0).
-inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, int64_t ldc, int64_t rows,
-                  int64_t cols, float alpha, bool accumulate, float beta) {
-  __m512 acc[kMr][2];
+// C's rows lie far apart (ldc): a micro-kernel fetches the rows it adds to while its products
+// run, not at the end.
+inline void prefetch_c(const float* c, int64_t ldc, int64_t rows) {
 #pragma GCC unroll 12
-  for (int r = 0; r < kMr; ++r) {
-    acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    // C's rows lie far apart (ldc): fetch them while the products run, not at the end.
-    if (accumulate && r < rows) {
+  for (int r = 0; r < kMr; ++r)
+    if (r < rows) {
       _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
     }
-  }
-  for (int64_t p = 0; p < kp; ++p) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * kNr);
-    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * kNr + kNr);
-    const uint32_t* ar = ap + p * kMr;
-#pragma GCC unroll 12
-    for (int r = 0; r < kMr; ++r) {
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(ar[r]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
-    }
-  }
+}
+
+// C[0:rows, 0:cols] = alpha * acc + (accumulate ? beta * C : 0), from a register block.
+inline void store_block(const __m512 (&acc)[kMr][2], float* c, int64_t ldc, int64_t rows, int64_t cols, float alpha,
+                        bool accumulate, float beta) {
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
@@ -191,6 +181,27 @@ inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, 
     _mm512_mask_storeu_ps(cr, m0, x0);
     _mm512_mask_storeu_ps(cr + 16, m1, x1);
   }
+}
+
+// C[0:rows, 0:cols] = alpha * Apanel Bpanel + (accumulate ? beta * C : 0).
+inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, int64_t ldc, int64_t rows,
+                  int64_t cols, float alpha, bool accumulate, float beta) {
+  __m512 acc[kMr][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  if (accumulate) prefetch_c(c, ldc, rows);
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * kNr);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * kNr + kNr);
+    const uint32_t* ar = ap + p * kMr;
+#pragma GCC unroll 12
+    for (int r = 0; r < kMr; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(ar[r]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+    }
+  }
+  store_block(acc, c, ldc, rows, cols, alpha, accumulate, beta);
 }
 
 
@@ -225,6 +236,104 @@ void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mc, int64_t kc, int6
       }
     }
   }
+}
+
+// ---- fp32 FMAs on the same packs, widened ----
+//
+// Where VDPBF16PS retires at half the f32 FMAs' rate (Intel's cores), the fastest bf16 GEMM is
+// fp32 arithmetic, with the operands widened as they are packed rather than copied whole: each
+// panel is packed in pairs as above into the upper half of its fp32 space, then widened in
+// place to one fp32 row per k (a bf16 is the upper half of its fp32). The 12 x 32 register
+// block runs 24 FMAs per k on one broadcast of A per row and two vectors of B. k blocks of 256
+// (a B panel is 32 KiB, in L1 beside its use), rows per thread block and columns per packed
+// block as above.
+constexpr int64_t kFmaKc = 256;
+
+PackSizes fma_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
+  const int64_t kc = std::min(kFmaKc, round_up(k, 2));
+  const int64_t nc = std::min(kNc, round_up(n, kNr));
+  const int64_t mc = std::min(kMc, round_up(m, kMr));
+  const int64_t mblocks = (m + kMc - 1) / kMc;
+  const int used = static_cast<int>(std::clamp<int64_t>(mblocks, 1, std::max(threads, 1)));
+  return {round_up(kc * nc * 4, 64), round_up(mc * kc * 4, 64), used};
+}
+
+// A panel of `width` (kMr or kNr) lanes packed in kp pairs at words [kp * width, 2 kp * width)
+// of `panel`, widened in place to 2 kp fp32 rows of `width`: row 2p holds the pairs' lower
+// halves, 2p + 1 their upper. Row p of pairs is read whole before rows 2p and 2p + 1 are
+// written, and those reach no later row of pairs (2p + 2 <= kp + p + 1).
+// (GCC 12 reports _mm512_slli_epi32's unused merge source as maybe uninitialized, as in
+// bf16_pack_a_f32 below.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+void widen_pairs_in_place(float* panel, int64_t kp, int64_t width) {
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(panel) + kp * width;
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __mmask16 m0 = first_bits16(width), m1 = first_bits16(width - 16);
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512i w0 = _mm512_maskz_loadu_epi32(m0, pairs + p * width);
+    const __m512i w1 = _mm512_maskz_loadu_epi32(m1, pairs + p * width + 16);
+    float* lo = panel + 2 * p * width;
+    float* up = lo + width;
+    _mm512_mask_storeu_ps(lo, m0, _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)));
+    _mm512_mask_storeu_ps(lo + 16, m1, _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)));
+    _mm512_mask_storeu_ps(up, m0, _mm512_castsi512_ps(_mm512_and_si512(w0, hi)));
+    _mm512_mask_storeu_ps(up + 16, m1, _mm512_castsi512_ps(_mm512_and_si512(w1, hi)));
+  }
+}
+#pragma GCC diagnostic pop
+
+// C[0:rows, 0:cols] = alpha * Apanel Bpanel + (accumulate ? beta * C : 0), fp32 panels of k rows
+// (A: 12 values per k, B: 32).
+inline void micro_f32(int64_t k, const float* ap, const float* bp, float* c, int64_t ldc, int64_t rows, int64_t cols,
+                      float alpha, bool accumulate, float beta) {
+  __m512 acc[kMr][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  if (accumulate) prefetch_c(c, ldc, rows);
+  for (int64_t p = 0; p < k; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(bp + p * kNr);
+    const __m512 b1 = _mm512_loadu_ps(bp + p * kNr + 16);
+    const float* ar = ap + p * kMr;
+#pragma GCC unroll 12
+    for (int r = 0; r < kMr; ++r) {
+      const __m512 x = _mm512_set1_ps(ar[r]);
+      acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+    }
+  }
+  store_block(acc, c, ldc, rows, cols, alpha, accumulate, beta);
+}
+
+void fma_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+              int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads, void* pack) {
+  const PackSizes ps = fma_pack_sizes(m, n, k, threads);
+  float* const bpack = static_cast<float*>(pack);
+  auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
+    const int64_t kp = (kc + 1) / 2;
+    float* panel = bpack + jp * 2 * kp * kNr;
+    pack_b(reinterpret_cast<uint16_t*>(panel + kp * kNr), trans_b, b, ldb, n, p0, kc, j0 + jp * kNr, 0, kp);
+    widen_pairs_in_place(panel, kp, kNr);
+  };
+  auto rows = [&](uint32_t* apack_words, int64_t i0, int64_t mc, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
+                  bool accumulate, float bk) {
+    const int64_t kp = (kc + 1) / 2;
+    float* const apack = reinterpret_cast<float*>(apack_words);
+    for (int64_t ip = 0; ip * kMr < mc; ++ip) {
+      float* panel = apack + ip * 2 * kp * kMr;
+      pack_a(reinterpret_cast<uint32_t*>(panel + kp * kMr), trans_a, a, lda, i0 + ip * kMr,
+             std::min<int64_t>(kMr, mc - ip * kMr), p0, kc);
+      widen_pairs_in_place(panel, kp, kMr);
+    }
+    for (int64_t jp = 0; jp * kNr < nc; ++jp) {
+      const float* bp = bpack + jp * 2 * kp * kNr;
+      const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
+      for (int64_t ip = 0; ip * kMr < mc; ++ip)
+        micro_f32(2 * kp, apack + ip * 2 * kp * kMr, bp, c + (i0 + ip * kMr) * ldc + j0 + jp * kNr, ldc,
+                  std::min<int64_t>(kMr, mc - ip * kMr), cols, alpha, accumulate, bk);
+    }
+  };
+  blocked_loops(m, n, k, kMc, kFmaKc, kNc, beta, ps, pack, /*amx=*/false, pack_panel, rows);
 }
 
 #if defined(UNTIED_HAVE_AMX)
@@ -331,10 +440,9 @@ bool bf16_gemm_compiled() { return true; }
 
 int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
+  PackSizes ps = chosen_path() == Path::kFma ? fma_pack_sizes(m, n, k, threads) : pack_sizes(m, n, k, threads);
 #if defined(UNTIED_HAVE_AMX)
-  const PackSizes ps = chosen_path() == Path::kAmx ? amx_pack_sizes(m, n, k, threads) : pack_sizes(m, n, k, threads);
-#else
-  const PackSizes ps = pack_sizes(m, n, k, threads);
+  if (chosen_path() == Path::kAmx) ps = amx_pack_sizes(m, n, k, threads);
 #endif
   return ps.b_bytes + ps.threads * ps.a_bytes;
 }
@@ -350,6 +458,10 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     return;
   }
 #endif
+  if (chosen_path() == Path::kFma) {
+    fma_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads, pack);
+    return;
+  }
   const PackSizes ps = pack_sizes(m, n, k, threads);
   uint16_t* const bpack = static_cast<uint16_t*>(pack);
   auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
@@ -439,6 +551,7 @@ std::string bf16_gemm_description() {
   switch (chosen_path()) {
     case Path::kAmx: return "amx 32x32";
     case Path::kDot: return "avx512-bf16 " + std::to_string(kMr) + "x" + std::to_string(kNr);
+    case Path::kFma: return "avx512 fp32 " + std::to_string(kMr) + "x" + std::to_string(kNr) + " widened in packing";
     case Path::kWiden: break;
   }
   return "none";
@@ -485,7 +598,13 @@ Path chosen_path() {
                                                .amx_cpu = cpu_has_amx(),
                                                .intel = cpu_is_intel(),
                                                .choice = choice_env() == nullptr ? "" : choice_env()});
-    return p == Bf16Path::kAmx ? Path::kAmx : p == Bf16Path::kDot ? Path::kDot : Path::kWiden;
+    switch (p) {
+      case Bf16Path::kAmx: return Path::kAmx;
+      case Bf16Path::kDot: return Path::kDot;
+      case Bf16Path::kFma: return Path::kFma;
+      case Bf16Path::kWiden: break;
+    }
+    return Path::kWiden;
   }();
   return chosen;
 }
@@ -494,38 +613,42 @@ Path chosen_path() {
 
 std::string bf16_gemm_choice_error() {
   const char* e = choice_env();
-  if (e == nullptr || *e == '\0' || env_is("kernel") || env_is("widen")) return "";
+  if (e == nullptr || *e == '\0' || env_is("kernel") || env_is("fma") || env_is("widen")) return "";
   if (env_is("amx")) {
     if (amx_usable()) return "";
     return std::string("UNTIED_BF16_GEMM=amx: ") +
            (!cpu_has_amx() ? "this CPU has no AMX"
             : !amx_compiled() ? "this build has no AMX kernel (build with -march=native on this CPU)"
                                                       : "the operating system refused tile data (Linux 5.16 or later is needed)") +
-           "; use kernel or widen, or unset it";
+           "; use kernel, fma or widen, or unset it";
   }
   return std::string("UNTIED_BF16_GEMM=") + e + ": use amx (tile instructions), kernel (the bf16 dot-product "
-         "kernel) or widen (sgemm on widened operands), or unset it for the choice by CPU";
+         "kernel), fma (fp32 FMAs on operands widened in packing) or widen (sgemm on widened operands), or unset it "
+         "for the choice by CPU";
 }
 
 std::string bf16_gemm_not_chosen_reason() {
-  if (!bf16_gemm_compiled() || chosen_path() != Path::kWiden) return "";
-  if (env_is("widen")) return "UNTIED_BF16_GEMM=widen";
-  return std::string(cpu_has_amx() ? "this CPU has AMX, which this build or the OS cannot use; "
-                                   : "an Intel CPU without AMX; ") +
-         "its bf16 dot-product instruction runs at half the f32 FMA's rate, so sgemm on widened operands is "
-         "faster; UNTIED_BF16_GEMM=kernel runs the dot-product kernel";
+  if (!bf16_gemm_compiled()) return "";
+  const Path p = chosen_path();
+  if (p == Path::kWiden) return "UNTIED_BF16_GEMM=widen";
+  if (p != Path::kFma) return "";
+  if (env_is("fma")) return "UNTIED_BF16_GEMM=fma";
+  return std::string(cpu_has_amx() ? "this CPU has AMX, which this build or the OS cannot use, and "
+                                   : "an Intel CPU without AMX: ") +
+         "its bf16 dot-product instruction runs at half the fp32 FMAs' rate; UNTIED_BF16_GEMM=kernel runs it";
 }
 
 Bf16Path bf16_path_for(const Bf16Facts& f) {
   const std::string_view c = f.choice;
   if (!f.compiled || c == "widen") return Bf16Path::kWiden;
   if (c == "kernel") return Bf16Path::kDot;
+  if (c == "fma") return Bf16Path::kFma;
   if (f.amx_usable) return Bf16Path::kAmx;  // asked for, or by default
-  // Intel's cores retire VDPBF16PS at half the rate of their two f32 FMA ports (a Xeon of
+  // Intel's cores retire VDPBF16PS at half the rate of their two fp32 FMA ports (a Xeon of
   // family 6 model 207, one core: 1.3 G/s against 5.3 G/s FMAs, so 83 against 170 GFLOP/s),
   // where AMD's Zen 4 retires it at the FMA's rate (twice its FLOPs). On Intel, with AMX
-  // absent (or hidden by a hypervisor) or refused, sgemm on widened operands is faster.
-  return f.amx_cpu || f.intel ? Bf16Path::kWiden : Bf16Path::kDot;
+  // absent (or hidden by a hypervisor) or refused, fp32 FMAs on widened operands are faster.
+  return f.amx_cpu || f.intel ? Bf16Path::kFma : Bf16Path::kDot;
 }
 
 bool bf16_gemm_available() { return chosen_path() != Path::kWiden; }

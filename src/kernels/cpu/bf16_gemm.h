@@ -1,8 +1,9 @@
 // GEMM of bf16 operands, our own kernels: Debian's OpenBLAS is built without sbgemm, and
-// widening both operands to fp32 for sgemm cost a copy of each and runs at sgemm's rate. Two
-// kernels: AMX tile instructions (TDPBF16PS) where the CPU has them, and the AVX512-BF16
-// dot-product instruction (VDPBF16PS) on other CPUs that run it at full rate, AMD's (which runs,
-// and why: bf16_gemm_available).
+// widening both operands to fp32 for sgemm costs a copy of each. Three kernels: AMX tile
+// instructions (TDPBF16PS) where the CPU has them; the AVX512-BF16 dot-product instruction
+// (VDPBF16PS) on CPUs that run it at full rate (AMD's); fp32 FMAs on operands widened as they
+// are packed on those that do not (Intel's without usable AMX). Which runs, and why:
+// bf16_gemm_available.
 //
 //   C (m, n) fp32 = alpha * op(A) op(B) + beta * C        row-major
 //
@@ -11,19 +12,19 @@
 //   A and B hold bf16 (the upper 16 bits of an fp32). beta = 0 never reads C.
 //
 // Numerics: every product of two bf16 is exact in fp32, and products are summed in fp32, in
-// blocks of 512 along k added into C in increasing k: the same contract as sgemm on the widened
-// operands (fp32 compute), with a summation order that depends on neither m, n nor the thread
-// count. Within a block, the dot-product kernel sums pairs of k in increasing k; AMX sums each
-// 32 k in an order and with an internal rounding of the instruction's own, then those in
-// increasing k. Both instructions treat subnormal inputs (below 1.2e-38) as zero.
+// blocks along k (512 for the dot-product kernel, 256 for AMX and the fp32 kernel) added into C
+// in increasing k: the same contract as sgemm on the widened operands (fp32 compute), with a
+// summation order that depends on neither m, n nor the thread count. Within a block, the
+// dot-product kernel sums pairs of k in increasing k, the fp32 kernel each k in increasing k;
+// AMX sums each 32 k in an order and with an internal rounding of the instruction's own, then
+// those in increasing k. Both bf16 instructions treat subnormal inputs (below 1.2e-38) as zero.
 //
-// Cache blocking as in BLIS: a (512, 2048) block of op(B) is packed into panels of 32 columns
-// with the k pairs interleaved (shared by the threads), and a block of rows of op(A) per thread
-// (144 rows in panels of 12 for the dot-product kernel; 128 rows in 16 x 32 tiles for AMX, which
-// reads A's tiles in place instead where A is not transposed, for whole groups of 32 rows and
-// whole 32s of k). A
-// 12 x 32 block of C stays in registers (dot products), or a 32 x 32 block in four tiles (AMX).
-// Threads (OpenMP, `threads` of them) take blocks of rows. Packing space comes from the caller
+// Cache blocking as in BLIS: a (kc, 2048) block of op(B) is packed into panels of 32 columns
+// with the k pairs interleaved (shared by the threads; the fp32 kernel widens each panel in
+// place, one row per k), and a block of rows of op(A) per thread (144 rows in panels of 12 for
+// the dot-product and fp32 kernels; 256 rows in 16 x 32 tiles for AMX). A 12 x 32 block of C
+// stays in registers (dot products or FMAs), or a 32 x 32 block in four tiles (AMX). Threads
+// (OpenMP, `threads` of them) take blocks of rows. Packing space comes from the caller
 // (bf16_gemm_pack_bytes).
 #pragma once
 
@@ -35,30 +36,32 @@ namespace untied::cpu {
 // Whether this build has the kernel (compiled for a CPU with AVX512-BF16).
 bool bf16_gemm_compiled();
 // Whether bf16_gemm runs for bf16 operands on this CPU (the GEMM dispatch asks this; otherwise
-// bf16 operands are widened for sgemm). Which code runs it (bf16_path_for below):
+// bf16 operands are widened whole for sgemm). Which code runs it (bf16_path_for below):
 //   - AMX tile instructions where the CPU has AMX (Intel Sapphire Rapids and later), the build
 //     has them (-march=native there) and Linux grants tile data;
-//   - else the AVX512-BF16 dot-product kernel, where compiled in, but not on an Intel CPU: there
-//     the dot-product instruction retires at half the f32 FMAs' rate (2 threads of a Xeon whose
-//     hypervisor hides AMX: 128 against sgemm's 264-310 GFLOP/s at 2048^3), so operands are
-//     widened for sgemm. AMD's Zen 4 retires it at the FMA's rate, twice the FLOPs.
-// UNTIED_BF16_GEMM=amx, =kernel or =widen chooses (checked by bf16_gemm_choice_error). Decided
-// once per process, from the CPU alone: every run on one machine takes the same path, so results
-// repeat bit for bit.
+//   - else, on an Intel CPU, fp32 FMAs on operands widened as they are packed: Intel's cores
+//     retire the dot-product instruction at half their fp32 FMAs' rate (2 threads of a Xeon
+//     whose hypervisor hides AMX: the dot-product kernel 128 GFLOP/s at 2048^3, sgemm 264-310);
+//   - else the AVX512-BF16 dot-product kernel (AMD's Zen 4 retires it at the FMA's rate, twice
+//     the FLOPs).
+// UNTIED_BF16_GEMM=amx, =kernel, =fma or =widen chooses (checked by bf16_gemm_choice_error).
+// Decided once per process, from the CPU alone: every run on one machine takes the same path,
+// so results repeat bit for bit.
 bool bf16_gemm_available();
-// Whether the attention's tile products below run (the dot-product kernel is the path). They
+// Whether the attention's tile products below run (the dot-product kernel is the path; on the
+// fma path the attention widens its tiles for its fp32 kernel, tile_gemm.h). They
 // then round P and dS to bf16 for their products too, as on AMX.
 bool bf16_tile_products_available();
 // Whether the attention's tile products on bf16 storage run on AMX (amx.h): AMX is the path. They
 // then round P and dS to bf16 for their products, as the GPU kernels do.
 bool bf16_tile_products_on_amx();
-// A message when UNTIED_BF16_GEMM holds anything but amx, kernel, widen or nothing, or amx where
+// A message when UNTIED_BF16_GEMM holds anything but amx, kernel, fma, widen or nothing, or amx where
 // it cannot run; else "".
 std::string bf16_gemm_choice_error();
 
 // Bytes of packing space bf16_gemm needs for this shape with `threads` threads, on the path that
-// runs: at most 2 MiB and 144 KiB per thread (dot-product kernel) or 2 MiB and 128 KiB per
-// thread (AMX), less for small shapes.
+// runs: at most 2 MiB and 144 KiB per thread (the dot-product and fp32 kernels) or 512 KiB and
+// 128 KiB per thread (AMX), less for small shapes.
 int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads);
 
 // Requires bf16_gemm_compiled(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
@@ -89,7 +92,7 @@ void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t
 // The rule behind bf16_gemm_available, from what it depends on: the kernel compiled in, AMX
 // usable (CPU, build and OS), AMX in the CPU's feature bits, an Intel CPU, and UNTIED_BF16_GEMM
 // ("" when unset; a value bf16_gemm_choice_error refuses is never passed on).
-enum class Bf16Path { kWiden, kDot, kAmx };
+enum class Bf16Path { kWiden, kFma, kDot, kAmx };
 struct Bf16Facts {
   bool compiled = false;
   bool amx_usable = false;
@@ -101,7 +104,8 @@ Bf16Path bf16_path_for(const Bf16Facts& f);
 
 // The kernel that runs, e.g. "amx 32x32", "avx512-bf16 12x32", or "none" (widened for sgemm).
 std::string bf16_gemm_description();
-// Why the compiled kernel does not run, e.g. "this CPU has AMX", or "" (it runs, or none is built).
+// Why the kernel that runs is not the CPU's bf16 instruction, e.g. "an Intel CPU without AMX: ...",
+// or "" (it is, or none is built).
 std::string bf16_gemm_not_chosen_reason();
 
 }  // namespace untied::cpu
