@@ -12,20 +12,20 @@
 //   A and B hold bf16 (the upper 16 bits of an fp32). beta = 0 never reads C.
 //
 // Numerics: every product of two bf16 is exact in fp32, and products are summed in fp32, in
-// blocks along k (512 for the dot-product kernel, 256 for AMX and the fp32 kernel) added into C
+// blocks along k (512 for the dot-product and fp32 kernels, 256 for AMX) added into C
 // in increasing k: the same contract as sgemm on the widened operands (fp32 compute), with a
 // summation order that depends on neither m, n nor the thread count. Within a block, the
 // dot-product kernel sums pairs of k in increasing k, the fp32 kernel each k in increasing k;
 // AMX sums each 32 k in an order and with an internal rounding of the instruction's own, then
 // those in increasing k. Both bf16 instructions treat subnormal inputs (below 1.2e-38) as zero.
 //
-// Cache blocking as in BLIS: a (kc, 2048) block of op(B) is packed into panels of 32 columns
-// with the k pairs interleaved (shared by the threads; the fp32 kernel widens each panel in
-// place, one row per k), and a block of rows of op(A) per thread (144 rows in panels of 12 for
-// the dot-product and fp32 kernels; 256 rows in 16 x 32 tiles for AMX). A 12 x 32 block of C
-// stays in registers (dot products or FMAs), or a 32 x 32 block in four tiles (AMX). Threads
-// (OpenMP, `threads` of them) take blocks of rows. Packing space comes from the caller
-// (bf16_gemm_pack_bytes).
+// Cache blocking as in BLIS: a (kc, nc) block of op(B) (nc 2048; 1024 for the fp32 kernel) is
+// packed into panels of 32 columns with the k pairs interleaved (shared by the threads; the fp32
+// kernel widens each panel in place, one row per k), and a block of rows of op(A) per thread
+// (144 rows in panels of 12 for the dot-product and fp32 kernels; 256 rows in 16 x 32 tiles for
+// AMX). A 12 x 32 block of C stays in registers (dot products or FMAs), or a 32 x 32 block in
+// four tiles (AMX). Threads (OpenMP, `threads` of them) take blocks of rows. Packing space comes
+// from the caller (bf16_gemm_pack_bytes).
 #pragma once
 
 #include <cstdint>
@@ -60,8 +60,8 @@ bool bf16_tile_products_on_amx();
 std::string bf16_gemm_choice_error();
 
 // Bytes of packing space bf16_gemm needs for this shape with `threads` threads, on the path that
-// runs: at most 2 MiB and 144 KiB per thread (the dot-product and fp32 kernels) or 512 KiB and
-// 128 KiB per thread (AMX), less for small shapes.
+// runs: at most 2 MiB and 144 KiB per thread (dot-product kernel), 2 MiB and 288 KiB (fp32
+// kernel) or 512 KiB and 128 KiB (AMX), less for small shapes.
 int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads);
 
 // Requires bf16_gemm_compiled(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
