@@ -156,8 +156,8 @@ TEST(Bf16Gemm, TileProductOnPackedTiles) {
 TEST(Bf16Gemm, Describes) { EXPECT_FALSE(bf16_gemm_description().empty()); }
 
 // The choice of kernel from what the CPU, the build, the OS and UNTIED_BF16_GEMM say: AMX where
-// usable; the dot-product kernel on other CPUs with it compiled in, except Intel's (half rate
-// there); an explicit choice over both.
+// usable; else fp32 FMAs on Intel's CPUs (the dot-product instruction runs at half rate there)
+// and the dot-product kernel on others; an explicit choice over all of them.
 TEST(Bf16Gemm, PathFollowsTheCpu) {
   const Bf16Facts amd{.compiled = true};
   EXPECT_EQ(bf16_path_for(amd), Bf16Path::kDot);

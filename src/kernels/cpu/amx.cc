@@ -36,9 +36,8 @@ bool cpu_has_amx() { return cpu_has_amx_bf16(); }
 
 bool cpu_is_intel() {
 #if defined(__x86_64__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
-  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
 #else
   return false;
 #endif

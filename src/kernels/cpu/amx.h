@@ -24,7 +24,7 @@ namespace untied::cpu {
 
 // The CPU has AMX-BF16 (whatever the build).
 bool cpu_has_amx();
-// The CPU's vendor string (CPUID leaf 0) is GenuineIntel.
+// The CPU is Intel's (its CPUID vendor string, as GCC's __builtin_cpu_is reads it).
 bool cpu_is_intel();
 // Compiled in (a build for a CPU with AMX-BF16, on Linux).
 bool amx_compiled();

@@ -37,7 +37,7 @@ namespace untied::cpu {
 
 namespace {
 // Which code runs bf16 GEMMs in this process (chosen_path, at the end of the file).
-enum class Path { kWiden, kFma, kDot, kAmx };
+using Path = Bf16Path;
 Path chosen_path();
 }  // namespace
 
@@ -51,19 +51,22 @@ constexpr int64_t kKc = 512;      // k per packed block (even): a B panel is 32 
 constexpr int64_t kMc = 12 * kMr;  // rows of A per thread block
 constexpr int64_t kNc = 2048;     // columns of B per packed block (a multiple of kNr)
 
-// Packing space for a shape: the B block, and an A block per thread that has a block of rows.
+// Packing space for a shape: the B block, and an A block per thread that has a block of rows,
+// for blocks of at most kc_max along k and nc_max columns of `elem_bytes` each (bf16 pairs, or
+// the fp32 kernel's widened panels).
 struct PackSizes {
   int64_t b_bytes, a_bytes;
   int threads;
 };
-PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
-  const int64_t kc = std::min(kKc, (k + 1) / 2 * 2);
-  const int64_t nc = std::min(kNc, (n + kNr - 1) / kNr * kNr);
+PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads, int64_t kc_max = kKc, int64_t nc_max = kNc,
+                     int64_t elem_bytes = 2) {
+  const int64_t kc = std::min(kc_max, (k + 1) / 2 * 2);
+  const int64_t nc = std::min(nc_max, (n + kNr - 1) / kNr * kNr);
   const int64_t mc = std::min(kMc, (m + kMr - 1) / kMr * kMr);
   const int64_t mblocks = (m + kMc - 1) / kMc;
   const int used = static_cast<int>(std::clamp<int64_t>(mblocks, 1, std::max(threads, 1)));
   // Each rounded up to 64 bytes, so that the blocks start aligned.
-  return {(kc * nc * 2 + 63) / 64 * 64, (mc * kc * 2 + 63) / 64 * 64, used};
+  return {(kc * nc * elem_bytes + 63) / 64 * 64, (mc * kc * elem_bytes + 63) / 64 * 64, used};
 }
 
 // For an operand stored with k along its rows (so that a pair is one 32-bit word): rows
@@ -253,12 +256,7 @@ constexpr int64_t kFmaKc = 512;
 constexpr int64_t kFmaNc = 1024;
 
 PackSizes fma_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
-  const int64_t kc = std::min(kFmaKc, round_up(k, 2));
-  const int64_t nc = std::min(kFmaNc, round_up(n, kNr));
-  const int64_t mc = std::min(kMc, round_up(m, kMr));
-  const int64_t mblocks = (m + kMc - 1) / kMc;
-  const int used = static_cast<int>(std::clamp<int64_t>(mblocks, 1, std::max(threads, 1)));
-  return {round_up(kc * nc * 4, 64), round_up(mc * kc * 4, 64), used};
+  return pack_sizes(m, n, k, threads, kFmaKc, kFmaNc, /*elem_bytes=*/4);
 }
 
 // A panel of `width` (kMr or kNr) lanes packed in kp pairs at words [kp * width, 2 kp * width)
@@ -596,18 +594,11 @@ bool env_is(const char* v) { return choice_env() != nullptr && std::strcmp(choic
 
 Path chosen_path() {
   static const Path chosen = [] {
-    const Bf16Path p = bf16_path_for(Bf16Facts{.compiled = bf16_gemm_compiled(),
-                                               .amx_usable = amx_usable(),
-                                               .amx_cpu = cpu_has_amx(),
-                                               .intel = cpu_is_intel(),
-                                               .choice = choice_env() == nullptr ? "" : choice_env()});
-    switch (p) {
-      case Bf16Path::kAmx: return Path::kAmx;
-      case Bf16Path::kDot: return Path::kDot;
-      case Bf16Path::kFma: return Path::kFma;
-      case Bf16Path::kWiden: break;
-    }
-    return Path::kWiden;
+    return bf16_path_for(Bf16Facts{.compiled = bf16_gemm_compiled(),
+                                   .amx_usable = amx_usable(),
+                                   .amx_cpu = cpu_has_amx(),
+                                   .intel = cpu_is_intel(),
+                                   .choice = choice_env() == nullptr ? "" : choice_env()});
   }();
   return chosen;
 }
