@@ -3,7 +3,8 @@
 // k across the register block (12 x 32) and the tiles (16 and 32 rows, 32 k), the thread block
 // (144 or 128 rows), the packed k block (512, odd k included) and the packed column block (2048); all four
 // layouts of A and B; strides wider than the shapes; alpha and beta; beta = 0 over a C full of
-// NaN (which must not be read); 1 and 3 threads, which must give the same bits.
+// NaN (which must not be read); 1 to 4 threads, which must give the same bits; C stored in bf16,
+// which must hold the fp32 result rounded once.
 //
 // Tolerance: each element's error <= 2 (k + 2) FLT_EPSILON x (the sum of |terms| behind it), the
 // bound for an fp32 dot product of length k: products of two bf16 are exact in fp32.
@@ -32,8 +33,9 @@ struct Case {
 };
 
 struct Pack {
-  Pack(const Case& c, int threads)
-      : bytes(bf16_gemm_pack_bytes(c.m, c.n, c.k, threads)), p(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)) {}
+  Pack(const Case& c, int threads, bool c_bf16 = false)
+      : bytes(bf16_gemm_pack_bytes(c.m, c.n, c.k, threads, c_bf16)),
+        p(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)) {}
   ~Pack() { std::free(p); }
   int64_t bytes;
   void* p;
@@ -121,6 +123,72 @@ TEST(Bf16Gemm, ThreadCountDoesNotChangeTheBits) {
       ADD_FAILURE() << "element " << i << ": " << one[i] << " with 1 thread, " << three[i] << " with 3";
       break;
     }
+}
+
+// The threads split C into a grid of row groups and, when the rows are few, column groups: every
+// grid (1 to 4 threads; few rows, rows not a multiple of the blocks, 2 column blocks) gives the
+// bits of one thread.
+TEST(Bf16Gemm, EveryThreadGridGivesTheSameBits) {
+  SKIP_WITHOUT_KERNEL();
+  for (const Case& c : {Case{false, true, 30, 300, 100, 1.0f, 0.0f}, Case{true, false, 292, 1100, 600, 1.0f, 0.5f},
+                        Case{false, false, 13, 2100, 33, 2.0f, 0.0f}, Case{true, true, 1, 40, 9, 1.0f, 1.0f}}) {
+    std::vector<float> one;
+    std::mt19937 g1(21);
+    EXPECT_EQ(run_case(c, g1, 1, &one), 0);
+    for (int threads : {2, 3, 4}) {
+      std::vector<float> more;
+      std::mt19937 g(21);
+      EXPECT_EQ(run_case(c, g, threads, &more), 0);
+      ASSERT_EQ(one.size(), more.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < one.size(); ++i)
+        differ += !(one[i] == more[i] || (std::isnan(one[i]) && std::isnan(more[i])));
+      EXPECT_EQ(differ, 0) << "m=" << c.m << " n=" << c.n << " k=" << c.k << ", " << threads << " threads";
+    }
+  }
+}
+
+// With C stored in bf16: each element is bf16_gemm's fp32 result (beta applied to C widened),
+// rounded once as float_to_bf16 rounds, bit for bit; elements past n in each row untouched. The
+// values include NaN and infinity (from A) and subnormal results (a tiny alpha).
+TEST(Bf16Gemm, Bf16OutputIsTheFp32ResultRoundedOnce) {
+  SKIP_WITHOUT_KERNEL();
+  std::mt19937 gen(31);
+  int64_t differ = 0, cases = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const Case& c0 : {Case{ta, tb, 1, 1, 1, 1.0f, 0.0f}, Case{ta, tb, 13, 33, 7, 1.0f, 1.0f},
+                             Case{ta, tb, 145, 1100, 513, 0.5f, 0.0f}, Case{ta, tb, 40, 2049, 20, -1.0f, 0.5f},
+                             Case{ta, tb, 25, 70, 33, 1e-39f, 0.0f}})
+        for (int threads : {1, 3}) {
+          const Case& c = c0;
+          const int64_t lda = (c.trans_a ? c.m : c.k) + 3, ldb = (c.trans_b ? c.k : c.n) + 5, ldc = c.n + 2;
+          std::vector<uint16_t> a = random_bf16((c.trans_a ? c.k : c.m) * lda, gen);
+          const std::vector<uint16_t> b = random_bf16((c.trans_b ? c.n : c.k) * ldb, gen);
+          if (c.m > 2 && c.k > 1) {  // row 1 of op(A): a NaN; row 2: an infinity
+            a[c.trans_a ? 0 * lda + 1 : 1 * lda + 0] = 0x7fc0;
+            a[c.trans_a ? 1 * lda + 2 : 2 * lda + 1] = 0x7f80;
+          }
+          const std::vector<uint16_t> c16_0 = random_bf16(c.m * ldc, gen);
+          std::vector<float> c32(c.m * ldc);
+          for (size_t i = 0; i < c32.size(); ++i) c32[i] = val(c16_0[i]);
+          std::vector<uint16_t> c16 = c16_0;
+          Pack p32(c, threads), p16(c, threads, /*c_bf16=*/true);
+          bf16_gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, c32.data(), ldc,
+                    threads, p32.p);
+          bf16_gemm_bf16c(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta,
+                          c16.data(), ldc, threads, p16.p);
+          for (int64_t i = 0; i < c.m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const uint16_t want = j < c.n ? float_to_bf16(c32[i * ldc + j]).bits : c16_0[i * ldc + j];
+              if (c16[i * ldc + j] != want && differ++ < 5)
+                ADD_FAILURE() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " ta=" << ta << " tb=" << tb
+                              << " threads=" << threads << " C(" << i << ", " << j << "): " << std::hex
+                              << c16[i * ldc + j] << " want " << want;
+            }
+          ++cases;
+        }
+  EXPECT_EQ(differ, 0) << "out of " << cases << " cases";
 }
 
 // The attention's tile product: C = alpha A B^T (+ C) on packed tiles, A (m, k) and B (n, k)

@@ -1,9 +1,9 @@
 // bf16 GEMM on AVX512-BF16 (bf16_gemm.h).
 //
 // Loops, outermost first: columns of C by kNc; k by kKc, packing that block of op(B) (shared);
-// rows of C by kMc, one block per thread at a time, packing that block of op(A) (the thread's
-// own); 32-column panels of the packed B (one panel, kKc x 32 bf16 = 32 KiB, stays in L1 while
-// every 12-row panel of the A block runs over it); 12-row panels of A. The micro-kernel keeps
+// each thread's own part of C (blocked_loops), its rows by kMc at most, packing that block of
+// op(A) (the thread's own); 32-column panels of the packed B (one panel, kKc x 32 bf16 = 32 KiB,
+// stays in L1 while every 12-row panel of the A block runs over it); 12-row panels of A. The micro-kernel keeps
 // 12 x 32 fp32 of C in 24 registers and, per pair of k, loads two vectors of B and broadcasts
 // 12 pairs of A: 24 VDPBF16PS, each 32 multiply-adds.
 //
@@ -51,22 +51,25 @@ constexpr int64_t kKc = 512;      // k per packed block (even): a B panel is 32 
 constexpr int64_t kMc = 12 * kMr;  // rows of A per thread block
 constexpr int64_t kNc = 2048;     // columns of B per packed block (a multiple of kNr)
 
-// Packing space for a shape: the B block, and an A block per thread that has a block of rows,
-// for blocks of at most kc_max along k and nc_max columns of `elem_bytes` each (bf16 pairs, or
-// the fp32 kernel's widened panels).
+// Packing space for a shape: the B block, an A block per thread, and with bf16 C the fp32 sums of
+// one block of columns of C (m x nc), for blocks of at most kc_max along k and nc_max columns of
+// `elem_bytes` each (bf16 pairs, or the fp32 kernel's widened panels), rows of C in register
+// blocks of `mr`. Threads: as many as there are register blocks in a column block, at most.
 struct PackSizes {
-  int64_t b_bytes, a_bytes;
+  int64_t b_bytes, a_bytes, c_bytes;
   int threads;
 };
-PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads, int64_t kc_max = kKc, int64_t nc_max = kNc,
-                     int64_t elem_bytes = 2) {
-  const int64_t kc = std::min(kc_max, (k + 1) / 2 * 2);
-  const int64_t nc = std::min(nc_max, (n + kNr - 1) / kNr * kNr);
-  const int64_t mc = std::min(kMc, (m + kMr - 1) / kMr * kMr);
-  const int64_t mblocks = (m + kMc - 1) / kMc;
-  const int used = static_cast<int>(std::clamp<int64_t>(mblocks, 1, std::max(threads, 1)));
+PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16, int64_t kc_max = kKc,
+                     int64_t nc_max = kNc, int64_t elem_bytes = 2, int64_t k_round = 2, int64_t mc_max = kMc,
+                     int64_t mr = kMr) {
+  const int64_t kc = std::min(kc_max, round_up(k, k_round));
+  const int64_t nc = std::min(nc_max, round_up(n, kNr));
+  const int64_t mc = std::min(mc_max, round_up(m, mr));
+  const int64_t blocks = (m + mr - 1) / mr * (nc / kNr);
+  const int used = static_cast<int>(std::clamp<int64_t>(blocks, 1, std::max(threads, 1)));
   // Each rounded up to 64 bytes, so that the blocks start aligned.
-  return {(kc * nc * elem_bytes + 63) / 64 * 64, (mc * kc * elem_bytes + 63) / 64 * 64, used};
+  return {round_up(kc * nc * elem_bytes, 64), round_up(mc * kc * elem_bytes, 64), c_bf16 ? round_up(m * nc * 4, 64) : 0,
+          used};
 }
 
 // For an operand stored with k along its rows (so that a pair is one 32-bit word): rows
@@ -208,34 +211,95 @@ inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, 
 }
 
 
-// The loops both kernels share, outermost first: columns of C by nc; k by kc, the (kc, nc) block
-// of op(B) packed by the threads together, a 32-column panel per call of pack_panel(jp, j0, p0,
-// kc); rows of C by mc, a block per thread at a time: rows(apack, i0, mc, j0, nc, p0, kc,
-// accumulate, beta_k) packs what it needs of op(A) into the thread's apack and runs the block's
-// products. The first block along k applies beta; later ones add to C. With `amx`, each thread
-// holds its tiles configured throughout.
+// Where C lives: fp32 at c; or bf16 at c16, each value rounded once from its fp32 sum, which is
+// kept in cbuf (m x nc fp32, nc the column block's width) while the k blocks add to it.
+struct COut {
+  float* c = nullptr;
+  uint16_t* c16 = nullptr;
+  int64_t ldc = 0;
+  float* cbuf = nullptr;
+};
+
+// Boundary `i` of `total` split into `parts` near-equal parts, at a multiple of `unit` (the
+// last boundary is total).
+int64_t split_at(int64_t total, int64_t parts, int64_t i, int64_t unit) {
+  if (i >= parts) return total;
+  return std::min(total, (total * i / parts + unit / 2) / unit * unit);
+}
+
+// `rows` x `cols` of fp32 sums at src (rows lds apart) rounded into bf16 C at dst (rows ldd
+// apart); widen_block the other way.
+void narrow_block(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += 16)
+      store_bf16_rounded(dst + r * ldd + j, first_bits16(cols - j), _mm512_loadu_ps(src + r * lds + j));
+}
+void widen_block(float* dst, int64_t ldd, const uint16_t* src, int64_t lds, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += 16)
+      _mm512_mask_storeu_ps(dst + r * ldd + j, first_bits16(cols - j), load_bf16_widened(src + r * lds + j,
+                                                                                        first_bits16(cols - j)));
+}
+
+// The loops every kernel shares, outermost first: columns of C by nc; k by kc, the (kc, nc)
+// block of op(B) packed by the threads together, a 32-column panel per call of pack_panel(jp,
+// j0, p0, kc); then each thread its own part of C: the threads form a grid of tm groups of
+// rows by tn groups of the block's panels (tm the largest divisor of the thread count that
+// leaves each group 4 register blocks of mr rows or more), so that every thread has the same
+// work to within a register block, whatever m. A thread runs its rows in chunks of at most mc:
+// rows(apack, i0, rows, q0, q1, ncur, cb, ldcb, p0, kc, accumulate, beta_k) packs what it needs
+// of op(A) into the thread's apack and runs the products of panels [q0, q1) of the block (ncur
+// columns) into C at cb (row i0, the block's first column; rows ldcb apart). The first block
+// along k applies beta; later ones add to C. With bf16 C, cb is in cbuf: a thread widens its
+// part of C there before the first k block (when beta reads it) and rounds it into C after the
+// last. Which thread computes an element, and the order of its sums, do not change its value.
+// With `amx`, each thread holds its tiles configured throughout.
 template <typename PackPanel, typename Rows>
-void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mc, int64_t kc, int64_t nc, float beta,
-                   const PackSizes& ps, void* pack, bool amx, PackPanel pack_panel, Rows rows) {
+void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t mc, int64_t kc, int64_t nc, float beta,
+                   const COut& out, const PackSizes& ps, void* pack, bool amx, PackPanel pack_panel, Rows rows) {
   char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
-  const int64_t mblocks = (m + mc - 1) / mc;
-#pragma omp parallel num_threads(ps.threads)
+  const int threads = ps.threads;
+  int tm = 1;
+  for (int d = threads; d > 1; --d)
+    if (threads % d == 0 && m >= int64_t{4} * mr * d) {
+      tm = d;
+      break;
+    }
+  const int tn = threads / tm;
+  const int64_t nc_buf = std::min(nc, round_up(n, kNr));  // cbuf's row stride
+#pragma omp parallel num_threads(threads)
   {
     std::optional<AmxTiles> tiles;
     if (amx) tiles.emplace();
-    uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + omp_get_thread_num() * ps.a_bytes);
+    const int t = omp_get_thread_num();
+    uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + t * ps.a_bytes);
+    const int64_t r0 = split_at(m, tm, t / tn, mr), r1 = split_at(m, tm, t / tn + 1, mr);
+    const int64_t chunks = std::max<int64_t>(1, (r1 - r0 + mc - 1) / mc);
+    const int64_t chunk = std::min(mc, round_up((r1 - r0 + chunks - 1) / chunks, mr));
     for (int64_t j0 = 0; j0 < n; j0 += nc) {
       const int64_t ncur = std::min(nc, n - j0);
       const int64_t panels = (ncur + kNr - 1) / kNr;
+      const int64_t q0 = panels * (t % tn) / tn, q1 = panels * (t % tn + 1) / tn;
+      const int64_t cj = q0 * kNr, ccols = std::min(q1 * kNr, ncur) - cj;  // this thread's columns
       for (int64_t p0 = 0; p0 < k; p0 += kc) {
         const int64_t kcur = std::min(kc, k - p0);
         const bool accumulate = p0 > 0 || beta != 0.0f;
         const float bk = p0 > 0 ? 1.0f : beta;
 #pragma omp for schedule(static)
         for (int64_t jp = 0; jp < panels; ++jp) pack_panel(jp, j0, p0, kcur);
-#pragma omp for schedule(static)
-        for (int64_t ib = 0; ib < mblocks; ++ib)
-          rows(apack, ib * mc, std::min(mc, m - ib * mc), j0, ncur, p0, kcur, accumulate, bk);
+        for (int64_t i0 = r0; i0 < r1 && q0 < q1; i0 += chunk) {
+          const int64_t rn = std::min(chunk, r1 - i0);
+          if (out.c16 == nullptr) {
+            rows(apack, i0, rn, q0, q1, ncur, out.c + i0 * out.ldc + j0, out.ldc, p0, kcur, accumulate, bk);
+            continue;
+          }
+          float* const cb = out.cbuf + i0 * nc_buf;
+          uint16_t* const c16 = out.c16 + i0 * out.ldc + j0;
+          if (p0 == 0 && beta != 0.0f) widen_block(cb + cj, nc_buf, c16 + cj, out.ldc, rn, ccols);
+          rows(apack, i0, rn, q0, q1, ncur, cb, nc_buf, p0, kcur, accumulate, bk);
+          if (p0 + kcur >= k) narrow_block(c16 + cj, out.ldc, cb + cj, nc_buf, rn, ccols);
+        }
+#pragma omp barrier
       }
     }
   }
@@ -255,8 +319,8 @@ void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mc, int64_t kc, int6
 constexpr int64_t kFmaKc = 512;
 constexpr int64_t kFmaNc = 1024;
 
-PackSizes fma_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
-  return pack_sizes(m, n, k, threads, kFmaKc, kFmaNc, /*elem_bytes=*/4);
+PackSizes fma_pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16) {
+  return pack_sizes(m, n, k, threads, c_bf16, kFmaKc, kFmaNc, /*elem_bytes=*/4);
 }
 
 // A panel of `width` (kMr or kNr) lanes packed in kp pairs at words [kp * width, 2 kp * width)
@@ -307,8 +371,8 @@ inline void micro_f32(int64_t k, const float* ap, const float* bp, float* c, int
 }
 
 void fma_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-              int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads, void* pack) {
-  const PackSizes ps = fma_pack_sizes(m, n, k, threads);
+              int64_t lda, const uint16_t* b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
+  const PackSizes ps = fma_pack_sizes(m, n, k, threads, out.c16 != nullptr);
   float* const bpack = static_cast<float*>(pack);
   auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
     const int64_t kp = (kc + 1) / 2;
@@ -316,8 +380,8 @@ void fma_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     pack_b(reinterpret_cast<uint16_t*>(panel + kp * kNr), trans_b, b, ldb, n, p0, kc, j0 + jp * kNr, 0, kp);
     widen_pairs_in_place(panel, kp, kNr);
   };
-  auto rows = [&](uint32_t* apack_words, int64_t i0, int64_t mc, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
-                  bool accumulate, float bk) {
+  auto rows = [&](uint32_t* apack_words, int64_t i0, int64_t mc, int64_t q0, int64_t q1, int64_t nc, float* c,
+                  int64_t ldc, int64_t p0, int64_t kc, bool accumulate, float bk) {
     const int64_t kp = (kc + 1) / 2;
     float* const apack = reinterpret_cast<float*>(apack_words);
     for (int64_t ip = 0; ip * kMr < mc; ++ip) {
@@ -326,15 +390,15 @@ void fma_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
              std::min<int64_t>(kMr, mc - ip * kMr), p0, kc);
       widen_pairs_in_place(panel, kp, kMr);
     }
-    for (int64_t jp = 0; jp * kNr < nc; ++jp) {
+    for (int64_t jp = q0; jp < q1; ++jp) {
       const float* bp = bpack + jp * 2 * kp * kNr;
       const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
       for (int64_t ip = 0; ip * kMr < mc; ++ip)
-        micro_f32(2 * kp, apack + ip * 2 * kp * kMr, bp, c + (i0 + ip * kMr) * ldc + j0 + jp * kNr, ldc,
+        micro_f32(2 * kp, apack + ip * 2 * kp * kMr, bp, c + ip * kMr * ldc + jp * kNr, ldc,
                   std::min<int64_t>(kMr, mc - ip * kMr), cols, alpha, accumulate, bk);
     }
   };
-  blocked_loops(m, n, k, kMc, kFmaKc, kFmaNc, beta, ps, pack, /*amx=*/false, pack_panel, rows);
+  blocked_loops(m, n, k, kMr, kMc, kFmaKc, kFmaNc, beta, out, ps, pack, /*amx=*/false, pack_panel, rows);
 }
 
 #if defined(UNTIED_HAVE_AMX)
@@ -361,13 +425,8 @@ constexpr int64_t kAmxMc = 256;
 constexpr int64_t kAmxNc = 1024;
 constexpr int64_t kTileWords = 16 * 16;  // a 16 x 32 bf16 tile in 32-bit words
 
-PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads) {
-  const int64_t kc = std::min(kAmxKc, round_up(k, 32));
-  const int64_t nc = std::min(kAmxNc, round_up(n, kNr));
-  const int64_t mc = std::min(kAmxMc, round_up(m, 32));
-  const int64_t mblocks = (m + kAmxMc - 1) / kAmxMc;
-  const int used = static_cast<int>(std::clamp<int64_t>(mblocks, 1, std::max(threads, 1)));
-  return {kc * nc * 2, mc * kc * 2, used};
+PackSizes amx_pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16) {
+  return pack_sizes(m, n, k, threads, c_bf16, kAmxKc, kAmxNc, /*elem_bytes=*/2, /*k_round=*/32, kAmxMc, /*mr=*/32);
 }
 
 // Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into tiles (layout above); `chunks`
@@ -408,30 +467,30 @@ void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t ld
 }
 
 void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-              int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads, void* pack) {
-  const PackSizes ps = amx_pack_sizes(m, n, k, threads);
+              int64_t lda, const uint16_t* b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
+  const PackSizes ps = amx_pack_sizes(m, n, k, threads, out.c16 != nullptr);
   uint16_t* const bpack = static_cast<uint16_t*>(pack);
   auto chunks_of = [](int64_t kc) { return (kc + 31) / 32; };
   auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
     pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, chunks_of(kc) * 16);
   };
-  auto rows = [&](uint32_t* apack, int64_t i0, int64_t mc, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
-                  bool accumulate, float bk) {
+  auto rows = [&](uint32_t* apack, int64_t i0, int64_t mc, int64_t q0, int64_t q1, int64_t nc, float* c, int64_t ldc,
+                  int64_t p0, int64_t kc, bool accumulate, float bk) {
     const int64_t chunks = chunks_of(kc);
     amx_pack_a_block(apack, trans_a, a, lda, i0, mc, p0, kc, chunks);
     for (int64_t i = 0; i < mc; i += 32) {
       const char* a0 = reinterpret_cast<const char*>(apack + i / 16 * chunks * kTileWords);
-      for (int64_t jp = 0; jp * kNr < nc; ++jp) {
+      for (int64_t jp = q0; jp < q1; ++jp) {
         const char* bp = reinterpret_cast<const char*>(bpack + jp * chunks * 16 * kNr * 2);
         const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
         const AmxOperands op{.a0 = a0, .a1 = a0 + chunks * kTileWords * 4, .a_stride = 64, .a_step = kTileWords * 4,
                              .b = bp, .b_stride = kNr * 4, .b_step = 16 * kNr * 4};
-        amx_block(chunks, op, c + (i0 + i) * ldc + j0 + jp * kNr, ldc, std::min<int64_t>(32, mc - i), cols, alpha,
+        amx_block(chunks, op, c + i * ldc + jp * kNr, ldc, std::min<int64_t>(32, mc - i), cols, alpha,
                   accumulate ? bk : 0.0f);
       }
     }
   };
-  blocked_loops(m, n, k, kAmxMc, kAmxKc, kAmxNc, beta, ps, pack, /*amx=*/true, pack_panel, rows);
+  blocked_loops(m, n, k, /*mr=*/32, kAmxMc, kAmxKc, kAmxNc, beta, out, ps, pack, /*amx=*/true, pack_panel, rows);
 }
 
 #endif  // UNTIED_HAVE_AMX
@@ -439,48 +498,79 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 
 bool bf16_gemm_compiled() { return true; }
 
-int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads) {
-  if (m <= 0 || n <= 0 || k <= 0) return 0;
-  PackSizes ps = chosen_path() == Path::kFma ? fma_pack_sizes(m, n, k, threads) : pack_sizes(m, n, k, threads);
+namespace {
+// The AVX512-BF16 dot-product kernel.
+void dot_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+              int64_t lda, const uint16_t* b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
+  const PackSizes ps = pack_sizes(m, n, k, threads, out.c16 != nullptr);
+  uint16_t* const bpack = static_cast<uint16_t*>(pack);
+  auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
+    pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, (kc + 1) / 2);
+  };
+  auto rows = [&](uint32_t* apack, int64_t i0, int64_t mc, int64_t q0, int64_t q1, int64_t nc, float* c, int64_t ldc,
+                  int64_t p0, int64_t kc, bool accumulate, float bk) {
+    const int64_t kp = (kc + 1) / 2;
+    pack_a(apack, trans_a, a, lda, i0, mc, p0, kc);
+    for (int64_t jp = q0; jp < q1; ++jp) {
+      const uint16_t* bp = bpack + jp * kp * kNr * 2;
+      const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
+      for (int64_t ip = 0; ip * kMr < mc; ++ip)
+        micro(kp, apack + ip * kp * kMr, bp, c + ip * kMr * ldc + jp * kNr, ldc, std::min<int64_t>(kMr, mc - ip * kMr),
+              cols, alpha, accumulate, bk);
+    }
+  };
+  blocked_loops(m, n, k, kMr, kMc, kKc, kNc, beta, out, ps, pack, /*amx=*/false, pack_panel, rows);
+}
+
+PackSizes chosen_pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16) {
 #if defined(UNTIED_HAVE_AMX)
-  if (chosen_path() == Path::kAmx) ps = amx_pack_sizes(m, n, k, threads);
+  if (chosen_path() == Path::kAmx) return amx_pack_sizes(m, n, k, threads, c_bf16);
 #endif
-  return ps.b_bytes + ps.threads * ps.a_bytes;
+  if (chosen_path() == Path::kFma) return fma_pack_sizes(m, n, k, threads, c_bf16);
+  return pack_sizes(m, n, k, threads, c_bf16);
+}
+
+// The chosen kernel into C as `out` says (with bf16 C, out.cbuf is set here, after the packs).
+void run_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+              int64_t lda, const uint16_t* b, int64_t ldb, float beta, COut out, int threads, void* pack) {
+  if (m <= 0 || n <= 0) return;
+  UNTIED_CHECK(k > 0, "bf16_gemm needs k > 0 (the caller defines C = beta C for k = 0)");
+  if (out.c16 != nullptr) {
+    const PackSizes ps = chosen_pack_sizes(m, n, k, threads, true);
+    out.cbuf = reinterpret_cast<float*>(static_cast<char*>(pack) + ps.b_bytes + ps.threads * ps.a_bytes);
+  }
+#if defined(UNTIED_HAVE_AMX)
+  if (chosen_path() == Path::kAmx) return amx_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+#endif
+  if (chosen_path() == Path::kFma) return fma_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+  dot_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+}
+}  // namespace
+
+int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16) {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const PackSizes ps = chosen_pack_sizes(m, n, k, threads, c_bf16);
+  return ps.b_bytes + ps.threads * ps.a_bytes + ps.c_bytes;
+}
+
+int64_t bf16_gemm_c_block_cols(int64_t n) {
+  int64_t nc = chosen_path() == Path::kFma ? kFmaNc : kNc;
+#if defined(UNTIED_HAVE_AMX)
+  if (chosen_path() == Path::kAmx) nc = kAmxNc;
+#endif
+  return std::min(nc, round_up(n, kNr));
 }
 
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
                void* pack) {
-  if (m <= 0 || n <= 0) return;
-  UNTIED_CHECK(k > 0, "bf16_gemm needs k > 0 (the caller defines C = beta C for k = 0)");
-#if defined(UNTIED_HAVE_AMX)
-  if (chosen_path() == Path::kAmx) {
-    amx_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads, pack);
-    return;
-  }
-#endif
-  if (chosen_path() == Path::kFma) {
-    fma_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads, pack);
-    return;
-  }
-  const PackSizes ps = pack_sizes(m, n, k, threads);
-  uint16_t* const bpack = static_cast<uint16_t*>(pack);
-  auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
-    pack_b(bpack, trans_b, b, ldb, n, p0, kc, j0, jp, (kc + 1) / 2);
-  };
-  auto rows = [&](uint32_t* apack, int64_t i0, int64_t mc, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
-                  bool accumulate, float bk) {
-    const int64_t kp = (kc + 1) / 2;
-    pack_a(apack, trans_a, a, lda, i0, mc, p0, kc);
-    for (int64_t jp = 0; jp * kNr < nc; ++jp) {
-      const uint16_t* bp = bpack + jp * kp * kNr * 2;
-      const int64_t cols = std::min<int64_t>(kNr, nc - jp * kNr);
-      for (int64_t ip = 0; ip * kMr < mc; ++ip)
-        micro(kp, apack + ip * kp * kMr, bp, c + (i0 + ip * kMr) * ldc + j0 + jp * kNr, ldc,
-              std::min<int64_t>(kMr, mc - ip * kMr), cols, alpha, accumulate, bk);
-    }
-  };
-  blocked_loops(m, n, k, kMc, kKc, kNc, beta, ps, pack, /*amx=*/false, pack_panel, rows);
+  run_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, COut{.c = c, .ldc = ldc}, threads, pack);
+}
+
+void bf16_gemm_bf16c(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+                     int64_t lda, const uint16_t* b, int64_t ldb, float beta, uint16_t* c, int64_t ldc, int threads,
+                     void* pack) {
+  run_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, COut{.c16 = c, .ldc = ldc}, threads, pack);
 }
 
 int64_t bf16_packed_a_words(int64_t m, int64_t k) { return (m + kMr - 1) / kMr * kMr * ((k + 1) / 2); }
@@ -561,10 +651,15 @@ std::string bf16_gemm_description() {
 #else  // no AVX512-BF16 in this build
 
 bool bf16_gemm_compiled() { return false; }
-int64_t bf16_gemm_pack_bytes(int64_t, int64_t, int64_t, int) { return 0; }
+int64_t bf16_gemm_pack_bytes(int64_t, int64_t, int64_t, int, bool) { return 0; }
+int64_t bf16_gemm_c_block_cols(int64_t n) { return n; }
 void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                float, float*, int64_t, int, void*) {
   UNTIED_CHECK(false, "bf16_gemm: this build has no AVX512-BF16 kernel (check bf16_gemm_available())");
+}
+void bf16_gemm_bf16c(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
+                     float, uint16_t*, int64_t, int, void*) {
+  UNTIED_CHECK(false, "bf16_gemm_bf16c: this build has no AVX512-BF16 kernel (check bf16_gemm_available())");
 }
 int64_t bf16_packed_a_words(int64_t, int64_t) { return 0; }
 int64_t bf16_packed_b_words(int64_t, int64_t) { return 0; }

@@ -24,8 +24,9 @@
 // kernel widens each panel in place, one row per k), and a block of rows of op(A) per thread
 // (144 rows in panels of 12 for the dot-product and fp32 kernels; 256 rows in 16 x 32 tiles for
 // AMX). A 12 x 32 block of C stays in registers (dot products or FMAs), or a 32 x 32 block in
-// four tiles (AMX). Threads (OpenMP, `threads` of them) take blocks of rows. Packing space comes
-// from the caller (bf16_gemm_pack_bytes).
+// four tiles (AMX). Threads (OpenMP, `threads` of them) split C into equal parts: groups of rows,
+// and when the rows are few, groups of columns within them. Packing space comes from the caller
+// (bf16_gemm_pack_bytes).
 #pragma once
 
 #include <cstdint>
@@ -61,14 +62,24 @@ std::string bf16_gemm_choice_error();
 
 // Bytes of packing space bf16_gemm needs for this shape with `threads` threads, on the path that
 // runs: at most 2 MiB and 144 KiB per thread (dot-product kernel), 2 MiB and 288 KiB (fp32
-// kernel) or 512 KiB and 128 KiB (AMX), less for small shapes.
-int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads);
+// kernel) or 512 KiB and 128 KiB (AMX), less for small shapes; with c_bf16 (bf16_gemm_bf16c),
+// m * bf16_gemm_c_block_cols(n) fp32 more.
+int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16 = false);
+// The width of a block of columns of C (at most 2048 dot-product, 1024 fp32 or AMX).
+int64_t bf16_gemm_c_block_cols(int64_t n);
 
 // Requires bf16_gemm_compiled(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
 // aligned.
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
                void* pack);
+// The same with C stored in bf16: each value is the fp32 result bf16_gemm gives, rounded once
+// (float_to_bf16: to nearest even); beta applies to C widened. The sums of a block of columns of
+// C are kept in fp32 in the packing space while the k blocks add to them, so op(B) is packed once,
+// as for fp32 C. `pack`: bf16_gemm_pack_bytes(m, n, k, threads, true) bytes, 64-byte aligned.
+void bf16_gemm_bf16c(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+                     int64_t lda, const uint16_t* b, int64_t ldb, float beta, uint16_t* c, int64_t ldc, int threads,
+                     void* pack);
 
 // ---- the attention's tile products on the same kernel ----
 // A tile product C (m, n) fp32 = alpha A B^T (+ C with accumulate) of two bf16 tiles stored with

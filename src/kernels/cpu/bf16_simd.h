@@ -26,6 +26,29 @@ inline __mmask16 first_bits16(int64_t n) {
   return n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
 }
 
+// (GCC 12's shift and widening intrinsics pass an undefined vector as their unused merge source,
+// which -Wmaybe-uninitialized reports as a use, as for transpose16 below.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// 16 fp32 values rounded to bf16 as float_to_bf16 (dtype.h) rounds one: to nearest even, subnormals
+// kept, a NaN kept quiet (VCVTNEPS2BF16 would flush subnormals); lanes in `m` stored at dst.
+inline void store_bf16_rounded(uint16_t* dst, __mmask16 m, __m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  _mm512_mask_cvtepi32_storeu_epi16(dst, m, r);
+}
+
+// 16 bf16 at src (lanes in `m`, the rest zero) widened to fp32.
+inline __m512 load_bf16_widened(const uint16_t* src, __mmask16 m) {
+  const __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(static_cast<__mmask32>(m), src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#pragma GCC diagnostic pop
+
 // Interleaving two rows of 32 bf16 (x0 = row 2p, x1 = row 2p + 1) into 32 pairs with
 // _mm512_permutex2var_epi16(x0, index, x1): kLoPairs gives pairs 0..15, kHiPairs 16..31 (indices
 // 0-31 pick from x0, 32-63 from x1).

@@ -1,6 +1,7 @@
 // GEMM on the CPU: BLAS sgemm, with bf16 operands widened to fp32 scratch; or, when both
 // operands are bf16 and the CPU has AVX512-BF16, our own bf16 kernel (bf16_gemm.h) on them as
-// they are, into fp32 C.
+// they are, into fp32 C or into bf16 C (rounded once from the kernel's fp32 sums, which it keeps
+// for a block of columns of a block of rows at a time: kTileBytes at most).
 //
 // Widening is tiled so that scratch does not grow with the long dimension of activations:
 // without transposed A, C is computed in blocks of rows (A's and C's rows widened per block);
@@ -53,9 +54,10 @@ ScratchRequest gemm_scratch_for(int threads, const GemmParams& p) {
   ScratchRequest r;
   const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
   if (p.m == 0 || p.n == 0 || p.k == 0 || (!wa && !wb && !wc)) return r;
-  if (bf16_kernel(p)) {  // packing space; bf16 C in blocks of rows in fp32
-    r.set(kGemmPack, bf16_gemm_pack_bytes(p.m, p.n, p.k, threads), p.scratch_tag, "gemm bf16 packing");
-    if (wc) r.set(kGemmC, tile_rows(p.m, p.n) * p.n * 4, p.scratch_tag, "gemm C rows in fp32");
+  if (bf16_kernel(p)) {  // packing space; with bf16 C, a block of its columns' sums for a block of rows
+    const int64_t rows = wc ? tile_rows(p.m, bf16_gemm_c_block_cols(p.n)) : p.m;
+    r.set(kGemmPack, bf16_gemm_pack_bytes(rows, p.n, p.k, threads, wc), p.scratch_tag,
+          wc ? "gemm bf16 packing and C sums" : "gemm bf16 packing");
     return r;
   }
   const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
@@ -92,8 +94,9 @@ int64_t cpu_gemm_scratch_bytes(const GemmParams& p, int threads) {
 
 namespace untied::cpu {
 
-// C = alpha op(A) op(B) + beta C on the bf16 kernel; with bf16 C, in blocks of rows of C widened
-// to fp32 (op(A)'s rows m0.. start at A + m0 rows, or A + m0 columns when transposed).
+// C = alpha op(A) op(B) + beta C on the bf16 kernel; bf16 C in blocks of rows whose sums in fp32
+// (a block of columns at a time) fit the packing space (op(A)'s rows m0.. start at A + m0 rows,
+// or A + m0 columns when transposed).
 void gemm_bf16_operands(const Device& dev, const GemmParams& p, const Scratch& ws) {
   const auto* a = static_cast<const uint16_t*>(p.a);
   const auto* b = static_cast<const uint16_t*>(p.b);
@@ -103,14 +106,12 @@ void gemm_bf16_operands(const Device& dev, const GemmParams& p, const Scratch& w
               p.ldc, dev.threads(), pack);
     return;
   }
-  float* const c = ws.as<float>(kGemmC);
-  const int64_t t = tile_rows(p.m, p.n);
+  auto* const c = static_cast<uint16_t*>(p.c);
+  const int64_t t = tile_rows(p.m, bf16_gemm_c_block_cols(p.n));
   for (int64_t m0 = 0; m0 < p.m; m0 += t) {
     const int64_t rows = std::min(t, p.m - m0);
-    if (p.beta != 0.0f) widen_rows(c, p.c, p.c_dtype, m0, rows, p.n, p.ldc);
-    bf16_gemm(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, p.trans_a ? a + m0 : a + m0 * p.lda, p.lda, b, p.ldb,
-              p.beta, c, p.n, dev.threads(), pack);
-    narrow_rows(p.c, p.c_dtype, c, m0, rows, p.n, p.ldc);
+    bf16_gemm_bf16c(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, p.trans_a ? a + m0 : a + m0 * p.lda, p.lda, b,
+                    p.ldb, p.beta, c + m0 * p.ldc, p.ldc, dev.threads(), pack);
   }
 }
 
