@@ -72,7 +72,7 @@ int64_t run_case(const Case& c, std::mt19937& gen, int threads, std::vector<floa
 }
 
 #define SKIP_WITHOUT_KERNEL() \
-  if (!bf16_gemm_compiled()) GTEST_SKIP() << "this build has no AVX512-BF16 kernel"
+  if (!bf16_gemm_compiled()) GTEST_SKIP() << "this build has no AVX-512 kernel"
 
 TEST(Bf16Gemm, EveryEdgeOfTheRegisterBlock) {
   SKIP_WITHOUT_KERNEL();
@@ -194,7 +194,7 @@ TEST(Bf16Gemm, Bf16OutputIsTheFp32ResultRoundedOnce) {
 // The attention's tile product: C = alpha A B^T (+ C) on packed tiles, A (m, k) and B (n, k)
 // both stored with k along their rows, row strides wider than k, every edge of the panels.
 TEST(Bf16Gemm, TileProductOnPackedTiles) {
-  SKIP_WITHOUT_KERNEL();
+  if (!bf16_dot_compiled()) GTEST_SKIP() << "this build has no AVX512-BF16 kernel";
   std::mt19937 gen(12);
   std::normal_distribution<float> dist;
   int64_t bad = 0;
@@ -224,20 +224,29 @@ TEST(Bf16Gemm, TileProductOnPackedTiles) {
 TEST(Bf16Gemm, Describes) { EXPECT_FALSE(bf16_gemm_description().empty()); }
 
 // The choice of kernel from what the CPU, the build, the OS and UNTIED_BF16_GEMM say: AMX where
-// usable; else fp32 FMAs on Intel's CPUs (the dot-product instruction runs at half rate there)
-// and the dot-product kernel on others; an explicit choice over all of them.
+// usable; else fp32 FMAs on Intel's CPUs (the dot-product instruction runs at half rate there, or
+// is absent) and the dot-product kernel on others; an explicit choice over all of them.
 TEST(Bf16Gemm, PathFollowsTheCpu) {
-  const Bf16Facts amd{.compiled = true};
+  const Bf16Facts amd{.compiled = true, .dot_compiled = true};
   EXPECT_EQ(bf16_path_for(amd), Bf16Path::kDot);
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true}), Bf16Path::kFma);  // AMX hidden
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_cpu = true, .intel = true}), Bf16Path::kFma);
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_usable = true, .amx_cpu = true, .intel = true}),
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .dot_compiled = true, .intel = true}), Bf16Path::kFma);  // AMX hidden
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .dot_compiled = true, .amx_cpu = true, .intel = true}),
+            Bf16Path::kFma);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{
+                .compiled = true, .dot_compiled = true, .amx_usable = true, .amx_cpu = true, .intel = true}),
             Bf16Path::kAmx);
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true, .choice = "kernel"}), Bf16Path::kDot);
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_usable = true, .choice = "kernel"}), Bf16Path::kDot);
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .amx_usable = true, .choice = "widen"}), Bf16Path::kWiden);
-  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .choice = "widen"}), Bf16Path::kWiden);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .dot_compiled = true, .intel = true, .choice = "kernel"}),
+            Bf16Path::kDot);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .dot_compiled = true, .amx_usable = true, .choice = "kernel"}),
+            Bf16Path::kDot);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .dot_compiled = true, .amx_usable = true, .choice = "widen"}),
+            Bf16Path::kWiden);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .dot_compiled = true, .choice = "widen"}), Bf16Path::kWiden);
   EXPECT_EQ(bf16_path_for(Bf16Facts{.choice = "kernel"}), Bf16Path::kWiden);  // nothing compiled in
+  // AVX-512 without AVX512-BF16 (Skylake-SP to Ice Lake, or a build for them): fp32 FMAs, on any vendor.
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .intel = true}), Bf16Path::kFma);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true}), Bf16Path::kFma);
+  EXPECT_EQ(bf16_path_for(Bf16Facts{.compiled = true, .choice = "fma"}), Bf16Path::kFma);
 }
 
 }  // namespace

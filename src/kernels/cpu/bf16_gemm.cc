@@ -28,9 +28,15 @@
 #include "kernels/cpu/bf16_simd.h"
 #include "untied/core/check.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// What this build has: the packing, the loops and the fp32 kernel need AVX-512 F and BW (Intel
+// from Skylake-SP on, AMD from Zen 4 on); the dot-product kernel and the attention's bf16 tile
+// products AVX512-BF16 as well (Intel from Cooper Lake, AMD Zen 4); AMX its tile instructions.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
-#define UNTIED_HAVE_BF16_GEMM 1
+#define UNTIED_HAVE_FMA_GEMM 1
+#if defined(__AVX512BF16__)
+#define UNTIED_HAVE_DOT_GEMM 1
+#endif
 #endif
 
 namespace untied::cpu {
@@ -41,7 +47,7 @@ using Path = Bf16Path;
 Path chosen_path();
 }  // namespace
 
-#if defined(UNTIED_HAVE_BF16_GEMM)
+#if defined(UNTIED_HAVE_FMA_GEMM)
 
 namespace {
 
@@ -97,6 +103,7 @@ void transpose_pairs(uint32_t* out, int64_t stride, __mmask16 store_lanes, const
   });
 }
 
+#if defined(UNTIED_HAVE_DOT_GEMM)
 // From fp32 rows, each value rounded to bf16 to nearest even.
 void transpose_pairs_f32(uint32_t* out, int64_t stride, __mmask16 store_lanes, const float* base, int64_t ld,
                          int64_t rows, int64_t kc) {
@@ -107,6 +114,7 @@ void transpose_pairs_f32(uint32_t* out, int64_t stride, __mmask16 store_lanes, c
                                         _mm512_maskz_loadu_ps(first_bits16(kc - 32 * pb), src));
   });
 }
+#endif
 
 // Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst. A
 // panel spans `kp_stride` pairs (at least ceil(kc / 2)); the pairs past kc are zero.
@@ -189,6 +197,7 @@ inline void store_block(const __m512 (&acc)[kMr][2], float* c, int64_t ldc, int6
   }
 }
 
+#if defined(UNTIED_HAVE_DOT_GEMM)
 // C[0:rows, 0:cols] = alpha * Apanel Bpanel + (accumulate ? beta * C : 0).
 inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, int64_t ldc, int64_t rows,
                   int64_t cols, float alpha, bool accumulate, float beta) {
@@ -209,7 +218,7 @@ inline void micro(int64_t kp, const uint32_t* ap, const uint16_t* bp, float* c, 
   }
   store_block(acc, c, ldc, rows, cols, alpha, accumulate, beta);
 }
-
+#endif
 
 // Where C lives: fp32 at c; or bf16 at c16, each value rounded once from its fp32 sum, which is
 // kept in cbuf (m x nc fp32, nc the column block's width) while the k blocks add to it.
@@ -498,7 +507,14 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 
 bool bf16_gemm_compiled() { return true; }
 
+#if defined(UNTIED_HAVE_DOT_GEMM)
+bool bf16_dot_compiled() { return true; }
+#else
+bool bf16_dot_compiled() { return false; }
+#endif
+
 namespace {
+#if defined(UNTIED_HAVE_DOT_GEMM)
 // The AVX512-BF16 dot-product kernel.
 void dot_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
               int64_t lda, const uint16_t* b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
@@ -521,6 +537,7 @@ void dot_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   };
   blocked_loops(m, n, k, kMr, kMc, kKc, kNc, beta, out, ps, pack, /*amx=*/false, pack_panel, rows);
 }
+#endif
 
 PackSizes chosen_pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16) {
 #if defined(UNTIED_HAVE_AMX)
@@ -543,7 +560,9 @@ void run_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   if (chosen_path() == Path::kAmx) return amx_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
 #endif
   if (chosen_path() == Path::kFma) return fma_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+#if defined(UNTIED_HAVE_DOT_GEMM)
   dot_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+#endif
 }
 }  // namespace
 
@@ -593,6 +612,7 @@ void bf16_pack_b(uint32_t* dst, const uint16_t* b, int64_t ldb, int64_t n, int64
   pack_tile_b(dst, /*trans_b=*/true, b, ldb, n, k);
 }
 
+#if defined(UNTIED_HAVE_DOT_GEMM)
 // (GCC 12's widening and shift intrinsics pass an undefined vector as their unused merge source,
 // which -Wmaybe-uninitialized reports as a use, as in bf16_simd.h's transpose16.)
 #pragma GCC diagnostic push
@@ -622,10 +642,17 @@ void bf16_pack_a_f32(uint32_t* dst, bool trans_a, const float* a, int64_t lda, i
 }
 #pragma GCC diagnostic pop
 
+#else
+void bf16_pack_a_f32(uint32_t*, bool, const float*, int64_t, int64_t, int64_t) {
+  UNTIED_CHECK(false, "bf16_pack_a_f32: this build has no AVX512-BF16 kernel");
+}
+#endif
+
 void bf16_pack_bt(uint32_t* dst, const uint16_t* bt, int64_t ldbt, int64_t n, int64_t k) {
   pack_tile_b(dst, /*trans_b=*/false, bt, ldbt, n, k);
 }
 
+#if defined(UNTIED_HAVE_DOT_GEMM)
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
                     bool accumulate, float* c, int64_t ldc) {
   const int64_t kp = (k + 1) / 2;
@@ -637,6 +664,11 @@ void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t
             cols, alpha, accumulate, 1.0f);
   }
 }
+#else
+void bf16_tile_gemm(int64_t, int64_t, int64_t, float, const uint32_t*, const uint32_t*, bool, float*, int64_t) {
+  UNTIED_CHECK(false, "bf16_tile_gemm: this build has no AVX512-BF16 kernel");
+}
+#endif
 
 std::string bf16_gemm_description() {
   switch (chosen_path()) {
@@ -648,18 +680,19 @@ std::string bf16_gemm_description() {
   return "none";
 }
 
-#else  // no AVX512-BF16 in this build
+#else  // no AVX-512 in this build
 
 bool bf16_gemm_compiled() { return false; }
+bool bf16_dot_compiled() { return false; }
 int64_t bf16_gemm_pack_bytes(int64_t, int64_t, int64_t, int, bool) { return 0; }
 int64_t bf16_gemm_c_block_cols(int64_t n) { return n; }
 void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                float, float*, int64_t, int, void*) {
-  UNTIED_CHECK(false, "bf16_gemm: this build has no AVX512-BF16 kernel (check bf16_gemm_available())");
+  UNTIED_CHECK(false, "bf16_gemm: this build has no AVX-512 kernel (check bf16_gemm_available())");
 }
 void bf16_gemm_bf16c(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                      float, uint16_t*, int64_t, int, void*) {
-  UNTIED_CHECK(false, "bf16_gemm_bf16c: this build has no AVX512-BF16 kernel (check bf16_gemm_available())");
+  UNTIED_CHECK(false, "bf16_gemm_bf16c: this build has no AVX-512 kernel (check bf16_gemm_available())");
 }
 int64_t bf16_packed_a_words(int64_t, int64_t) { return 0; }
 int64_t bf16_packed_b_words(int64_t, int64_t) { return 0; }
@@ -690,6 +723,7 @@ bool env_is(const char* v) { return choice_env() != nullptr && std::strcmp(choic
 Path chosen_path() {
   static const Path chosen = [] {
     return bf16_path_for(Bf16Facts{.compiled = bf16_gemm_compiled(),
+                                   .dot_compiled = bf16_dot_compiled(),
                                    .amx_usable = amx_usable(),
                                    .amx_cpu = cpu_has_amx(),
                                    .intel = cpu_is_intel(),
@@ -702,7 +736,11 @@ Path chosen_path() {
 
 std::string bf16_gemm_choice_error() {
   const char* e = choice_env();
-  if (e == nullptr || *e == '\0' || env_is("kernel") || env_is("fma") || env_is("widen")) return "";
+  if (e == nullptr || *e == '\0' || (env_is("kernel") && bf16_dot_compiled()) || env_is("fma") || env_is("widen"))
+    return "";
+  if (env_is("kernel") && !bf16_dot_compiled())
+    return "UNTIED_BF16_GEMM=kernel: this build has no AVX512-BF16 dot-product kernel (the CPU it was built for has "
+           "no AVX512-BF16); use fma or widen, or unset it";
   if (env_is("amx")) {
     if (amx_usable()) return "";
     return std::string("UNTIED_BF16_GEMM=amx: ") +
@@ -722,6 +760,7 @@ std::string bf16_gemm_not_chosen_reason() {
   if (p == Path::kWiden) return "UNTIED_BF16_GEMM=widen";
   if (p != Path::kFma) return "";
   if (env_is("fma")) return "UNTIED_BF16_GEMM=fma";
+  if (!bf16_dot_compiled()) return "this build's CPU has no AVX512-BF16 instructions";
   return std::string(cpu_has_amx() ? "this CPU has AMX, which this build or the OS cannot use, and "
                                    : "an Intel CPU without AMX: ") +
          "its bf16 dot-product instruction runs at half the fp32 FMAs' rate; UNTIED_BF16_GEMM=kernel runs it";
@@ -730,14 +769,15 @@ std::string bf16_gemm_not_chosen_reason() {
 Bf16Path bf16_path_for(const Bf16Facts& f) {
   const std::string_view c = f.choice;
   if (!f.compiled || c == "widen") return Bf16Path::kWiden;
-  if (c == "kernel") return Bf16Path::kDot;
+  if (c == "kernel") return f.dot_compiled ? Bf16Path::kDot : Bf16Path::kWiden;
   if (c == "fma") return Bf16Path::kFma;
   if (f.amx_usable) return Bf16Path::kAmx;  // asked for, or by default
   // Intel's cores retire VDPBF16PS at half the rate of their two fp32 FMA ports (a Xeon of
   // family 6 model 207, one core: 1.3 G/s against 5.3 G/s FMAs, so 83 against 170 GFLOP/s),
   // where AMD's Zen 4 retires it at the FMA's rate (twice its FLOPs). On Intel, with AMX
   // absent (or hidden by a hypervisor) or refused, fp32 FMAs on widened operands are faster.
-  return f.amx_cpu || f.intel ? Bf16Path::kFma : Bf16Path::kDot;
+  // Without AVX512-BF16 (Skylake-SP to Ice Lake), fp32 FMAs are what there is.
+  return f.amx_cpu || f.intel || !f.dot_compiled ? Bf16Path::kFma : Bf16Path::kDot;
 }
 
 bool bf16_gemm_available() { return chosen_path() != Path::kWiden; }

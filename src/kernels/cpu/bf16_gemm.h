@@ -2,10 +2,10 @@
 // widening both operands to fp32 for sgemm costs a copy of each. Three kernels: AMX tile
 // instructions (TDPBF16PS) where the CPU has them; the AVX512-BF16 dot-product instruction
 // (VDPBF16PS) on CPUs that run it at full rate (AMD's); fp32 FMAs on operands widened as they
-// are packed on those that do not (Intel's without usable AMX). Which runs, and why:
-// bf16_gemm_available.
+// are packed on those that do not (Intel's without usable AMX) and on AVX-512 CPUs without it
+// (Skylake-SP to Ice Lake). Which runs, and why: bf16_gemm_available.
 //
-//   C (m, n) fp32 = alpha * op(A) op(B) + beta * C        row-major
+//   C (m, n) fp32 (or bf16: bf16_gemm_bf16c) = alpha * op(A) op(B) + beta * C        row-major
 //
 //   op(A) = A, (m, k), row stride lda; or with trans_a, A^T where A is (k, m).
 //   op(B) = B, (k, n), row stride ldb; or with trans_b, B^T where B is (n, k).
@@ -34,15 +34,19 @@
 
 namespace untied::cpu {
 
-// Whether this build has the kernel (compiled for a CPU with AVX512-BF16).
+// Whether this build has the packed kernels (compiled for a CPU with AVX-512 F and BW: the fp32
+// kernel; with AVX512-BF16, the dot-product kernel too).
 bool bf16_gemm_compiled();
+// Whether this build has the dot-product kernel and the tile products below (AVX512-BF16).
+bool bf16_dot_compiled();
 // Whether bf16_gemm runs for bf16 operands on this CPU (the GEMM dispatch asks this; otherwise
 // bf16 operands are widened whole for sgemm). Which code runs it (bf16_path_for below):
 //   - AMX tile instructions where the CPU has AMX (Intel Sapphire Rapids and later), the build
 //     has them (-march=native there) and Linux grants tile data;
 //   - else, on an Intel CPU, fp32 FMAs on operands widened as they are packed: Intel's cores
 //     retire the dot-product instruction at half their fp32 FMAs' rate (2 threads of a Xeon
-//     whose hypervisor hides AMX: the dot-product kernel 128 GFLOP/s at 2048^3, sgemm 264-310);
+//     whose hypervisor hides AMX: the dot-product kernel 128 GFLOP/s at 2048^3, sgemm 264-310),
+//     and those before Cooper Lake have no such instruction;
 //   - else the AVX512-BF16 dot-product kernel (AMD's Zen 4 retires it at the FMA's rate, twice
 //     the FLOPs).
 // UNTIED_BF16_GEMM=amx, =kernel, =fma or =widen chooses (checked by bf16_gemm_choice_error).
@@ -56,8 +60,8 @@ bool bf16_tile_products_available();
 // Whether the attention's tile products on bf16 storage run on AMX (amx.h): AMX is the path. They
 // then round P and dS to bf16 for their products, as the GPU kernels do.
 bool bf16_tile_products_on_amx();
-// A message when UNTIED_BF16_GEMM holds anything but amx, kernel, fma, widen or nothing, or amx where
-// it cannot run; else "".
+// A message when UNTIED_BF16_GEMM holds anything but amx, kernel, fma, widen or nothing, or amx or
+// kernel where it cannot run; else "".
 std::string bf16_gemm_choice_error();
 
 // Bytes of packing space bf16_gemm needs for this shape with `threads` threads, on the path that
@@ -100,12 +104,13 @@ void bf16_pack_bt(uint32_t* dst, const uint16_t* bt, int64_t ldbt, int64_t n, in
 void bf16_tile_gemm(int64_t m, int64_t n, int64_t k, float alpha, const uint32_t* a_packed, const uint32_t* b_packed,
                     bool accumulate, float* c, int64_t ldc);
 
-// The rule behind bf16_gemm_available, from what it depends on: the kernel compiled in, AMX
+// The rule behind bf16_gemm_available, from what it depends on: the kernels compiled in, AMX
 // usable (CPU, build and OS), AMX in the CPU's feature bits, an Intel CPU, and UNTIED_BF16_GEMM
 // ("" when unset; a value bf16_gemm_choice_error refuses is never passed on).
 enum class Bf16Path { kWiden, kFma, kDot, kAmx };
 struct Bf16Facts {
-  bool compiled = false;
+  bool compiled = false;      // the packed kernels (AVX-512 F and BW)
+  bool dot_compiled = false;  // the dot-product kernel too (AVX512-BF16)
   bool amx_usable = false;
   bool amx_cpu = false;
   bool intel = false;
