@@ -8,18 +8,22 @@
 //
 // Tolerance: each element's error <= 2 (k + 2) FLT_EPSILON x (the sum of |terms| behind it), the
 // bound for an fp32 dot product of length k: products of two bf16 are exact in fp32.
-// Skipped in a build without the kernel (a CPU without AVX512-BF16).
+// Skipped in a build without the kernels (a CPU without AVX-512; the attention's tile products
+// without AVX512-BF16).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/bf16_simd.h"
 #include "kernels/test_util.h"
 #include "untied/core/dtype.h"
 
@@ -126,16 +130,17 @@ TEST(Bf16Gemm, ThreadCountDoesNotChangeTheBits) {
 }
 
 // The threads split C into a grid of row groups and, when the rows are few, column groups: every
-// grid (1 to 4 threads; few rows, rows not a multiple of the blocks, 2 column blocks) gives the
-// bits of one thread.
+// grid (1 to 6 threads; few rows, rows not a multiple of the blocks, 2 column blocks, 2 x 3)
+// gives the bits of one thread (and the fp64 check of run_case finds any part left out).
 TEST(Bf16Gemm, EveryThreadGridGivesTheSameBits) {
   SKIP_WITHOUT_KERNEL();
   for (const Case& c : {Case{false, true, 30, 300, 100, 1.0f, 0.0f}, Case{true, false, 292, 1100, 600, 1.0f, 0.5f},
-                        Case{false, false, 13, 2100, 33, 2.0f, 0.0f}, Case{true, true, 1, 40, 9, 1.0f, 1.0f}}) {
+                        Case{false, false, 13, 2100, 33, 2.0f, 0.0f}, Case{true, true, 1, 40, 9, 1.0f, 1.0f},
+                        Case{false, true, 100, 200, 70, 1.0f, 0.0f}}) {
     std::vector<float> one;
     std::mt19937 g1(21);
     EXPECT_EQ(run_case(c, g1, 1, &one), 0);
-    for (int threads : {2, 3, 4}) {
+    for (int threads : {2, 3, 4, 6}) {  // m = 100 on 6 threads: 2 row groups by 3 column groups
       std::vector<float> more;
       std::mt19937 g(21);
       EXPECT_EQ(run_case(c, g, threads, &more), 0);
@@ -147,6 +152,35 @@ TEST(Bf16Gemm, EveryThreadGridGivesTheSameBits) {
     }
   }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The vector rounding of bf16 C against float_to_bf16, value by value: NaNs with payload bits
+// only below bit 16 (must stay NaN), infinities, the largest finite values (round to infinity or
+// not), ties to even, subnormals (kept, not flushed), signed zeros; masked lanes untouched.
+TEST(Bf16Gemm, VectorRoundingIsFloatToBf16) {
+  const uint32_t bits[16] = {0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
+                             0x7f7f7fffu, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x00000001u, 0x807fffffu,
+                             0x00008000u, 0x00018000u, 0x80000000u, 0x00000000u};
+  float in[16];
+  std::memcpy(in, bits, sizeof in);
+  uint16_t out[17];
+  std::fill(out, out + 17, uint16_t{0xABCD});
+  store_bf16_rounded(out, 0xFFFF, _mm512_loadu_ps(in));
+  for (int i = 0; i < 16; ++i) {
+    const uint16_t want = float_to_bf16(in[i]).bits;
+    EXPECT_EQ(out[i], want) << std::hex << "input 0x" << bits[i];
+    if (std::isnan(in[i])) EXPECT_TRUE(std::isnan(bf16_to_float(bf16{out[i]}))) << std::hex << "input 0x" << bits[i];
+  }
+  EXPECT_EQ(out[16], 0xABCD);
+  store_bf16_rounded(out, 0x0001, _mm512_set1_ps(2.0f));  // one lane
+  EXPECT_EQ(out[0], float_to_bf16(2.0f).bits);
+  EXPECT_EQ(out[1], float_to_bf16(in[1]).bits);
+  uint32_t w[16];  // and back: widening is exact, lanes past the mask zero
+  _mm512_storeu_ps(reinterpret_cast<float*>(w), load_bf16_widened(out, 0x7FFF));
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(w[i], static_cast<uint32_t>(out[i]) << 16) << "lane " << i;
+  EXPECT_EQ(w[15], 0u);
+}
+#endif
 
 // With C stored in bf16: each element is bf16_gemm's fp32 result (beta applied to C widened),
 // rounded once as float_to_bf16 rounds, bit for bit; elements past n in each row untouched. The

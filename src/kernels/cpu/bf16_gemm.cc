@@ -1,4 +1,5 @@
-// bf16 GEMM on AVX512-BF16 (bf16_gemm.h).
+// bf16 GEMM on AVX-512 (bf16_gemm.h): fp32 FMAs on widened panels, the AVX512-BF16 dot-product
+// instruction, or AMX.
 //
 // Loops, outermost first: columns of C by kNc; k by kKc, packing that block of op(B) (shared);
 // each thread's own part of C (blocked_loops), its rows by kMc at most, packing that block of
@@ -241,7 +242,8 @@ int64_t split_at(int64_t total, int64_t parts, int64_t i, int64_t unit) {
 void narrow_block(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; j += 16)
-      store_bf16_rounded(dst + r * ldd + j, first_bits16(cols - j), _mm512_loadu_ps(src + r * lds + j));
+      store_bf16_rounded(dst + r * ldd + j, first_bits16(cols - j),
+                         _mm512_maskz_loadu_ps(first_bits16(cols - j), src + r * lds + j));
 }
 void widen_block(float* dst, int64_t ldd, const uint16_t* src, int64_t lds, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
@@ -267,19 +269,20 @@ template <typename PackPanel, typename Rows>
 void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t mc, int64_t kc, int64_t nc, float beta,
                    const COut& out, const PackSizes& ps, void* pack, bool amx, PackPanel pack_panel, Rows rows) {
   char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
-  const int threads = ps.threads;
-  int tm = 1;
-  for (int d = threads; d > 1; --d)
-    if (threads % d == 0 && m >= int64_t{4} * mr * d) {
-      tm = d;
-      break;
-    }
-  const int tn = threads / tm;
   const int64_t nc_buf = std::min(nc, round_up(n, kNr));  // cbuf's row stride
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(ps.threads)
   {
     std::optional<AmxTiles> tiles;
     if (amx) tiles.emplace();
+    // The grid from the team OpenMP gave (it may give fewer threads than asked for).
+    const int threads = omp_get_num_threads();
+    int tm = 1;
+    for (int d = threads; d > 1; --d)
+      if (threads % d == 0 && m >= int64_t{4} * mr * d) {
+        tm = d;
+        break;
+      }
+    const int tn = threads / tm;
     const int t = omp_get_thread_num();
     uint32_t* const apack = reinterpret_cast<uint32_t*>(apacks + t * ps.a_bytes);
     const int64_t r0 = split_at(m, tm, t / tn, mr), r1 = split_at(m, tm, t / tn + 1, mr);
@@ -539,15 +542,24 @@ void dot_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 }
 #endif
 
+// The kernel bf16_gemm runs: the chosen path's; with the widen path chosen (the GEMM dispatch
+// then does not call it, but a direct call may), the dot-product kernel, or the fp32 one where
+// the build has no dot-product kernel.
+Path kernel_path() {
+  const Path p = chosen_path();
+  if (p == Path::kAmx || p == Path::kFma) return p;
+  return bf16_dot_compiled() ? Path::kDot : Path::kFma;
+}
+
 PackSizes chosen_pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16) {
 #if defined(UNTIED_HAVE_AMX)
-  if (chosen_path() == Path::kAmx) return amx_pack_sizes(m, n, k, threads, c_bf16);
+  if (kernel_path() == Path::kAmx) return amx_pack_sizes(m, n, k, threads, c_bf16);
 #endif
-  if (chosen_path() == Path::kFma) return fma_pack_sizes(m, n, k, threads, c_bf16);
+  if (kernel_path() == Path::kFma) return fma_pack_sizes(m, n, k, threads, c_bf16);
   return pack_sizes(m, n, k, threads, c_bf16);
 }
 
-// The chosen kernel into C as `out` says (with bf16 C, out.cbuf is set here, after the packs).
+// The kernel into C as `out` says (with bf16 C, out.cbuf is set here, after the packs).
 void run_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
               int64_t lda, const uint16_t* b, int64_t ldb, float beta, COut out, int threads, void* pack) {
   if (m <= 0 || n <= 0) return;
@@ -556,13 +568,16 @@ void run_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     const PackSizes ps = chosen_pack_sizes(m, n, k, threads, true);
     out.cbuf = reinterpret_cast<float*>(static_cast<char*>(pack) + ps.b_bytes + ps.threads * ps.a_bytes);
   }
+  switch (kernel_path()) {
 #if defined(UNTIED_HAVE_AMX)
-  if (chosen_path() == Path::kAmx) return amx_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+    case Path::kAmx: return amx_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
 #endif
-  if (chosen_path() == Path::kFma) return fma_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
 #if defined(UNTIED_HAVE_DOT_GEMM)
-  dot_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+    case Path::kDot: return dot_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
 #endif
+    case Path::kFma: return fma_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, threads, pack);
+    default: UNTIED_CHECK(false, "bf16_gemm: no kernel for the chosen path in this build");
+  }
 }
 }  // namespace
 
@@ -573,9 +588,9 @@ int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads, bool 
 }
 
 int64_t bf16_gemm_c_block_cols(int64_t n) {
-  int64_t nc = chosen_path() == Path::kFma ? kFmaNc : kNc;
+  int64_t nc = kernel_path() == Path::kFma ? kFmaNc : kNc;
 #if defined(UNTIED_HAVE_AMX)
-  if (chosen_path() == Path::kAmx) nc = kAmxNc;
+  if (kernel_path() == Path::kAmx) nc = kAmxNc;
 #endif
   return std::min(nc, round_up(n, kNr));
 }

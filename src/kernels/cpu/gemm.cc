@@ -1,5 +1,5 @@
 // GEMM on the CPU: BLAS sgemm, with bf16 operands widened to fp32 scratch; or, when both
-// operands are bf16 and the CPU has AVX512-BF16, our own bf16 kernel (bf16_gemm.h) on them as
+// operands are bf16 and the CPU has AVX-512, our own bf16 kernel (bf16_gemm.h) on them as
 // they are, into fp32 C or into bf16 C (rounded once from the kernel's fp32 sums, which it keeps
 // for a block of columns of a block of rows at a time: kTileBytes at most).
 //
