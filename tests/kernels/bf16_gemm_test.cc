@@ -53,12 +53,25 @@ std::vector<uint16_t> random_bf16(size_t n, std::mt19937& gen) {
 }
 double val(uint16_t x) { return bf16_to_float(bf16{x}); }
 
+// Random A and B for a case, stored with strides wider than the shapes (C's too: ldc).
+struct Operands {
+  Operands(const Case& c, std::mt19937& gen)
+      : lda((c.trans_a ? c.m : c.k) + 3),
+        ldb((c.trans_b ? c.k : c.n) + 5),
+        ldc(c.n + 2),
+        a(random_bf16((c.trans_a ? c.k : c.m) * lda, gen)),
+        b(random_bf16((c.trans_b ? c.n : c.k) * ldb, gen)) {}
+  int64_t lda, ldb, ldc;
+  std::vector<uint16_t> a, b;
+};
+
 // Returns the number of elements out of bound; the first few are reported. `out` gets C.
 int64_t run_case(const Case& c, std::mt19937& gen, int threads, std::vector<float>* out = nullptr) {
   std::normal_distribution<float> dist;
-  const int64_t lda = (c.trans_a ? c.m : c.k) + 3, ldb = (c.trans_b ? c.k : c.n) + 5, ldc = c.n + 2;
-  const int64_t a_rows = c.trans_a ? c.k : c.m, b_rows = c.trans_b ? c.n : c.k;
-  const std::vector<uint16_t> a = random_bf16(a_rows * lda, gen), b = random_bf16(b_rows * ldb, gen);
+  const Operands ops(c, gen);
+  const int64_t lda = ops.lda, ldb = ops.ldb, ldc = ops.ldc;
+  const std::vector<uint16_t>& a = ops.a;
+  const std::vector<uint16_t>& b = ops.b;
   std::vector<float> cc(c.m * ldc);
   for (auto& x : cc) x = c.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : dist(gen);
   const std::vector<float> c0 = cc;
@@ -169,7 +182,9 @@ TEST(Bf16Gemm, VectorRoundingIsFloatToBf16) {
   for (int i = 0; i < 16; ++i) {
     const uint16_t want = float_to_bf16(in[i]).bits;
     EXPECT_EQ(out[i], want) << std::hex << "input 0x" << bits[i];
-    if (std::isnan(in[i])) EXPECT_TRUE(std::isnan(bf16_to_float(bf16{out[i]}))) << std::hex << "input 0x" << bits[i];
+    if (std::isnan(in[i])) {
+      EXPECT_TRUE(std::isnan(bf16_to_float(bf16{out[i]}))) << std::hex << "input 0x" << bits[i];
+    }
   }
   EXPECT_EQ(out[16], 0xABCD);
   store_bf16_rounded(out, 0x0001, _mm512_set1_ps(2.0f));  // one lane
@@ -191,14 +206,14 @@ TEST(Bf16Gemm, Bf16OutputIsTheFp32ResultRoundedOnce) {
   int64_t differ = 0, cases = 0;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (const Case& c0 : {Case{ta, tb, 1, 1, 1, 1.0f, 0.0f}, Case{ta, tb, 13, 33, 7, 1.0f, 1.0f},
-                             Case{ta, tb, 145, 1100, 513, 0.5f, 0.0f}, Case{ta, tb, 40, 2049, 20, -1.0f, 0.5f},
-                             Case{ta, tb, 25, 70, 33, 1e-39f, 0.0f}})
+      for (const Case& c : {Case{ta, tb, 1, 1, 1, 1.0f, 0.0f}, Case{ta, tb, 13, 33, 7, 1.0f, 1.0f},
+                            Case{ta, tb, 145, 1100, 513, 0.5f, 0.0f}, Case{ta, tb, 40, 2049, 20, -1.0f, 0.5f},
+                            Case{ta, tb, 25, 70, 33, 1e-39f, 0.0f}})
         for (int threads : {1, 3}) {
-          const Case& c = c0;
-          const int64_t lda = (c.trans_a ? c.m : c.k) + 3, ldb = (c.trans_b ? c.k : c.n) + 5, ldc = c.n + 2;
-          std::vector<uint16_t> a = random_bf16((c.trans_a ? c.k : c.m) * lda, gen);
-          const std::vector<uint16_t> b = random_bf16((c.trans_b ? c.n : c.k) * ldb, gen);
+          Operands ops(c, gen);
+          const int64_t lda = ops.lda, ldb = ops.ldb, ldc = ops.ldc;
+          std::vector<uint16_t>& a = ops.a;
+          const std::vector<uint16_t>& b = ops.b;
           if (c.m > 2 && c.k > 1) {  // row 1 of op(A): a NaN; row 2: an infinity
             a[c.trans_a ? 0 * lda + 1 : 1 * lda + 0] = 0x7fc0;
             a[c.trans_a ? 1 * lda + 2 : 2 * lda + 1] = 0x7f80;

@@ -62,7 +62,10 @@ constexpr int64_t kNc = 2048;     // columns of B per packed block (a multiple o
 // one block of columns of C (m x nc), for blocks of at most kc_max along k and nc_max columns of
 // `elem_bytes` each (bf16 pairs, or the fp32 kernel's widened panels), rows of C in register
 // blocks of `mr`. Threads: as many as there are register blocks in a column block, at most.
+// The block sizes for this shape (kc, nc, mc: the limits, or less where the shape is smaller)
+// are what blocked_loops steps by.
 struct PackSizes {
+  int64_t kc, nc, mc, mr;
   int64_t b_bytes, a_bytes, c_bytes;
   int threads;
 };
@@ -75,8 +78,8 @@ PackSizes pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c_bf16, 
   const int64_t blocks = (m + mr - 1) / mr * (nc / kNr);
   const int used = static_cast<int>(std::clamp<int64_t>(blocks, 1, std::max(threads, 1)));
   // Each rounded up to 64 bytes, so that the blocks start aligned.
-  return {round_up(kc * nc * elem_bytes, 64), round_up(mc * kc * elem_bytes, 64), c_bf16 ? round_up(m * nc * 4, 64) : 0,
-          used};
+  return {kc, nc, mc, mr, round_up(kc * nc * elem_bytes, 64), round_up(mc * kc * elem_bytes, 64),
+          c_bf16 ? round_up(m * nc * 4, 64) : 0, used};
 }
 
 // For an operand stored with k along its rows (so that a pair is one 32-bit word): rows
@@ -266,10 +269,10 @@ void widen_block(float* dst, int64_t ldd, const uint16_t* src, int64_t lds, int6
 // last. Which thread computes an element, and the order of its sums, do not change its value.
 // With `amx`, each thread holds its tiles configured throughout.
 template <typename PackPanel, typename Rows>
-void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t mc, int64_t kc, int64_t nc, float beta,
-                   const COut& out, const PackSizes& ps, void* pack, bool amx, PackPanel pack_panel, Rows rows) {
+void blocked_loops(int64_t m, int64_t n, int64_t k, float beta, const COut& out, const PackSizes& ps, void* pack,
+                   bool amx, PackPanel pack_panel, Rows rows) {
   char* const apacks = static_cast<char*>(pack) + ps.b_bytes;
-  const int64_t nc_buf = std::min(nc, round_up(n, kNr));  // cbuf's row stride
+  const int64_t mr = ps.mr, mc = ps.mc, kc = ps.kc, nc = ps.nc;  // nc is also cbuf's row stride
 #pragma omp parallel num_threads(ps.threads)
   {
     std::optional<AmxTiles> tiles;
@@ -305,11 +308,11 @@ void blocked_loops(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t mc, int6
             rows(apack, i0, rn, q0, q1, ncur, out.c + i0 * out.ldc + j0, out.ldc, p0, kcur, accumulate, bk);
             continue;
           }
-          float* const cb = out.cbuf + i0 * nc_buf;
+          float* const cb = out.cbuf + i0 * nc;
           uint16_t* const c16 = out.c16 + i0 * out.ldc + j0;
-          if (p0 == 0 && beta != 0.0f) widen_block(cb + cj, nc_buf, c16 + cj, out.ldc, rn, ccols);
-          rows(apack, i0, rn, q0, q1, ncur, cb, nc_buf, p0, kcur, accumulate, bk);
-          if (p0 + kcur >= k) narrow_block(c16 + cj, out.ldc, cb + cj, nc_buf, rn, ccols);
+          if (p0 == 0 && beta != 0.0f) widen_block(cb + cj, nc, c16 + cj, out.ldc, rn, ccols);
+          rows(apack, i0, rn, q0, q1, ncur, cb, nc, p0, kcur, accumulate, bk);
+          if (p0 + kcur >= k) narrow_block(c16 + cj, out.ldc, cb + cj, nc, rn, ccols);
         }
 #pragma omp barrier
       }
@@ -410,7 +413,7 @@ void fma_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
                   std::min<int64_t>(kMr, mc - ip * kMr), cols, alpha, accumulate, bk);
     }
   };
-  blocked_loops(m, n, k, kMr, kMc, kFmaKc, kFmaNc, beta, out, ps, pack, /*amx=*/false, pack_panel, rows);
+  blocked_loops(m, n, k, beta, out, ps, pack, /*amx=*/false, pack_panel, rows);
 }
 
 #if defined(UNTIED_HAVE_AMX)
@@ -502,7 +505,7 @@ void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       }
     }
   };
-  blocked_loops(m, n, k, /*mr=*/32, kAmxMc, kAmxKc, kAmxNc, beta, out, ps, pack, /*amx=*/true, pack_panel, rows);
+  blocked_loops(m, n, k, beta, out, ps, pack, /*amx=*/true, pack_panel, rows);
 }
 
 #endif  // UNTIED_HAVE_AMX
@@ -538,7 +541,7 @@ void dot_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               cols, alpha, accumulate, bk);
     }
   };
-  blocked_loops(m, n, k, kMr, kMc, kKc, kNc, beta, out, ps, pack, /*amx=*/false, pack_panel, rows);
+  blocked_loops(m, n, k, beta, out, ps, pack, /*amx=*/false, pack_panel, rows);
 }
 #endif
 
@@ -587,13 +590,7 @@ int64_t bf16_gemm_pack_bytes(int64_t m, int64_t n, int64_t k, int threads, bool 
   return ps.b_bytes + ps.threads * ps.a_bytes + ps.c_bytes;
 }
 
-int64_t bf16_gemm_c_block_cols(int64_t n) {
-  int64_t nc = kernel_path() == Path::kFma ? kFmaNc : kNc;
-#if defined(UNTIED_HAVE_AMX)
-  if (kernel_path() == Path::kAmx) nc = kAmxNc;
-#endif
-  return std::min(nc, round_up(n, kNr));
-}
+int64_t bf16_gemm_c_block_cols(int64_t n) { return chosen_pack_sizes(1, n, 1, 1, false).nc; }
 
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
