@@ -27,7 +27,9 @@ if [ "$QUICK" = 1 ]; then
          "--preset small --ranks 2 --strategy upipe --dtype f32 --seq 8192 --threads 2"
          "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-tiled-dx --dtype bf16 --seq 2M"
          "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --overlap on --dtype f32 --seq 2M"
-         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-grads-on-host --no-dh-on-host --no-attn-out-on-host --dtype bf16 --seq 1M")
+         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-grads-on-host --no-dh-on-host --no-attn-out-on-host --dtype bf16 --seq 1M"
+         "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --upipe-keep-last on --dtype bf16 --seq 1M"
+         "$QWEN --layers 2 --ranks 8 --strategy upipe --ring 2 --overlap on --upipe-keep-last on --dtype bf16 --seq 256K")
 else
   for st in "upipe" "ulysses" "ring" "upipe --ring 2" "ulysses --ring 2"; do
     for off in "--offload-inputs" ""; do

@@ -10,13 +10,14 @@
 //                  already packed: its rows are the C sequence blocks)
 //                  attn_out[:, h(s,p,j)] = o_recv[p][:, j]           into the preallocated (L, H, D)
 // then y = attn_out wo^T.
-// Backward walks the stages again, each one the forward in reverse:
-//   recompute (upipe) or take from `saved` (ulysses) st.q, rd.k, rd.v
+// Backward walks the stages again, last first, each one the forward in reverse:
+//   recompute (upipe) or take from `saved` (ulysses; upipe's last stage, which forward keeps when
+//                     a backward follows) st.q, rd.k, rd.v
 //   exchange_dout     dO for the stage's heads, projected from dy straight into send layout,
 //                     with D = rowsum(dO * O) computed before the exchange where O is local
 //   attention backward dq, dk, dv; dk/dv summed over the round's stages in fp32
 //   return_dq         dq back to the sequence at once, RoPE and the q norm undone, into dx, dwq
-//   return_round_dkv  last stage of a round: the round's dk/dv sums back, in the block's dtype,
+//   return_round_dkv  first stage of a round (the last run): the round's dk/dv sums back, in the block's dtype,
 //                     RoPE and the k norm undone, into dx, dwk, dwv
 // With dx handed out by tiles (TiledGrad), the returned dq of each stage and dk/dv of each round
 // are kept instead (DxStash) and dx is formed from them a tile of rows at a time at the end.
@@ -203,8 +204,14 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   const int64_t stages = sched_.stages;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
-  const KeepNorm keep = saving_ == Saving::kKeepStages ? KeepNorm::kYes : KeepNorm::kNo;
   const bool recompute = saving_ == Saving::kRecompute;
+  // upipe keeps the last stage's q and its round's k and v when a backward follows (it starts with
+  // them); every other stage's are freed once attended to.
+  const bool keep_last = recompute && saved.keep_last_stage;
+  const int64_t last_round = stages / sched_.stages_per_round - 1;
+  auto keeps_stage = [&](int64_t s) { return !recompute || (keep_last && s == stages - 1); };
+  auto keeps_round = [&](int64_t round) { return !recompute || (keep_last && round == last_round); };
+  auto keep_norm = [](bool kept) { return kept ? KeepNorm::kYes : KeepNorm::kNo; };
   saved.reset();
   keep_mask(dev_, mask, positions_, group_positions_, saved.mask);
   mask_ = &saved.mask;
@@ -220,8 +227,14 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   saved.rounds.reserve(static_cast<size_t>(stages / sched_.stages_per_round));
   // Stage s's q, and at a round's first stage its k and v, projected and sent off.
   auto send_inputs = [&](int64_t s, Exchanges& ex) {
-    project_q(w, x, s, saved.stages.emplace_back(), keep, ex);
-    if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), keep, ex);
+    SavedStage& st = saved.stages.emplace_back();
+    st.kept = recompute && keeps_stage(s);
+    project_q(w, x, s, st, keep_norm(keeps_stage(s)), ex);
+    if (!sched_.first_of_round(s)) return;
+    const int64_t round = sched_.round(s);
+    SavedRound& rd = saved.rounds.emplace_back();
+    rd.kept = recompute && keeps_round(round);
+    project_kv(w, x, round, rd, keep_norm(keeps_round(round)), ex);
   };
   // Stage s's output, once its exchange is done, into attn_out; the head-sharded output is freed
   // by every strategy: backward's D = rowsum(dO * O) reads O from attn_out (sequence layout).
@@ -248,10 +261,9 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
       ring_->forward(*mask_, st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     else
       attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
-    if (recompute) {  // only the LSE stays; backward recomputes the rest
-      st.q.reset();
-      if (sched_.last_of_round(s)) rd = SavedRound{};
-    }
+    // upipe: only the LSE stays (and the last stage's q, k, v); backward recomputes the rest
+    if (!keeps_stage(s)) st.q.reset();
+    if (sched_.last_of_round(s) && !keeps_round(sched_.round(s))) rd = SavedRound{};
     o_recv = start_output(st.o, out);
     if (!overlap_) {
       place(s, out);
@@ -259,7 +271,6 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
     }
   }
   if (overlap_) place(stages - 1, out);
-  if (recompute) saved.rounds.clear();
   // y (L, E) = attn_out (L, H*D) wo^T: whole, or a tile of rows at a time (attn_out's rows fetched
   // first when it is in host memory)
   const TensorBuffer o_rows = saved_output_fetch(saved);
@@ -464,15 +475,18 @@ void HeadPipeline::hand_out_dx(const TiledGrad& out, const DxStash& stash, const
     const int64_t n = std::min(out.tile, L - r0);
     float* const dx = tile.as<float>();
     dev_.fill_zero(dx, n * E * 4);
-    for (int64_t s = 0; s < sched_.stages; ++s) {
-      const PackedHeads q = rows_of(stash.q[static_cast<size_t>(s)], u, r0, n, q_rows);
+    // The stash holds the gradients in backward's order: stage backward_stage(i)'s dq at i, and
+    // each round's dk and dv in the order the rounds were left.
+    for (int64_t i = 0; i < sched_.stages; ++i) {
+      const int64_t s = backward_stage(i);
+      const PackedHeads q = rows_of(stash.q[static_cast<size_t>(i)], u, r0, n, q_rows);
       for (int64_t p = 0; p < C; ++p) heads_input_grad(dev_, dx, q.slot(p, 0), q.ld(), t, n, w.wq, q_heads(s, p), D);
-      if (!sched_.last_of_round(s)) continue;
-      const size_t round = static_cast<size_t>(sched_.round(s));
+      if (!sched_.first_of_round(s)) continue;  // the round is left at its first stage
+      const size_t left = static_cast<size_t>(i / sched_.stages_per_round);
       for (auto [part, wt] : {std::pair{&stash.k, &w.wk}, {&stash.v, &w.wv}}) {
-        const PackedHeads g = rows_of((*part)[round], nkv, r0, n, kv_rows);
+        const PackedHeads g = rows_of((*part)[left], nkv, r0, n, kv_rows);
         for (int64_t p = 0; p < C; ++p)
-          heads_input_grad(dev_, dx, g.slot(p, 0), g.ld(), t, n, *wt, kv_heads(static_cast<int64_t>(round), p), D);
+          heads_input_grad(dev_, dx, g.slot(p, 0), g.ld(), t, n, *wt, kv_heads(sched_.round(s), p), D);
       }
     }
     out.consume(r0, n, dx);
@@ -527,10 +541,9 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   Allocator& alloc = dev_.allocator();
   const bool recompute = saving_ == Saving::kRecompute;
   const int64_t rounds = stages / sched_.stages_per_round;
-  const size_t kept_rounds = recompute ? 0 : static_cast<size_t>(rounds);
-  UNTIED_CHECK(static_cast<int64_t>(saved.stages.size()) == stages && saved.rounds.size() == kept_rounds,
+  UNTIED_CHECK(static_cast<int64_t>(saved.stages.size()) == stages && static_cast<int64_t>(saved.rounds.size()) == rounds,
                "attention backward without a matching forward (", saved.stages.size(), " saved stages and ",
-               saved.rounds.size(), " rounds, expected ", stages, " and ", kept_rounds, ")");
+               saved.rounds.size(), " rounds, expected ", stages, " and ", rounds, ")");
   mask_ = &saved.mask;
 
   const int64_t es = dtype_size(t);
@@ -606,39 +619,46 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   dev_.fill_zero(g.dwv.data(), g.dwv.bytes());
 
   QkNorm qk(dev_, cfg_, QkGrads::kAccumulate);
-  saved.rounds.reserve(static_cast<size_t>(rounds));  // stage s+1's round is added while stage s runs
-  // Stage s's inputs sent off: recomputed (upipe) q, and a round's k and v, and dO with D.
+  // The stages run last first (backward_stage), so that upipe starts with the last stage's q and
+  // its round's k and v, which forward kept: a round is entered at its last stage and left at its
+  // first.
+  auto stage_at = [&](int64_t i) { return backward_stage(i); };
+  auto enters_round = [&](int64_t s) { return sched_.last_of_round(s); };
+  auto leaves_round = [&](int64_t s) { return sched_.first_of_round(s); };
+  // Stage s's inputs sent off: recomputed (upipe) q, and a round's k and v, unless kept, and dO
+  // with D.
   auto send_inputs = [&](int64_t s, Exchanges& ex) {
     if (recompute) {  // the forward's projections again, keeping the norms' inputs
-      project_q(w, x, s, saved.stages[s], KeepNorm::kYes, ex);
-      if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds.emplace_back(), KeepNorm::kYes, ex);
+      if (!saved.stages[s].kept) project_q(w, x, s, saved.stages[s], KeepNorm::kYes, ex);
+      SavedRound& rd = saved.rounds[sched_.round(s)];
+      if (enters_round(s) && !rd.kept) project_kv(w, x, sched_.round(s), rd, KeepNorm::kYes, ex);
     }
     return start_dout(s, dy, w, saved.attn_out, cfg_.early_delta ? &delta_all.view() : nullptr, ex);
   };
-  // Stage s's dq, once back in sequence layout, into dx and dwq; after a round's last stage, the
-  // round's dk and dv sums back the same way. The order of these sums into dx is the stages'
-  // order with or without overlap, so both give the same bits.
+  // Stage s's dq, once back in sequence layout, into dx and dwq; as a round is left, the round's
+  // dk and dv sums back the same way. The order of these sums into dx is the stages' order
+  // (stage_at) with or without overlap, so both give the same bits.
   RoundGrads acc;
   TensorBuffer dq_recv;
   auto finish = [&](int64_t s, Exchanges& ex) {
     ex.wait();
     finish_dq(s, dq_recv, saved.stages[s], w, x, dx_acc, stash, g, qk);
-    if (sched_.last_of_round(s))
+    if (leaves_round(s))
       return_round_dkv(sched_.round(s), acc, saved.rounds[sched_.round(s)], w, x, dx_acc, stash, g, qk);
   };
-  // With overlap, stage s+1's inputs are projected and exchanged, and stage s-1's dq returned,
-  // while stage s's attention backward runs (one more stage of inputs is live).
+  // With overlap, the next stage's inputs are projected and exchanged, and the previous stage's dq
+  // returned, while this stage's attention backward runs (one more stage of inputs is live).
   Exchanges in(dev_, *ulysses_, overlap_), out(dev_, *ulysses_, overlap_);
-  DoutStage d = send_inputs(0, in), next;
-  for (int64_t s = 0; s < stages; ++s) {
-    const int64_t round = sched_.round(s);
+  DoutStage d = send_inputs(stage_at(0), in), next;
+  for (int64_t i = 0; i < stages; ++i) {
+    const int64_t s = stage_at(i), round = sched_.round(s);
     in.wait();
     finish_dout(d);
-    if (s + 1 < stages && overlap_) next = send_inputs(s + 1, in);
-    if (s > 0 && overlap_) finish(s - 1, out);
+    if (i + 1 < stages && overlap_) next = send_inputs(stage_at(i + 1), in);
+    if (i > 0 && overlap_) finish(stage_at(i - 1), out);
     SavedStage& st = saved.stages[s];
     SavedRound& rd = saved.rounds[round];
-    if (sched_.first_of_round(s)) {
+    if (enters_round(s)) {
       acc.dk = TensorBuffer(alloc, DType::kF32, {C * L, nkv, D}, Tag::kAttnWorkspace, "dk accumulator (round)");
       acc.dv = TensorBuffer(alloc, DType::kF32, {C * L, nkv, D}, Tag::kAttnWorkspace, "dv accumulator (round)");
       dev_.fill_zero(acc.dk.data(), acc.dk.view().bytes());
@@ -671,7 +691,7 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
         convert(dev_, dq.data(), t, dq32.data(), DType::kF32, C * L * u * D);
       }
     }
-    if (sched_.last_of_round(s)) {  // the round's k and v are done with (its norm inputs stay for dk)
+    if (leaves_round(s)) {  // the round's k and v are done with (its norm inputs stay for dk)
       rd.k.reset();
       rd.v.reset();
     }
@@ -680,10 +700,10 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
       d = std::move(next);
     } else {
       finish(s, out);
-      if (s + 1 < stages) d = send_inputs(s + 1, in);
+      if (i + 1 < stages) d = send_inputs(stage_at(i + 1), in);
     }
   }
-  if (overlap_) finish(stages - 1, out);
+  if (overlap_) finish(stage_at(stages - 1), out);
   if (dx_whole != nullptr && dx_whole->dtype() != DType::kF32)
     convert(dev_, dx_whole->data(), dx_whole->dtype(), dx_acc, DType::kF32, L * E);
   if (tiled != nullptr) {

@@ -15,7 +15,7 @@
 namespace untied::attn {
 
 // What forward keeps of each stage: everything (ulysses), or only the LSE, the rest recomputed
-// by backward (upipe).
+// by backward (upipe; but the last stage's q, k and v, AttentionSaved::keep_last_stage).
 enum class Saving { kKeepStages, kRecompute };
 // qk_norm: whether a projection keeps its pre-norm values and rstd (for backward) or frees them.
 enum class KeepNorm { kNo, kYes };
@@ -104,6 +104,9 @@ class HeadPipeline final : public AttentionBlock {
   // dx from the stash a tile of rows at a time, summed in the order dx_acc is (stage by stage:
   // the stage's q heads, then at a round's end its k heads and v heads), handed to out.consume.
   void hand_out_dx(const TiledGrad& out, const DxStash& stash, const AttentionWeights& w);
+
+  // The stage backward runs i-th: the last first (upipe's forward keeps the last stage's inputs).
+  int64_t backward_stage(int64_t i) const { return sched_.stages - 1 - i; }
 
   // The kernels' shape and the RoPE positions of this rank's rows and of its group sequence, under
   // the mask of the pass in progress (mask_).

@@ -53,6 +53,8 @@ std::string header(const PlanRun& p) {
     << dtype_name(p.o.decoder.dtype);
   if (p.o.offload_inputs)
     s << " | " << offloaded_inputs(p.o.model, p.o.decoder) << " of " << p.o.model.layers << " inputs offloaded";
+  if (p.o.decoder.strategy == Strategy::kUPipe && validate_plan(p.o, p.ranks).ok())
+    s << " | last stage " << (plan_memory(p.o, p.ranks).keeps_last_stage ? "kept" : "recomputed") << " for the backward";
   return s.str();
 }
 

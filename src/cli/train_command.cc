@@ -101,6 +101,10 @@ void add_train_flags(FlagSet& f) {
   f.add("refetch-inputs", FlagKind::kBool, "true",
         "with --offload-inputs: fetch a block's input again for its last step instead of holding it through the "
         "attention's backward (--no-refetch-inputs holds it: one (L, E) buffer more at the peak, one host copy less)");
+  f.add("upipe-keep-last", FlagKind::kString, "auto",
+        "upipe: the recompute keeps its last stage's q, k and v for the backward, which starts with that stage "
+        "instead of projecting and exchanging them again; they stay through the MLP's backward: on, off, or auto "
+        "(on unless that raises the step's planned peak memory)");
   f.add("attn-tile", FlagKind::kInt, "0",
         "rows per tile of the attention's input attn_norm(x), computed as the projections read it and never whole "
         "(0 = the MLP tile, -1 = off: made whole)");
@@ -182,6 +186,12 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
                               .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"), .loss_chunk = f.get_int("loss-chunk")};
   Status ov = overlap_from_flags(f, *device == DeviceChoice::kCuda, &o->decoder.overlap);
   if (!ov.ok()) return ov;
+  const std::string keep_last = f.get_string("upipe-keep-last");
+  if (keep_last != "on" && keep_last != "off" && keep_last != "auto")
+    return Status::invalid_argument("--upipe-keep-last: '" + keep_last + "': use on, off or auto");
+  o->decoder.keep_last_stage = keep_last == "on"    ? KeepLastStage::kOn
+                               : keep_last == "off" ? KeepLastStage::kOff
+                                                    : KeepLastStage::kAuto;
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
   o->decoder.tiled_dx = f.get_bool("tiled-dx");
@@ -380,9 +390,12 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                                                              .rehearsal = opts.rehearsal});
     if (comm.rank() == 0 && opts.progress)
       std::fprintf(stderr,
-                   "untied train | %s (%lld parameters) | %s%s on %d ranks | S=%lld%s (%lld per rank) | %s | data %s | %s\n",
+                   "untied train | %s (%lld parameters) | %s%s%s on %d ranks | S=%lld%s (%lld per rank) | %s | data %s | %s\n",
                    opts.model.name.c_str(), (long long)parameter_count(opts.model),
                    std::string(strategy_name(opts.decoder.strategy)).c_str(),
+                   resolved_decoder_options(opts, comm.size()).keep_last_stage == KeepLastStage::kOn
+                       ? " (last stage kept for the backward)"
+                       : "",
                    ring_note(attention_config(opts.model, opts.decoder), comm.size()).c_str(), comm.size(),
                    (long long)opts.decoder.seq, pad_note(opts, comm.size()).c_str(),
                    (long long)(padded_config(attention_config(opts.model, opts.decoder), comm.size()).seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),

@@ -222,6 +222,8 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
                            : TensorBuffer(alloc, t, {L, E}, Tag::kActivations, out_name);
   };
   UNTIED_CHECK(!x_on_host || attn_tile_ > 0, "decoder: a block input in host memory needs the attention's tiles");
+  // The forward pass has no backward: it keeps nothing.
+  A.saved.keep_last_stage = acts != nullptr && o_.keep_last_stage != KeepLastStage::kOff;
   if (attn_tile_ > 0) {
     bool made = false;
     TensorBuffer xt;  // x_on_host: the tile of x fetched to the device

@@ -57,6 +57,7 @@ struct Dims {
   HeadSchedule sched;  // u = q_per_rank, w = kv_per_rank per stage
   int64_t mlp_tile = 0, attn_tile = 0;  // as the Decoder chooses them (0: attention input whole)
   HostParts host;  // what waits in host memory in a block's backward (decoder.h host_parts)
+  bool keep_last = false;  // upipe's recompute keeps its last stage (resolved: no kAuto)
 };
 
 Dims dims_of(const TrainOptions& o, int ranks) {
@@ -76,6 +77,7 @@ Dims dims_of(const TrainOptions& o, int ranks) {
   const DecoderTiles tiles = decoder_tiles(o.model, o.decoder, d.L);
   d.mlp_tile = tiles.mlp;
   d.attn_tile = tiles.attn;
+  d.keep_last = o.decoder.strategy == Strategy::kUPipe && o.decoder.keep_last_stage == KeepLastStage::kOn;
   d.host = host_parts(o.model, o.decoder, d.L, o.offload_inputs);
   return d;
 }
@@ -141,7 +143,8 @@ void add_attention_weight_grads(const TrainOptions& o, const Dims& d, std::vecto
 }
 
 // What the attention's forward saved for its backward, before the backward frees any of it: the
-// output (sequence layout), every stage's LSE, and (ulysses, ring) every stage's q, k and v.
+// output (sequence layout), every stage's LSE, and (ulysses, ring) every stage's q, k and v, or
+// (upipe) the last stage's.
 void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it);
 
 // What ulysses and ring keep of every stage and round from the forward to its backward
@@ -157,10 +160,24 @@ void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>
                   stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
 }
 
+// What upipe's recompute keeps of its last stage for the backward, which starts with that stage
+// (head_pipeline.cc, AttentionSaved::keep_last_stage): its q and its round's k and v, and with
+// qk_norm the norms' inputs and rstd. `q` and `kv`: which of them exist yet (the forward's stages
+// make them).
+void add_kept_last_stage(const TrainOptions& o, const Dims& d, bool q, bool kv, std::vector<PlanItem>& it) {
+  const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
+  if (q) it.push_back({"q all-to-all receive (last stage, kept)", Tag::kCommunication, Sg * u * D * es});
+  if (kv) it.push_back({"k and v all-to-all receives (last round, kept)", Tag::kCommunication, 2 * Sg * w * D * es});
+  if (!o.model.qk_norm) return;
+  if (q) it.push_back({"q norm input and rstd (last stage, kept)", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
+  if (kv) it.push_back({"k norm input and rstd (last round, kept)", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+}
+
 void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
   if (!d.host.attn_out) it.push_back({"attention output (saved)", Tag::kActivations, d.L * d.H * d.D * d.es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, d.sched.stages * d.sched.q_per_rank * d.Sg * 4});
   if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
+  else if (d.keep_last) add_kept_last_stage(o, d, /*q=*/true, /*kv=*/true, it);
 }
 
 // The CPU attention backward kernel's scratch (cpu_attention_backward_scratch_bytes) for a call
@@ -192,8 +209,11 @@ void add_next_stage(const TrainOptions& o, const Dims& d, int64_t s1, bool backw
                   2 * Sg * u * D * es + 3 * u * Sg * 4});
 }
 
-// The last block's attention backward inside stage s's attention kernel (head_pipeline.cc
-// run_backward): plan_memory takes the stage that holds the most.
+// The last block's attention backward inside the attention kernel of the stage it runs s-th
+// (head_pipeline.cc run_backward; it runs the stages last first, and as every round has the same
+// number of stages, a round is entered at every multiple of stages_per_round in that order just as
+// in stage order): plan_memory takes the stage that holds the most. upipe's recomputed q, k and v
+// of the first one run (the last stage) are the ones its forward kept: the same buffers.
 // Two more moments of stage s, before its kernel:
 //   kReturning (UPipe with overlap, s >= 1): stage s+1's inputs have been sent off and stage s-1's
 //     dq is still coming back (its send and receive, its q norm's inputs);
@@ -364,6 +384,15 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   } else {
     it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
     it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
+    // The recompute keeps the norms' inputs of the last stage and of its round once projected
+    // (with overlap stage s+1 is projected by now).
+    const int64_t projected = o.decoder.overlap && s + 1 < stages ? s + 1 : s;
+    const bool last_round = d.sched.round(projected) == d.sched.round(stages - 1);
+    const bool kept_norms = in_backward && d.keep_last && o.model.qk_norm;
+    if (kept_norms) add_kept_last_stage(o, d, false, last_round, it);
+    if (kept_norms && projected == stages - 1) {
+      it.push_back({"q norm input and rstd (last stage, kept)", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
+    }
   }
   // After the stages: y = attn_out wo^T, with the CPU gemm's scratch for bf16 operands
   // (cpu_gemm_scratch_bytes: fp32 widening, or the bf16 kernel's packing and C rows).
@@ -371,8 +400,9 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   projection.name = "attention forward (last block, " + pass + ": output projection)";
   std::erase_if(projection.items, [](const PlanItem& i) {
     return i.what == "attention output (head-sharded)" || i.what == "q all-to-all receive" ||
-           i.what == "k and v all-to-all receives (resident)";
+           i.what == "k and v all-to-all receives (resident)" || i.what.ends_with(", kept)");
   });
+  if (recompute && in_backward && d.keep_last) add_kept_last_stage(o, d, true, true, projection.items);
   // With tiles (decoder.cc block_forward): a tile of y at a time, added to x's rows (fetched from
   // the host a tile at a time when x is there) into hm.
   if (d.attn_tile > 0) {
@@ -406,15 +436,17 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(lc)});
   }
   if (!recompute) return {m, exchange, projection};
-  // UPipe frees the stage's q (and the round's k, v) before the exchange. With overlap, stage s+1
-  // is projected and sent while stage s-1's output is still coming back (before stage s's output
-  // and LSE exist).
+  // UPipe frees the stage's q (and the round's k, v) before the exchange, but for the last stage's
+  // in the recompute, which stay for the backward: that exchange has them beside its receive. With
+  // overlap, stage s+1 is projected and sent while stage s-1's output is still coming back (before
+  // stage s's output and LSE exist).
   PlanMoment next = exchange;
   next.name = "attention forward (last block, " + pass + ": next stage's projection)";
   for (PlanItem& i : next.items)
     if (i.what == "attention LSE (saved)") i.bytes = s * u * Sg * 4;
   if (!(o.decoder.overlap && s >= 1 && s + 1 < stages)) next.items.clear();
-  return {m, projection, next};
+  if (!(in_backward && d.keep_last && s + 1 == stages)) exchange.items.clear();
+  return {m, projection, next, exchange};
 }
 
 // The last block's attention backward as it begins: dwo = dy^T attn_out, with the CPU gemm's
@@ -497,11 +529,8 @@ PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<Para
   return m;
 }
 
-}  // namespace
-
-MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
-  const Status valid = validate_plan(o, ranks);
-  UNTIED_CHECK(valid.ok(), valid.message());
+// plan_memory with keep_last_stage resolved (kOn or kOff).
+MemoryPlan plan_resolved(const TrainOptions& o, int ranks) {
   const Dims d = dims_of(o, ranks);
   const std::vector<ParamDesc> descs = parameter_descriptors(o.model);
   MemoryPlan p;
@@ -536,7 +565,22 @@ MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
   for (size_t i = 1; i < p.moments.size(); ++i)
     if (p.moments[i].total() > p.moments[p.peak].total()) p.peak = i;
   p.host_per_rank = host_bytes(o, ranks);
+  p.keeps_last_stage = d.keep_last;
   return p;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
+  const Status valid = validate_plan(o, ranks);
+  UNTIED_CHECK(valid.ok(), valid.message());
+  if (o.decoder.strategy != Strategy::kUPipe || o.decoder.keep_last_stage != KeepLastStage::kAuto)
+    return plan_resolved(o, ranks);
+  TrainOptions on = o, off = o;
+  on.decoder.keep_last_stage = KeepLastStage::kOn;
+  off.decoder.keep_last_stage = KeepLastStage::kOff;
+  MemoryPlan kept = plan_resolved(on, ranks), not_kept = plan_resolved(off, ranks);
+  return kept.peak_total() <= not_kept.peak_total() ? kept : not_kept;
 }
 
 }  // namespace untied

@@ -23,6 +23,7 @@
 #include "untied/train/checkpoint.h"
 #include "untied/train/fault.h"
 #include "untied/train/hf_weights.h"
+#include "untied/train/memory_plan.h"
 #include "untied/dist/sharded_params.h"
 
 namespace untied {
@@ -205,6 +206,16 @@ int64_t host_bytes(const TrainOptions& o, int ranks) {
          std::max(grad_stash_bytes(o, ranks), attn_out_host_bytes(o, ranks));
 }
 
+DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks) {
+  DecoderOptions d = o.decoder;
+  if (d.strategy == Strategy::kUPipe && d.keep_last_stage == KeepLastStage::kAuto) {
+    // Where the closed forms do not cover the run (a window), memory first: not kept.
+    const bool keep = validate_plan(o, ranks).ok() && plan_memory(o, ranks).keeps_last_stage;
+    d.keep_last_stage = keep ? KeepLastStage::kOn : KeepLastStage::kOff;
+  }
+  return d;
+}
+
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
   Status vs = validate(o, comm.size());  // before the device takes o.threads
   if (!vs.ok()) return vs;
@@ -236,7 +247,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   // device budget.
   Allocator host(o.rehearsal || !dev.backed() ? make_counting_memory() : dev.host_memory(),
                  Allocator::Options{.budget_bytes = o.host_budget_bytes / o.ranks_per_node, .name = "host"});
-  Decoder decoder(dev, dev_comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
+  Decoder decoder(dev, dev_comm, o.model, resolved_decoder_options(o, comm.size()), o.offload_inputs ? &host : nullptr);
   const std::string id = identity(o, comm.size(), data);
 
   int64_t start = 0;

@@ -130,15 +130,17 @@ struct SavedQkNorm {  // Qwen3 (qk_norm): the pre-norm projection and its rstd, 
 };
 struct SavedStage {
   TensorBuffer lse;       // (u, S) fp32: every strategy
-  // Unless the strategy recomputes (upipe): q after norm and RoPE (S, u, D), head-sharded; local
-  // keeps q (S, H, D). o: the kernel's head-sharded output (S, u, D) while the stage runs (freed
-  // once it is back in attn_out: no backward reads it).
+  // Unless the strategy recomputes (upipe; it keeps only its last stage's, see `kept`): q after
+  // norm and RoPE (S, u, D), head-sharded; local keeps q (S, H, D). o: the kernel's head-sharded
+  // output (S, u, D) while the stage runs (freed once it is back in attn_out: no backward reads it).
   TensorBuffer q, o;
   SavedQkNorm q_norm;     // qk_norm only, unless recomputed
+  bool kept = false;      // upipe: q (and q_norm) kept by forward, not recomputed by backward
 };
 struct SavedRound {       // the KV heads resident for one round, unless recomputed
   TensorBuffer k, v;      // (S, w, D) head-sharded (local: (S, G, D)), k after norm and RoPE
   SavedQkNorm k_norm;     // qk_norm only
+  bool kept = false;      // upipe: k, v (and k_norm) kept by forward, not recomputed by backward
 };
 struct SavedMask {         // the mask forward ran with, as the kernels read it (kOther, int64)
   SequenceMask mask;
@@ -151,8 +153,13 @@ struct AttentionSaved {
   // > 0: attn_out is in host memory (TiledOutput::host), read back this many rows at a time.
   int64_t attn_out_host_tile = 0;
   std::vector<SavedStage> stages;   // one per stage, in stage order
-  std::vector<SavedRound> rounds;   // one per round, in round order (empty when recomputed)
+  std::vector<SavedRound> rounds;   // one per round, in round order (upipe: only the last kept)
   SavedMask mask;
+  // Set by the caller before forward; reset() leaves it. upipe: whether forward keeps its last
+  // stage's q and that stage's round's k and v (the buffers it ends with: no more memory at its
+  // end) for a backward that then runs the stages last first and recomputes only the others. A
+  // forward that no backward follows (a recomputed block's forward pass) keeps nothing.
+  bool keep_last_stage = true;
   void reset() {
     attn_out.reset();
     attn_out_host_tile = 0;

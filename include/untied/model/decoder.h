@@ -31,12 +31,20 @@
 
 namespace untied {
 
+// upipe: whether a block's recompute keeps its attention's last stage (its q and its round's k
+// and v) for the backward, which starts with that stage instead of projecting and exchanging them
+// again (AttentionSaved::keep_last_stage). They are the buffers the recompute ends with, but they
+// stay through the MLP's backward. kAuto: kept when that does not raise the step's planned peak
+// (plan_memory, memory_plan.h), resolved by the trainer; a Decoder takes kAuto as kOn.
+enum class KeepLastStage { kAuto, kOn, kOff };
+
 struct DecoderOptions {
   int64_t seq = 0;  // S, global
   Strategy strategy = Strategy::kUPipe;
   int64_t upipe_heads = 0;  // 0 = C
   int64_t ring = 1;         // R (attention_block.h): ulysses/upipe across R ring groups
   bool overlap = false;     // upipe: the next stage's exchanges beside this one's compute (AttentionConfig)
+  KeepLastStage keep_last_stage = KeepLastStage::kAuto;
   DType dtype = DType::kF32;  // activations and gathered weights
   int64_t mlp_tile = 0;       // tokens per MLP tile; 0 = min(L, max(E, 256))
   int64_t loss_chunk = 0;     // tokens per LM-head loss chunk; 0 = the kernel's default

@@ -50,6 +50,9 @@ struct MemoryPlan {
   size_t peak = 0;                  // the index of the largest
   int64_t host_per_rank = 0;        // offloaded block inputs and kept gradients (host_bytes)
   int64_t rows = 0;                 // L, tokens per rank (S padded)
+  // upipe: whether the plan's recompute keeps its last stage (DecoderOptions::keep_last_stage;
+  // kAuto resolved: kept unless that raises the peak).
+  bool keeps_last_stage = false;
   int64_t peak_total() const { return moments.empty() ? 0 : moments[peak].total(); }
 };
 

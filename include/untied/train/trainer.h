@@ -99,6 +99,10 @@ int64_t attn_out_host_bytes(const TrainOptions& o, int ranks);
 // gradients come).
 int64_t host_bytes(const TrainOptions& o, int ranks);
 
+// o.decoder with upipe's KeepLastStage::kAuto resolved as plan_memory resolves it (kOff where the
+// closed forms do not cover the run): what the trainer builds its Decoder with.
+DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks);
+
 // Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
 // a Status that is the same on every rank; budget overruns and bugs throw untied::Error.
 //
