@@ -37,6 +37,9 @@ void add_attention_flags(FlagSet& f) {
   f.add("ring-overlap", FlagKind::kBool, "true",
         "overlap each ring exchange with compute (--no-ring-overlap waits at once: the exchanges' whole cost)");
   add_overlap_flag(f);
+  f.add("upipe-keep-last", FlagKind::kBool, "false",
+        "upipe: forward keeps its last stage's q, k and v and the backward starts with them instead of projecting "
+        "and exchanging them again (the same bits; they stay beside that stage's output exchange)");
   f.add("early-delta", FlagKind::kBool, "true",
         "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the backward and free the saved output "
         "(--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
@@ -123,6 +126,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   opts.warmup = static_cast<int>(flags.get_int("warmup"));
   opts.seed = static_cast<uint64_t>(flags.get_int("seed"));
   opts.dump_dir = flags.get_string("dump");
+  opts.keep_last = flags.get_bool("upipe-keep-last");
   Status mask_st = Status::ok_status();
   if (flags.was_set("window")) {
     opts.window = flags.get_int("window");

@@ -140,6 +140,7 @@ AttnRunResult run_attention(Communicator& world, const AttentionConfig& cfg, con
   AttentionWeights w{wq, wk, wv, wo};
   AttentionGrads g{dwq, dwk, dwv, dwo};
   AttentionSaved saved;
+  saved.keep_last_stage = opts.keep_last;
 
   AttnRunResult r;
   r.stage_heads = block->stage_heads();

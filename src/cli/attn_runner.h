@@ -26,6 +26,7 @@ struct AttnRunOptions {
   // The sequence's documents (lengths summing to cfg.seq; empty = one) and window (0 = none).
   std::vector<int64_t> doc_lens;
   int64_t window = 0;
+  bool keep_last = false;   // upipe: AttentionSaved::keep_last_stage
 };
 
 struct AttnRunResult {

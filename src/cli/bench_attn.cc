@@ -39,6 +39,7 @@ struct BenchAttnOptions {
   bool json = false;
   bool fit = false;
   std::vector<bool> overlaps = {false};  // upipe rows without and/or with --overlap
+  std::vector<bool> keeps = {false};     // upipe rows without and/or with --upipe-keep-last
   int64_t fit_step = 0, fit_max = 0, fit_run_max = 0;
   int fit_headroom = 0;
   bool gpu() const { return device == DeviceChoice::kCuda; }
@@ -56,14 +57,16 @@ struct Spec {
   int64_t upipe_heads;  // 0 for ulysses
   int64_t ring = 1;     // R: ulysses/upipe across R ring groups (ring: R = ranks)
   bool overlap = false; // upipe: AttentionConfig::overlap
+  bool keep_last = false;  // upipe: AttentionSaved::keep_last_stage (AttnRunOptions::keep_last)
 };
 
 // "ulysses", "upipe", "ring", or with a ring degree: "ulysses+r2", "upipe+r2"; overlapped
-// upipe: "upipe+overlap".
+// upipe: "upipe+overlap"; with its last stage kept: "upipe+keep".
 std::string spec_name(const Spec& s) {
   std::string n(strategy_name(s.strategy));
   if (s.strategy != Strategy::kRing && s.ring > 1) n += "+r" + std::to_string(s.ring);
   if (s.overlap) n += "+overlap";
+  if (s.keep_last) n += "+keep";
   return n;
 }
 
@@ -115,6 +118,9 @@ void add_bench_attn_flags(FlagSet& flags) {
   flags.add("overlap", FlagKind::kString, "auto",
             "upipe rows with the next stage's exchanges overlapped: on, off, both (a row of each), or auto (on with "
             "--device cuda, off on the CPU)");
+  flags.add("upipe-keep-last", FlagKind::kString, "off",
+            "upipe rows whose forward keeps its last stage's q, k and v for the backward, which then recomputes only "
+            "the other stages': on, off, or both (a row of each)");
   add_dtype_flag(flags, "bf16");
   add_ranks_flag(flags, 8);
   add_device_flag(flags, std::string(kDeviceHelp) + ". Rehearsal rows are counted on the CPU as GPU ranks");
@@ -167,6 +173,10 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
     if (!ov.ok()) return Status::invalid_argument(ov.message() + " (or both)");
     o->overlaps = {on};
   }
+  const std::string keep = flags.get_string("upipe-keep-last");
+  if (keep != "on" && keep != "off" && keep != "both")
+    return Status::invalid_argument("--upipe-keep-last: '" + keep + "': use on, off or both");
+  o->keeps = keep == "both" ? std::vector<bool>{false, true} : std::vector<bool>{keep == "on"};
   o->ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
   if (!li.mpi && (o->ranks < 1 || o->ranks > 1024)) return Status::invalid_argument("--ranks must be in [1, 1024]");
   if (flags.get_int("warmup") < 0) return Status::invalid_argument("--warmup must be >= 0");
@@ -222,7 +232,8 @@ std::vector<Spec> strategy_specs(const BenchAttnOptions& o, int ranks) {
     const int64_t C = ranks / R;
     specs.push_back({R == ranks && R > 1 ? Strategy::kRing : Strategy::kUlysses, 0, R});
     for (int64_t m : o.multiples)
-      for (bool ov : o.overlaps) specs.push_back({Strategy::kUPipe, m * C, R, ov});
+      for (bool ov : o.overlaps)
+        for (bool keep : o.keeps) specs.push_back({Strategy::kUPipe, m * C, R, ov, keep});
   }
   return specs;
 }
@@ -245,6 +256,7 @@ std::vector<BenchRow> run_rows(Communicator& world, const BenchAttnOptions& o, c
           ro.threads = o.threads;
           ro.rehearsal = rehearsal;
           ro.warmup = o.warmup;
+          ro.keep_last = spec.keep_last;
           if (!rehearsal) ro.budget_bytes = o.budget;
           row.r = run_attention(world, cfg, ro);
           row.U = row.r.stage_heads;
@@ -351,6 +363,7 @@ FitRow longest_fit(Communicator& world, const BenchAttnOptions& o, const std::st
     ro.device = o.device;
     ro.threads = o.threads;
     ro.rehearsal = true;
+    ro.keep_last = spec.keep_last;
     const AttnRunResult r = run_attention(world, cfg, ro);
     row.U = r.stage_heads;
     peak[S] = r.mem.peak_total;
@@ -386,6 +399,7 @@ void time_at_common_length(Communicator& world, const BenchAttnOptions& o, std::
     ro.threads = o.threads;
     ro.budget_bytes = o.budget;
     ro.warmup = o.warmup;
+    ro.keep_last = row.spec.keep_last;
     row.run = run_attention(world, make_config(row.preset, o.dtype, row.spec, run_seq), ro);
     row.run_seq = run_seq;
   }

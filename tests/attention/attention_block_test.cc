@@ -388,6 +388,37 @@ TEST(AttentionBlockBits, OverlapIsBitwiseTheSame) {
   }
 }
 
+// upipe's forward keeping its last stage's q, k and v for the backward (which starts with that
+// stage) gives the bits of recomputing them there, forward and backward, on every rank: with
+// overlap, a ring, several rounds of KV heads, dx by tiles with its gradients kept on the host, and
+// x by tiles. What it keeps stays until the backward: never less memory.
+TEST(AttentionBlockBits, KeptLastStageIsBitwiseTheSame) {
+  struct Case {
+    BlockDims d;
+    int C;
+    int64_t U, R;
+  };
+  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), 2, 2, 1}, Case{dims(48, 32, 6, 3, 16), 3, 3, 1},
+                        Case{dims(64, 32, 16, 4, 16), 4, 8, 1}, Case{dims(48, 32, 8, 8, 16), 2, 2, 1},
+                        Case{dims(48, 32, 8, 2, 16), 4, 2, 2}}) {
+    for (DType t : {DType::kF32, DType::kBF16})
+      for (bool overlap : {false, true})
+        for (int64_t tile : {int64_t{0}, int64_t{5}}) {
+          const BlockInputs in = random_inputs(c.d, kSeed, t);
+          RunSpec spec{.strategy = Strategy::kUPipe, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t,
+                       .overlap = overlap, .input_tile = tile, .grad_tile = tile, .grads_on_host = tile > 0};
+          const BlockRun recomputed = run_block(in, spec);
+          spec.keep_last = true;
+          const BlockRun kept = run_block(in, spec);
+          ASSERT_GT(kept.stage_heads, 0);
+          std::string which;
+          EXPECT_TRUE(all_bitwise_equal(recomputed, kept, &which)) << dims_name(c.d) << " " << spec.name() << ": " << which;
+          for (size_t r = 0; r < kept.stats.size(); ++r)
+            EXPECT_GE(kept.stats[r].peak_total, recomputed.stats[r].peak_total) << dims_name(c.d) << " " << spec.name();
+        }
+  }
+}
+
 // D = rowsum(dO * O) of every head before the stages (the saved output then freed) or per stage:
 // the same products, so the same bits (Ulysses and UPipe, with a ring too).
 TEST(AttentionBlockBits, EarlyDeltaIsBitwiseTheSame) {

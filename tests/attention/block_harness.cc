@@ -108,6 +108,7 @@ std::string RunSpec::name() const {
   s += " ";
   s += dtype_name(dtype);
   if (overlap) s += " overlap";
+  if (keep_last) s += " keep-last";
   if (!early_delta) s += " late-delta";
   if (input_tile > 0) s += " tile=" + std::to_string(input_tile);
   if (output_tile > 0) s += " out-tile=" + std::to_string(output_tile);
@@ -172,6 +173,7 @@ BlockRun run_block(const BlockInputs& in, const RunSpec& spec) {
     // The test's own copies are not the block's memory: measure from here.
     dev->allocator().reset_peaks();
     AttentionSaved saved;
+    saved.keep_last_stage = spec.keep_last;
     dev->allocator().set_phase(Phase::kForward);
     const SequenceMask mask = d.doc_lens.empty() ? SequenceMask(S, d.window)
                                                  : SequenceMask::from_lengths(d.doc_lens, d.window).value();

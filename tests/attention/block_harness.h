@@ -100,6 +100,7 @@ struct RunSpec {
   int64_t ring = 1;         // R: ulysses/upipe across R ring groups (strategy kRing: R = ranks)
   DType dtype = DType::kF32;
   bool overlap = false;     // AttentionConfig::overlap (upipe: the next stage in flight)
+  bool keep_last = false;   // AttentionSaved::keep_last_stage (upipe: the last stage's q, k, v kept)
   bool early_delta = true;  // AttentionConfig::early_delta (the saved output freed before the stages)
   int64_t input_tile = 0;   // > 0: x given as a TiledInput of this many rows (copied from x's rows)
   int64_t grad_tile = 0;    // > 0: dx handed out as a TiledGrad of this many rows (written into dx's rows)

@@ -156,10 +156,11 @@ struct AttentionSaved {
   std::vector<SavedRound> rounds;   // one per round, in round order (upipe: only the last kept)
   SavedMask mask;
   // Set by the caller before forward; reset() leaves it. upipe: whether forward keeps its last
-  // stage's q and that stage's round's k and v (the buffers it ends with: no more memory at its
-  // end) for a backward that then runs the stages last first and recomputes only the others. A
-  // forward that no backward follows (a recomputed block's forward pass) keeps nothing.
-  bool keep_last_stage = true;
+  // stage's q and that stage's round's k and v for the backward, which runs the stages last first
+  // and so recomputes only the others'. They are the buffers forward ends with, but they stay
+  // beside that stage's output exchange and whatever the caller runs before the backward, so the
+  // default is the lean one: recomputed.
+  bool keep_last_stage = false;
   void reset() {
     attn_out.reset();
     attn_out_host_tile = 0;
