@@ -1,6 +1,8 @@
 // A step's FLOPs and bytes per phase (time_plan.h).
 #include "untied/train/time_plan.h"
 
+#include "untied/train/trainer.h"
+
 #include "untied/attention/attention_block.h"
 #include "untied/attention/head_schedule.h"
 #include "untied/attention/token_layout.h"
@@ -42,6 +44,13 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   // The ring passes each stage's K/V block R - 1 times (and in backward the fp32 dk/dv sums).
   const double ring_kv = (R - 1) * stages * 2 * Sg * w * D * es, ring_dkv = (R - 1) * stages * 2 * Sg * w * D * 4;
   const double fwd_gemm = proj + out + mlp, fwd_bytes = qkv_bytes + o_bytes + ring_kv;
+  // UPipe's backward projects and exchanges q, k and v again, but for the last stage's q (U heads)
+  // and its round's k and v when the recompute keeps them (DecoderOptions::keep_last_stage).
+  double recomputed = upipe ? 1.0 : 0.0;  // the part of proj (and qkv_bytes) the backward redoes
+  if (upipe && resolved_decoder_options(o, ranks).keep_last_stage == KeepLastStage::kOn) {
+    const double rounds = stages / static_cast<double>(sched.stages_per_round);
+    recomputed = (H - static_cast<double>(sched.stage_heads) + 2 * Geff * (1 - 1 / rounds)) / (H + 2 * Geff);
+  }
 
   std::vector<PhaseWork> phases(3);
   PhaseWork& f = phases[0];
@@ -55,9 +64,9 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   l.bytes_sent = head_params * (es + 4) * shard;  // gathered, and its gradient reduce-scattered
   PhaseWork& b = phases[2];
   b.name = "backward";
-  b.gemm_flops = N * (fwd_gemm + 2 * fwd_gemm + (upipe ? proj : 0) + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
+  b.gemm_flops = N * (fwd_gemm + 2 * fwd_gemm + recomputed * proj + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
   b.attention_flops = N * (attn + 2.5 * attn);
-  b.bytes_sent = N * (fwd_bytes + (upipe ? qkv_bytes : 0) + 2 * o_bytes + L * 2 * Geff * D * es * a2a + ring_kv + ring_dkv) +
+  b.bytes_sent = N * (fwd_bytes + recomputed * qkv_bytes + 2 * o_bytes + L * 2 * Geff * D * es * a2a + ring_kv + ring_dkv) +
                  (N * block_params + embed_params) * (es + 4) * shard;
   for (PhaseWork& p : phases)
     p.ms = 1e3 * (p.gemm_flops / rates.gemm_flops + p.attention_flops / rates.attention_flops +

@@ -9,6 +9,7 @@
 #include "train/train_runs.h"
 #include "untied/train/checkpoint.h"
 #include "untied/train/memory_plan.h"
+#include "untied/train/time_plan.h"
 
 namespace untied {
 namespace {
@@ -332,6 +333,35 @@ TEST(Trainer, UPipeKeptLastStageGivesTheSameBitsAndThePlannedPeak) {
         EXPECT_EQ(peak[static_cast<int>(KeepLastStage::kAuto)], std::min(on, off)) << what;
         EXPECT_EQ(plan_memory(o, 2).keeps_last_stage, on <= off) << what;
       }
+}
+
+// The phase plan leaves out of UPipe's backward the projection and exchange of what a kept last
+// stage holds: its U query heads and its round's KV heads (Llama3-8B heads on 8 ranks: U = 8 of
+// 32 query heads, the one round's 8 KV heads), and nothing else changes.
+TEST(TimePlan, KeptLastStageIsNotRecomputed) {
+  TrainOptions o;
+  o.model = model_preset("llama3-8b").value();
+  o.model.layers = 2;
+  o.decoder = DecoderOptions{.seq = 1 << 20, .strategy = Strategy::kUPipe, .dtype = DType::kBF16};
+  const int P = 8;
+  ASSERT_TRUE(validate(o, P).ok());
+  const DeviceRates rates{.gemm_flops = 1e12, .attention_flops = 1e12, .link_bytes = 1e9};
+  o.decoder.keep_last_stage = KeepLastStage::kOff;
+  const std::vector<PhaseWork> off = plan_time(o, P, rates);
+  o.decoder.keep_last_stage = KeepLastStage::kOn;
+  const std::vector<PhaseWork> on = plan_time(o, P, rates);
+  ASSERT_EQ(off.size(), on.size());
+  const double L = (1 << 20) / P, E = 4096, D = 128, N = 2, U = 8, G = 8, es = 2, a2a = 7.0 / 8;
+  for (size_t i = 0; i < off.size(); ++i) {
+    EXPECT_EQ(off[i].attention_flops, on[i].attention_flops) << off[i].name;
+    if (off[i].name != "backward") {
+      EXPECT_EQ(off[i].gemm_flops, on[i].gemm_flops) << off[i].name;
+      EXPECT_EQ(off[i].bytes_sent, on[i].bytes_sent) << off[i].name;
+      continue;
+    }
+    EXPECT_NEAR(off[i].gemm_flops - on[i].gemm_flops, N * 2 * L * E * D * (U + 2 * G), 1e-6 * off[i].gemm_flops);
+    EXPECT_NEAR(off[i].bytes_sent - on[i].bytes_sent, N * L * D * (U + 2 * G) * es * a2a, 1e-6 * off[i].bytes_sent);
+  }
 }
 
 TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
