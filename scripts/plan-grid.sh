@@ -29,7 +29,8 @@ if [ "$QUICK" = 1 ]; then
          "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --overlap on --dtype f32 --seq 2M"
          "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --no-grads-on-host --no-dh-on-host --no-attn-out-on-host --dtype bf16 --seq 1M"
          "$LLAMA --layers 4 --ranks 8 --strategy upipe --offload-inputs --upipe-keep-last on --dtype bf16 --seq 1M"
-         "$QWEN --layers 2 --ranks 8 --strategy upipe --ring 2 --overlap on --upipe-keep-last on --dtype bf16 --seq 256K")
+         "$QWEN --layers 2 --ranks 8 --strategy upipe --ring 2 --overlap on --upipe-keep-last on --dtype bf16 --seq 256K"
+         "--preset llama3-70b --layers 2 --ranks 8 --no-tiled-dx --upipe-keep-last on --dtype bf16 --seq 1M")
 else
   for st in "upipe" "ulysses" "ring" "upipe --ring 2" "ulysses --ring 2"; do
     for off in "--offload-inputs" ""; do

@@ -12,7 +12,7 @@
 // then y = attn_out wo^T.
 // Backward walks the stages again, last first, each one the forward in reverse:
 //   recompute (upipe) or take from `saved` (ulysses; upipe's last stage, which forward keeps when
-//                     a backward follows) st.q, rd.k, rd.v
+//                     AttentionSaved::keep_last_stage asks) st.q, rd.k, rd.v
 //   exchange_dout     dO for the stage's heads, projected from dy straight into send layout,
 //                     with D = rowsum(dO * O) computed before the exchange where O is local
 //   attention backward dq, dk, dv; dk/dv summed over the round's stages in fp32
@@ -205,8 +205,8 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
   const bool recompute = saving_ == Saving::kRecompute;
-  // upipe keeps the last stage's q and its round's k and v when a backward follows (it starts with
-  // them); every other stage's are freed once attended to.
+  // upipe keeps the last stage's q and its round's k and v when saved.keep_last_stage asks (the
+  // backward starts with them); every other stage's are freed once attended to.
   const bool keep_last = recompute && saved.keep_last_stage;
   const int64_t last_round = stages / sched_.stages_per_round - 1;
   auto keeps_stage = [&](int64_t s) { return !recompute || (keep_last && s == stages - 1); };
@@ -261,7 +261,7 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
       ring_->forward(*mask_, st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     else
       attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
-    // upipe: only the LSE stays (and the last stage's q, k, v); backward recomputes the rest
+    // upipe: only the LSE stays (and, when asked, the last stage's q, k, v); backward recomputes the rest
     if (!keeps_stage(s)) st.q.reset();
     if (sched_.last_of_round(s) && !keeps_round(sched_.round(s))) rd = SavedRound{};
     o_recv = start_output(st.o, out);

@@ -101,8 +101,9 @@ class HeadPipeline final : public AttentionBlock {
   // (blocking: once per round).
   void return_round_dkv(int64_t t, RoundGrads& acc, SavedRound& rd, const AttentionWeights& w, const InputRows& x,
                         float* dx_acc, DxStash* stash, AttentionGrads& g, QkNorm& qk);
-  // dx from the stash a tile of rows at a time, summed in the order dx_acc is (stage by stage:
-  // the stage's q heads, then at a round's end its k heads and v heads), handed to out.consume.
+  // dx from the stash a tile of rows at a time, summed in the order dx_acc is (stage by stage in
+  // backward's order: the stage's q heads, then as a round is left its k heads and v heads),
+  // handed to out.consume.
   void hand_out_dx(const TiledGrad& out, const DxStash& stash, const AttentionWeights& w);
 
   // The stage backward runs i-th: the last first (upipe's forward keeps the last stage's inputs).

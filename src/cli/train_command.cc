@@ -113,7 +113,7 @@ void add_train_flags(FlagSet& f) {
         "gradients, and the norm backward runs per tile: no (L, E) fp32 dx (--no-tiled-dx makes it whole)");
   f.add("grads-on-host", FlagKind::kBool, "true",
         "with --offload-inputs and --tiled-dx: the stages' returned q/k/v gradients wait for dx in host memory "
-        "(--no-grads-on-host keeps them on the device: upipe holds every earlier stage's dq at its last stage)");
+        "(--no-grads-on-host keeps them on the device: upipe holds the dq of every stage run before its last one)");
   f.add("dh-on-host", FlagKind::kBool, "true",
         "with --offload-inputs and tiles: the block's output gradient waits in host memory through the attention's "
         "backward, read a tile at a time (--no-dh-on-host keeps it on the device: one (L, E) buffer more)");

@@ -339,8 +339,10 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
 
 // The last block's recompute, in its last stage (head_pipeline.cc run_forward): the block's
 // output gradient and full weight gradients are already there, and the forward's saved attention
-// output and every stage's LSE. Two moments: inside the attention kernel, and (ulysses and ring,
-// which keep the stage's q, k and v) as the stage's output is sent back, its receive beside it.
+// output and every stage's LSE. The moments: inside the attention kernel; as the stage's output is
+// sent back, its receive beside it (ulysses and ring, which keep the stage's q, k and v, and upipe's
+// recompute keeping its last stage); the output projection after the stages; and (upipe with
+// overlap) the next stage's projection.
 std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs,
                                           int64_t s, bool in_backward) {
   const std::string pass = in_backward ? "recompute" : "forward pass";
@@ -400,7 +402,8 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   projection.name = "attention forward (last block, " + pass + ": output projection)";
   std::erase_if(projection.items, [](const PlanItem& i) {
     return i.what == "attention output (head-sharded)" || i.what == "q all-to-all receive" ||
-           i.what == "k and v all-to-all receives (resident)" || i.what.ends_with(", kept)");
+           i.what == "k and v all-to-all receives (resident)" || i.what.ends_with(", kept)") ||
+           i.what.starts_with("next stage: ") || i.what.starts_with("next round: ");  // the stages are over
   });
   if (recompute && in_backward && d.keep_last) add_kept_last_stage(o, d, true, true, projection.items);
   // With tiles (decoder.cc block_forward): a tile of y at a time, added to x's rows (fetched from
@@ -471,6 +474,29 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
   const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = by_tiles ? d.attn_tile : L, .a_dtype = d.t,
                        .b_dtype = d.t, .c_dtype = by_tiles && d.t != DType::kF32 ? DType::kF32 : d.t};
   if (const int64_t b = cpu_gemm_scratch_bytes(dwo, o.threads); b > 0) it.push_back({"gemm scratch", Tag::kOther, b});
+  return m;
+}
+
+// The last block's attention backward as it computes D = rowsum(dO * O) of every head (early_delta,
+// head_pipeline.cc run_backward), after dwo and before the stages: dwo's moment without that
+// gemm's buffers, with D of every head, the dO of U heads for a run of rows (a tile of them when
+// dhm or the saved output is in host memory) and that projection's gemm scratch. Empty without
+// early_delta.
+PlanMoment early_delta(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+  PlanMoment m = dwo_gemm(o, d, descs);
+  m.name = "attention backward (D of every head)";
+  if (!o.decoder.early_delta) {
+    m.items.clear();
+    return m;
+  }
+  std::erase_if(m.items,
+                [](const PlanItem& i) { return i.what == "dwo fp32 sums (tiles)" || i.what == "gemm scratch"; });
+  const bool by_tiles = d.host.dh || d.host.attn_out;
+  const int64_t rows = by_tiles ? std::min(d.attn_tile, d.L) : d.L, U = d.sched.stage_heads;
+  m.items.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * d.L * 4});
+  m.items.push_back({"dO projection (U heads)", Tag::kAttnWorkspace, rows * U * d.D * d.es});
+  const GemmParams proj{.m = rows, .n = U * d.D, .k = d.E, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  if (const int64_t b = cpu_gemm_scratch_bytes(proj, o.threads); b > 0) m.items.push_back({"gemm scratch", Tag::kOther, b});
   return m;
 }
 
@@ -558,6 +584,7 @@ MemoryPlan plan_resolved(const TrainOptions& o, int ranks) {
   for (PlanMoment& m : re) p.moments.push_back(std::move(m));
   for (PlanMoment& m : fwd) p.moments.push_back(std::move(m));
   p.moments.push_back(dwo_gemm(o, d, descs));
+  p.moments.push_back(early_delta(o, d, descs));
   p.moments.push_back(mlp_backward(o, d, descs));
   if (o.decoder.tiled_dx) p.moments.push_back(dx_tiles(o, d, descs));
   for (PlanMoment& m : loss(o, d, descs)) p.moments.push_back(std::move(m));

@@ -67,7 +67,7 @@ struct DecoderOptions {
   bool tiled_dx = true;
   // With tiled_dx and a host allocator (offloaded inputs): the attention's returned q/k/v
   // gradients wait for dx in host memory (TiledGrad::host), not on the device through the
-  // block's remaining stages (UPipe: every earlier stage's dq at the last stage's attention).
+  // block's remaining stages (UPipe: the dq of every stage run before, at the last one's attention).
   // One (L, H + 2 G_eff, D) stash in host memory per rank, reused by every block; one more copy of
   // it each way per block. The same bits either way.
   bool grads_on_host = true;
