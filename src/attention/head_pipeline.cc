@@ -209,9 +209,10 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   // backward starts with them); every other stage's are freed once attended to.
   const bool keep_last = recompute && saved.keep_last_stage;
   const int64_t last_round = stages / sched_.stages_per_round - 1;
-  auto keeps_stage = [&](int64_t s) { return !recompute || (keep_last && s == stages - 1); };
-  auto keeps_round = [&](int64_t round) { return !recompute || (keep_last && round == last_round); };
-  auto keep_norm = [](bool kept) { return kept ? KeepNorm::kYes : KeepNorm::kNo; };
+  // upipe's stage and round kept for the backward; ulysses and ring keep every one.
+  auto kept_stage = [&](int64_t s) { return keep_last && s == stages - 1; };
+  auto kept_round = [&](int64_t round) { return keep_last && round == last_round; };
+  auto keep_norm = [&](bool kept) { return !recompute || kept ? KeepNorm::kYes : KeepNorm::kNo; };
   saved.reset();
   keep_mask(dev_, mask, positions_, group_positions_, saved.mask);
   mask_ = &saved.mask;
@@ -228,13 +229,12 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   // Stage s's q, and at a round's first stage its k and v, projected and sent off.
   auto send_inputs = [&](int64_t s, Exchanges& ex) {
     SavedStage& st = saved.stages.emplace_back();
-    st.kept = recompute && keeps_stage(s);
-    project_q(w, x, s, st, keep_norm(keeps_stage(s)), ex);
+    st.kept = kept_stage(s);
+    project_q(w, x, s, st, keep_norm(st.kept), ex);
     if (!sched_.first_of_round(s)) return;
-    const int64_t round = sched_.round(s);
     SavedRound& rd = saved.rounds.emplace_back();
-    rd.kept = recompute && keeps_round(round);
-    project_kv(w, x, round, rd, keep_norm(keeps_round(round)), ex);
+    rd.kept = kept_round(sched_.round(s));
+    project_kv(w, x, sched_.round(s), rd, keep_norm(rd.kept), ex);
   };
   // Stage s's output, once its exchange is done, into attn_out; the head-sharded output is freed
   // by every strategy: backward's D = rowsum(dO * O) reads O from attn_out (sequence layout).
@@ -262,8 +262,8 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
     else
       attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     // upipe: only the LSE stays (and, when asked, the last stage's q, k, v); backward recomputes the rest
-    if (!keeps_stage(s)) st.q.reset();
-    if (sched_.last_of_round(s) && !keeps_round(sched_.round(s))) rd = SavedRound{};
+    if (recompute && !st.kept) st.q.reset();
+    if (recompute && sched_.last_of_round(s) && !rd.kept) rd = SavedRound{};
     o_recv = start_output(st.o, out);
     if (!overlap_) {
       place(s, out);
@@ -622,7 +622,6 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   // The stages run last first (backward_stage), so that upipe starts with the last stage's q and
   // its round's k and v, which forward kept: a round is entered at its last stage and left at its
   // first.
-  auto stage_at = [&](int64_t i) { return backward_stage(i); };
   auto enters_round = [&](int64_t s) { return sched_.last_of_round(s); };
   auto leaves_round = [&](int64_t s) { return sched_.first_of_round(s); };
   // Stage s's inputs sent off: recomputed (upipe) q, and a round's k and v, unless kept, and dO
@@ -637,7 +636,7 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   };
   // Stage s's dq, once back in sequence layout, into dx and dwq; as a round is left, the round's
   // dk and dv sums back the same way. The order of these sums into dx is the stages' order
-  // (stage_at) with or without overlap, so both give the same bits.
+  // (backward_stage) with or without overlap, so both give the same bits.
   RoundGrads acc;
   TensorBuffer dq_recv;
   auto finish = [&](int64_t s, Exchanges& ex) {
@@ -649,13 +648,13 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   // With overlap, the next stage's inputs are projected and exchanged, and the previous stage's dq
   // returned, while this stage's attention backward runs (one more stage of inputs is live).
   Exchanges in(dev_, *ulysses_, overlap_), out(dev_, *ulysses_, overlap_);
-  DoutStage d = send_inputs(stage_at(0), in), next;
+  DoutStage d = send_inputs(backward_stage(0), in), next;
   for (int64_t i = 0; i < stages; ++i) {
-    const int64_t s = stage_at(i), round = sched_.round(s);
+    const int64_t s = backward_stage(i), round = sched_.round(s);
     in.wait();
     finish_dout(d);
-    if (i + 1 < stages && overlap_) next = send_inputs(stage_at(i + 1), in);
-    if (i > 0 && overlap_) finish(stage_at(i - 1), out);
+    if (i + 1 < stages && overlap_) next = send_inputs(backward_stage(i + 1), in);
+    if (i > 0 && overlap_) finish(backward_stage(i - 1), out);
     SavedStage& st = saved.stages[s];
     SavedRound& rd = saved.rounds[round];
     if (enters_round(s)) {
@@ -700,10 +699,10 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
       d = std::move(next);
     } else {
       finish(s, out);
-      if (i + 1 < stages) d = send_inputs(stage_at(i + 1), in);
+      if (i + 1 < stages) d = send_inputs(backward_stage(i + 1), in);
     }
   }
-  if (overlap_) finish(stage_at(stages - 1), out);
+  if (overlap_) finish(backward_stage(stages - 1), out);
   if (dx_whole != nullptr && dx_whole->dtype() != DType::kF32)
     convert(dev_, dx_whole->data(), dx_whole->dtype(), dx_acc, DType::kF32, L * E);
   if (tiled != nullptr) {

@@ -164,13 +164,19 @@ void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>
 // (head_pipeline.cc, AttentionSaved::keep_last_stage): its q and its round's k and v, and with
 // qk_norm the norms' inputs and rstd. `q` and `kv`: which of them exist yet (the forward's stages
 // make them).
+// The norms' part alone (qk_norm; nothing otherwise).
+void add_kept_norms(const TrainOptions& o, const Dims& d, bool q, bool kv, std::vector<PlanItem>& it) {
+  const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
+  if (!o.model.qk_norm) return;
+  if (q) it.push_back({"q norm input and rstd (last stage, kept)", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
+  if (kv) it.push_back({"k norm input and rstd (last round, kept)", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+}
+
 void add_kept_last_stage(const TrainOptions& o, const Dims& d, bool q, bool kv, std::vector<PlanItem>& it) {
   const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
   if (q) it.push_back({"q all-to-all receive (last stage, kept)", Tag::kCommunication, Sg * u * D * es});
   if (kv) it.push_back({"k and v all-to-all receives (last round, kept)", Tag::kCommunication, 2 * Sg * w * D * es});
-  if (!o.model.qk_norm) return;
-  if (q) it.push_back({"q norm input and rstd (last stage, kept)", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
-  if (kv) it.push_back({"k norm input and rstd (last round, kept)", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+  add_kept_norms(o, d, q, kv, it);
 }
 
 void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
@@ -390,11 +396,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     // (with overlap stage s+1 is projected by now).
     const int64_t projected = o.decoder.overlap && s + 1 < stages ? s + 1 : s;
     const bool last_round = d.sched.round(projected) == d.sched.round(stages - 1);
-    const bool kept_norms = in_backward && d.keep_last && o.model.qk_norm;
-    if (kept_norms) add_kept_last_stage(o, d, false, last_round, it);
-    if (kept_norms && projected == stages - 1) {
-      it.push_back({"q norm input and rstd (last stage, kept)", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
-    }
+    if (in_backward && d.keep_last) add_kept_norms(o, d, projected == stages - 1, last_round, it);
   }
   // After the stages: y = attn_out wo^T, with the CPU gemm's scratch for bf16 operands
   // (cpu_gemm_scratch_bytes: fp32 widening, or the bf16 kernel's packing and C rows).

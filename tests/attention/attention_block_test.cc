@@ -362,19 +362,23 @@ TEST(AttentionBlockBits, RunsAreDeterministic) {
   }
 }
 
+// UPipe layouts with several stages (C ranks, U heads per stage, R ring groups): odd ranks,
+// several rounds of KV heads, a ring.
+struct StagedCase {
+  BlockDims d;
+  int C;
+  int64_t U, R;
+};
+
 // --overlap changes when each stage's projections and exchanges run, never what they compute,
 // nor the order in which stages' gradients add into dx and the weight gradients: the same bits,
 // forward and backward, on every rank (with a ring too: its exchanges run beside the stage's).
 TEST(AttentionBlockBits, OverlapIsBitwiseTheSame) {
-  struct Case {
-    BlockDims d;
-    int C;
-    int64_t U, R;
-  };
-  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), 2, 2, 1}, Case{dims(48, 32, 8, 2, 16), 4, 4, 1},
-                        Case{dims(48, 32, 8, 1, 16), 8, 8, 1}, Case{dims(48, 32, 6, 3, 16), 3, 3, 1},
-                        Case{dims(64, 32, 16, 4, 16), 4, 8, 1}, Case{dims(48, 32, 8, 8, 16), 2, 2, 1},
-                        Case{dims(48, 32, 8, 2, 16), 4, 2, 2}}) {
+  for (const StagedCase& c :
+       {StagedCase{dims(48, 32, 8, 2, 16), 2, 2, 1}, StagedCase{dims(48, 32, 8, 2, 16), 4, 4, 1},
+        StagedCase{dims(48, 32, 8, 1, 16), 8, 8, 1}, StagedCase{dims(48, 32, 6, 3, 16), 3, 3, 1},
+        StagedCase{dims(64, 32, 16, 4, 16), 4, 8, 1}, StagedCase{dims(48, 32, 8, 8, 16), 2, 2, 1},
+        StagedCase{dims(48, 32, 8, 2, 16), 4, 2, 2}}) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       const BlockInputs in = random_inputs(c.d, kSeed, t);
       RunSpec spec{.strategy = Strategy::kUPipe, .ranks = c.C, .upipe_heads = c.U, .ring = c.R, .dtype = t};
@@ -393,14 +397,10 @@ TEST(AttentionBlockBits, OverlapIsBitwiseTheSame) {
 // overlap, a ring, several rounds of KV heads, dx by tiles with its gradients kept on the host, and
 // x by tiles. What it keeps stays until the backward: never less memory.
 TEST(AttentionBlockBits, KeptLastStageIsBitwiseTheSame) {
-  struct Case {
-    BlockDims d;
-    int C;
-    int64_t U, R;
-  };
-  for (const Case& c : {Case{dims(48, 32, 8, 2, 16), 2, 2, 1}, Case{dims(48, 32, 6, 3, 16), 3, 3, 1},
-                        Case{dims(64, 32, 16, 4, 16), 4, 8, 1}, Case{dims(48, 32, 8, 8, 16), 2, 2, 1},
-                        Case{dims(48, 32, 8, 2, 16), 4, 2, 2}}) {
+  for (const StagedCase& c :
+       {StagedCase{dims(48, 32, 8, 2, 16), 2, 2, 1}, StagedCase{dims(48, 32, 6, 3, 16), 3, 3, 1},
+        StagedCase{dims(64, 32, 16, 4, 16), 4, 8, 1}, StagedCase{dims(48, 32, 8, 8, 16), 2, 2, 1},
+        StagedCase{dims(48, 32, 8, 2, 16), 4, 2, 2}}) {
     for (DType t : {DType::kF32, DType::kBF16})
       for (bool overlap : {false, true})
         for (int64_t tile : {int64_t{0}, int64_t{5}}) {
