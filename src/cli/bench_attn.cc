@@ -16,6 +16,7 @@
 
 #include "cli/args.h"
 #include "cli/attn_runner.h"
+#include "untied/attention/block_work.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "untied/core/json.h"
@@ -50,6 +51,7 @@ struct BenchRow {
   int64_t U = 0, seq = 0;
   AttnRunResult r;
   int64_t paper = 0, exact = 0;
+  double flops = 0;  // the block's forward + backward GEMM and attention FLOPs per rank (block_work.h)
 };
 
 struct Spec {
@@ -250,7 +252,7 @@ std::vector<BenchRow> run_rows(Communicator& world, const BenchAttnOptions& o, c
         for (Spec spec : specs) {
           AttentionConfig cfg = make_config(preset, o.dtype, spec, S);
           if (!validate(cfg, C).ok()) continue;  // e.g. U = 4C > H: not a valid stage size
-          BenchRow row{preset, spec_name(spec), rehearsal ? "rehearsal" : "run", 0, S, {}, 0, 0};
+          BenchRow row{preset, spec_name(spec), rehearsal ? "rehearsal" : "run", 0, S, {}, 0, 0, 0};
           AttnRunOptions ro;
           ro.device = o.device;
           ro.threads = o.threads;
@@ -262,6 +264,8 @@ std::vector<BenchRow> run_rows(Communicator& world, const BenchAttnOptions& o, c
           row.U = row.r.stage_heads;
           row.paper = paper_mha_bytes(cfg, C, row.U);
           row.exact = gqa_exact_bytes(cfg, C, row.U);
+          const BlockWork work = block_work(padded_config(cfg, C), C, spec.keep_last);
+          row.flops = work.forward_flops() + work.backward_flops();
           rows.push_back(row);
         }
       }
@@ -288,6 +292,7 @@ void print_rows_json(const std::vector<BenchRow>& rows, int C) {
     j["peak_bytes_by_tag"] = peak_bytes_by_tag(r.r.mem);
     j["paper_mha_formula_bytes"] = r.paper;
     j["gqa_exact_formula_bytes"] = r.exact;
+    j["block_flops"] = r.flops;
     j["device"] = r.r.device_name;
     out.push_back(std::move(j));
   }
@@ -303,24 +308,27 @@ void print_rows_table(const std::vector<BenchRow>& rows, const BenchAttnOptions&
   std::printf("untied bench attn | %s | %s storage | per-rank figures, max over ranks\n", where.c_str(),
               std::string(dtype_name(o.dtype)).c_str());
   std::fputs(cpu_kernels_lines(o.device).c_str(), stdout);
-  std::printf("%-10s %-18s %4s %8s %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U", "seq",
-              "mode", "fwd_ms", "bwd_ms", "t/uly", "inter_fwd", "inter_bwd", "m/uly", "peak", "formula_mha",
-              "formula_gqa");
+  std::printf("%-10s %-18s %4s %8s %-9s %10s %10s %6s %6s %12s %12s %7s %12s %12s %12s\n", "preset", "strategy", "U",
+              "seq", "mode", "fwd_ms", "bwd_ms", "t/uly", "w/uly", "inter_fwd", "inter_bwd", "m/uly", "peak",
+              "formula_mha", "formula_gqa");
   for (const BenchRow& r : rows) {
     const BenchRow* b = base[r.preset + "/" + std::to_string(r.seq) + "/" + r.mode];
-    char tr[16] = "-", mr[16] = "-";
+    char tr[16] = "-", wr[16] = "-", mr[16] = "-";
     if (b && r.mode == "run") std::snprintf(tr, sizeof tr, "%.3f", (r.r.fwd_ms + r.r.bwd_ms) / (b->r.fwd_ms + b->r.bwd_ms));
+    if (b) std::snprintf(wr, sizeof wr, "%.3f", r.flops / b->flops);
     if (b) std::snprintf(mr, sizeof mr, "%.3f", double(r.r.intermediates_fwd) / double(b->r.intermediates_fwd));
-    std::printf("%-10s %-18s %4lld %8lld %-9s %10s %10s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
+    std::printf("%-10s %-18s %4lld %8lld %-9s %10s %10s %6s %6s %12s %12s %7s %12s %12s %12s\n", r.preset.c_str(),
                 r.strategy.c_str(), (long long)r.U, (long long)r.seq, r.mode.c_str(),
                 r.mode == "run" ? std::to_string(r.r.fwd_ms).substr(0, 9).c_str() : "-",
-                r.mode == "run" ? std::to_string(r.r.bwd_ms).substr(0, 9).c_str() : "-", tr,
+                r.mode == "run" ? std::to_string(r.r.bwd_ms).substr(0, 9).c_str() : "-", tr, wr,
                 format_bytes(r.r.intermediates_fwd).c_str(), format_bytes(r.r.intermediates_bwd).c_str(), mr,
                 format_bytes(r.r.mem.peak_total).c_str(), format_bytes(r.paper).c_str(), format_bytes(r.exact).c_str());
   }
   std::printf("inter_fwd/inter_bwd: peak of attention workspace + communication buffers live together in forward /\n"
               "backward; m/uly: forward intermediates relative to Ulysses; t/uly: forward+backward time relative to\n"
-              "Ulysses; peak: all bytes of the rank at its peak (weights, gradients, inputs, outputs included);\n"
+              "Ulysses; w/uly: GEMM and attention FLOPs relative to Ulysses' (upipe's backward projects q, k and v\n"
+              "again, +keep all but its last stage's): where compute is the time, t/uly does not go below it;\n"
+              "peak: all bytes of the rank at its peak (weights, gradients, inputs, outputs included);\n"
               "formula_mha: 12*L*U*D bytes (bf16) as in the paper (K/V counted with U heads);\n"
               "formula_gqa: exact q/k/v projections + receive buffers at the first stage of a KV round.\n");
   if (o.gpu())

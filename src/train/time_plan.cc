@@ -4,6 +4,7 @@
 #include "untied/train/trainer.h"
 
 #include "untied/attention/attention_block.h"
+#include "untied/attention/block_work.h"
 #include "untied/attention/head_schedule.h"
 #include "untied/attention/token_layout.h"
 
@@ -20,7 +21,7 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   const TokenLayout layout = token_layout(ac, ranks);
   const HeadSchedule sched = make_head_schedule(ac.heads, ac.kv_heads, layout.group(), stage_heads_of(ac, ranks)).value();
   const double P = ranks, C = layout.group(), R = layout.ring(), L = static_cast<double>(layout.local_tokens());
-  const double S = L * P, Sg = static_cast<double>(layout.group_tokens());
+  const double Sg = static_cast<double>(layout.group_tokens());
   const double E = o.model.hidden, H = o.model.heads, D = o.model.head_dim, F = o.model.ffn, V = o.model.vocab;
   const double Geff = static_cast<double>(sched.kv_eff), N = static_cast<double>(o.model.layers);
   const double es = dtype_size(o.decoder.dtype), w = static_cast<double>(sched.kv_per_rank);
@@ -38,25 +39,21 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   const double head_params = o.model.tied_embeddings ? embed_params : final_params;
 
   // One block.
-  const double proj = 2 * L * E * D * (H + 2 * Geff), out = 2 * L * H * D * E, mlp = 6 * L * E * F;
-  const double attn = 2 * S * S * D * H / P;  // causal: QK^T and PV over half the pairs
-  const double qkv_bytes = L * D * (H + 2 * Geff) * es * a2a, o_bytes = L * H * D * es * a2a;
+  const BlockWork blk =
+      block_work(ac, ranks, upipe && resolved_decoder_options(o, ranks).keep_last_stage == KeepLastStage::kOn);
+  const double proj = blk.projections, mlp = 6 * L * E * F;
+  const double qkv_bytes = blk.qkv_bytes, o_bytes = blk.o_bytes;
   // The ring passes each stage's K/V block R - 1 times (and in backward the fp32 dk/dv sums).
   const double ring_kv = (R - 1) * stages * 2 * Sg * w * D * es, ring_dkv = (R - 1) * stages * 2 * Sg * w * D * 4;
-  const double fwd_gemm = proj + out + mlp, fwd_bytes = qkv_bytes + o_bytes + ring_kv;
-  // UPipe's backward projects and exchanges q, k and v again, but for the last stage's q (U heads)
-  // and its round's k and v when the recompute keeps them (DecoderOptions::keep_last_stage).
-  double recomputed = upipe ? 1.0 : 0.0;  // the part of proj (and qkv_bytes) the backward redoes
-  if (upipe && resolved_decoder_options(o, ranks).keep_last_stage == KeepLastStage::kOn) {
-    const double rounds = stages / static_cast<double>(sched.stages_per_round);
-    recomputed = (H - static_cast<double>(sched.stage_heads) + 2 * Geff * (1 - 1 / rounds)) / (H + 2 * Geff);
-  }
+  const double fwd_gemm = proj + blk.output + mlp, fwd_bytes = qkv_bytes + o_bytes + ring_kv;
+  // UPipe's backward projects and exchanges q, k and v again (block_work.h: `recomputed` of them).
+  const double recomputed = blk.recomputed;
 
   std::vector<PhaseWork> phases(3);
   PhaseWork& f = phases[0];
   f.name = "forward";
   f.gemm_flops = N * fwd_gemm;
-  f.attention_flops = N * attn;
+  f.attention_flops = N * blk.attention;
   f.bytes_sent = N * fwd_bytes + (N * block_params + embed_params) * es * shard;
   PhaseWork& l = phases[1];
   l.name = "loss";
@@ -65,7 +62,7 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   PhaseWork& b = phases[2];
   b.name = "backward";
   b.gemm_flops = N * (fwd_gemm + 2 * fwd_gemm + recomputed * proj + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
-  b.attention_flops = N * (attn + 2.5 * attn);
+  b.attention_flops = N * (blk.attention + 2.5 * blk.attention);
   b.bytes_sent = N * (fwd_bytes + recomputed * qkv_bytes + 2 * o_bytes + L * 2 * Geff * D * es * a2a + ring_kv + ring_dkv) +
                  (N * block_params + embed_params) * (es + 4) * shard;
   for (PhaseWork& p : phases)
