@@ -150,6 +150,22 @@ void print_time(const PlanRun& p, const DeviceRates& rates) {
     total += w.ms;
   }
   std::printf("  %-10s %14s %16s %12s %12.1f\n", "step", "", "", "", total);
+  if (p.o.decoder.strategy != Strategy::kUPipe) return;
+  // UPipe against Ulysses on the same step: the work its backward adds (block_work.h), which
+  // bounds how close its time can come to Ulysses' where compute is the time.
+  TrainOptions uly = p.o;
+  uly.decoder.strategy = Strategy::kUlysses;
+  if (!validate(uly, p.ranks).ok()) return;
+  double flops[2] = {0, 0}, ms[2] = {0, 0};
+  for (int i = 0; i < 2; ++i)
+    for (const PhaseWork& w : plan_time(i == 0 ? p.o : uly, p.ranks, rates)) {
+      flops[i] += w.gemm_flops + w.attention_flops;
+      ms[i] += w.ms;
+    }
+  std::printf("  upipe over ulysses on this step: work %.4f, time %.4f at these rates (the backward's second q/k/v "
+              "projection%s)\n",
+              flops[0] / flops[1], ms[0] / ms[1],
+              resolved_decoder_options(p.o, p.ranks).keep_last_stage == KeepLastStage::kOn ? ", last stage kept" : "");
 }
 
 void print_plan(const PlanRun& p, const MemoryPlan& plan) {
