@@ -16,9 +16,9 @@
 
 #include "cli/args.h"
 #include "cli/attn_runner.h"
-#include "untied/attention/block_work.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "untied/attention/block_work.h"
 #include "untied/core/json.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"

@@ -41,13 +41,10 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   // One block.
   const BlockWork blk =
       block_work(ac, ranks, upipe && resolved_decoder_options(o, ranks).keep_last_stage == KeepLastStage::kOn);
-  const double proj = blk.projections, mlp = 6 * L * E * F;
-  const double qkv_bytes = blk.qkv_bytes, o_bytes = blk.o_bytes;
+  const double mlp = 6 * L * E * F;
   // The ring passes each stage's K/V block R - 1 times (and in backward the fp32 dk/dv sums).
   const double ring_kv = (R - 1) * stages * 2 * Sg * w * D * es, ring_dkv = (R - 1) * stages * 2 * Sg * w * D * 4;
-  const double fwd_gemm = proj + blk.output + mlp, fwd_bytes = qkv_bytes + o_bytes + ring_kv;
-  // UPipe's backward projects and exchanges q, k and v again (block_work.h: `recomputed` of them).
-  const double recomputed = blk.recomputed;
+  const double fwd_gemm = blk.forward_gemm() + mlp, fwd_bytes = blk.qkv_bytes + blk.o_bytes + ring_kv;
 
   std::vector<PhaseWork> phases(3);
   PhaseWork& f = phases[0];
@@ -61,9 +58,13 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   l.bytes_sent = head_params * (es + 4) * shard;  // gathered, and its gradient reduce-scattered
   PhaseWork& b = phases[2];
   b.name = "backward";
-  b.gemm_flops = N * (fwd_gemm + 2 * fwd_gemm + recomputed * proj + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
-  b.attention_flops = N * (blk.attention + 2.5 * blk.attention);
-  b.bytes_sent = N * (fwd_bytes + recomputed * qkv_bytes + 2 * o_bytes + L * 2 * Geff * D * es * a2a + ring_kv + ring_dkv) +
+  // The recompute (the forward again), then the backward: the block's, with UPipe's second q/k/v
+  // projection and exchange (block_work.h: `recomputed` of them), and the MLP's.
+  b.gemm_flops =
+      N * (fwd_gemm + blk.backward_gemm() + 2 * mlp + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
+  b.attention_flops = N * (blk.attention + blk.backward_attention());
+  b.bytes_sent = N * (fwd_bytes + blk.recomputed * blk.qkv_bytes + 2 * blk.o_bytes + L * 2 * Geff * D * es * a2a +
+                      ring_kv + ring_dkv) +
                  (N * block_params + embed_params) * (es + 4) * shard;
   for (PhaseWork& p : phases)
     p.ms = 1e3 * (p.gemm_flops / rates.gemm_flops + p.attention_flops / rates.attention_flops +

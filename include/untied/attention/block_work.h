@@ -23,8 +23,11 @@ struct BlockWork {
   double projections = 0, output = 0, attention = 0;  // forward FLOPs
   double recomputed = 0;                             // the part of q/k/v the backward projects again
   double qkv_bytes = 0, o_bytes = 0;                 // forward all-to-all bytes sent
-  double forward_flops() const { return projections + output + attention; }
-  double backward_flops() const { return 2 * (projections + output) + 2.5 * attention + recomputed * projections; }
+  double forward_gemm() const { return projections + output; }
+  double backward_gemm() const { return 2 * (projections + output) + recomputed * projections; }
+  double backward_attention() const { return 2.5 * attention; }
+  double forward_flops() const { return forward_gemm() + attention; }
+  double backward_flops() const { return backward_gemm() + backward_attention(); }
 };
 
 // REQUIRES: validate(cfg, ranks).ok(); cfg as padded_config gives it.
