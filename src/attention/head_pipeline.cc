@@ -200,7 +200,7 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
                                const AttentionWeights& w, const SequenceMask& mask, AttentionSaved& saved) {
   UNTIED_CHECK((y == nullptr) != (tiled == nullptr), "attention forward: y whole or by tiles, not both");
   check_mask(cfg_, mask);
-  const int64_t L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden, u = sched_.q_per_rank;
+  const int64_t L = rows_, D = cfg_.head_dim, H = cfg_.heads, u = sched_.q_per_rank;
   const int64_t stages = sched_.stages;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -213,6 +213,10 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
   auto kept_stage = [&](int64_t s) { return keep_last && s == stages - 1; };
   auto kept_round = [&](int64_t round) { return keep_last && round == last_round; };
   auto keep_norm = [&](bool kept) { return !recompute || kept ? KeepNorm::kYes : KeepNorm::kNo; };
+  if (saved.output_kept) {
+    rerun_forward(y, tiled, x, w, mask, saved);
+    return;
+  }
   saved.reset();
   keep_mask(dev_, mask, positions_, group_positions_, saved.mask);
   mask_ = &saved.mask;
@@ -271,6 +275,38 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
     }
   }
   if (overlap_) place(stages - 1, out);
+  project_output(y, tiled, w, saved);
+  mask_ = nullptr;
+}
+
+void HeadPipeline::rerun_forward(const Tensor* y, const TiledOutput* tiled, const InputRows& x,
+                                 const AttentionWeights& w, const SequenceMask& mask, AttentionSaved& saved) {
+  const int64_t stages = sched_.stages, rounds = stages / sched_.stages_per_round;
+  UNTIED_CHECK(saved.attn_out.view().ndim() > 0, "attention forward: output_kept without a saved output");
+  UNTIED_CHECK(static_cast<int64_t>(saved.stages.size()) == stages && static_cast<int64_t>(saved.rounds.size()) == rounds,
+               "attention forward: output_kept without a matching earlier forward (", saved.stages.size(),
+               " saved stages and ", saved.rounds.size(), " rounds, expected ", stages, " and ", rounds, ")");
+  UNTIED_CHECK(saved.mask.mask.seq() == mask.seq(), "attention forward: output_kept with another sequence's mask");
+  mask_ = &saved.mask;
+  // ulysses and ring keep q, k and v for the backward: projected and exchanged again (one stage,
+  // one round). upipe's backward projects its stages' itself.
+  if (saving_ == Saving::kKeepStages) {
+    Exchanges in(dev_, *ulysses_, /*overlap=*/false);
+    for (int64_t s = 0; s < stages; ++s) {
+      project_q(w, x, s, saved.stages[s], KeepNorm::kYes, in);
+      if (sched_.first_of_round(s)) project_kv(w, x, sched_.round(s), saved.rounds[sched_.round(s)], KeepNorm::kYes, in);
+      in.wait();
+    }
+  }
+  project_output(y, tiled, w, saved);
+  mask_ = nullptr;
+}
+
+void HeadPipeline::project_output(const Tensor* y, const TiledOutput* tiled, const AttentionWeights& w,
+                                  const AttentionSaved& saved) {
+  const int64_t L = rows_, D = cfg_.head_dim, H = cfg_.heads, E = cfg_.hidden;
+  const DType t = cfg_.dtype;
+  Allocator& alloc = dev_.allocator();
   // y (L, E) = attn_out (L, H*D) wo^T: whole, or a tile of rows at a time (attn_out's rows fetched
   // first when it is in host memory)
   const TensorBuffer o_rows = saved_output_fetch(saved);
@@ -289,7 +325,6 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
       tiled->consume(r0, n, tile.data());
     }
   }
-  mask_ = nullptr;
 }
 
 // dO (S, u, D) of one stage, head-sharded, and D = rowsum(dO * O) in the kernel's (u, S) layout

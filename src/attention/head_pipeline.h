@@ -53,6 +53,13 @@ class HeadPipeline final : public AttentionBlock {
   // y whole (y), or handed out by tiles (tiled): exactly one is set.
   void run_forward(const Tensor* y, const TiledOutput* tiled, const InputRows& x, const AttentionWeights& w,
                    const SequenceMask& mask, AttentionSaved& saved);
+  // run_forward with saved.output_kept (AttentionSaved): q, k, v projected again where the
+  // strategy keeps them (ulysses, ring), no attention, y from the saved output.
+  void rerun_forward(const Tensor* y, const TiledOutput* tiled, const InputRows& x, const AttentionWeights& w,
+                     const SequenceMask& mask, AttentionSaved& saved);
+  // y (L, E) = saved.attn_out (L, H*D) wo^T, whole or by tiles (exactly one of y, tiled set).
+  void project_output(const Tensor* y, const TiledOutput* tiled, const AttentionWeights& w,
+                      const AttentionSaved& saved);
   // dx whole (dx), or handed out by tiles (tiled): exactly one is set.
   // dy whole or by tiles (InputRows).
   void run_backward(const Tensor* dx, const TiledGrad* tiled, AttentionGrads& g, const InputRows& dy,

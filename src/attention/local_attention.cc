@@ -23,12 +23,23 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
   const int64_t S = cfg_.seq, E = cfg_.hidden, H = cfg_.heads, G = cfg_.kv_heads, D = cfg_.head_dim;
   const DType t = cfg_.dtype;
   Allocator& alloc = dev_.allocator();
-  saved.reset();
-  keep_mask(dev_, mask, rows_, rows_, saved.mask);
+  // output_kept (AttentionSaved): the output and LSE are an earlier forward's; q, k and v are
+  // made again for the backward, and no attention runs.
+  const bool rerun = saved.output_kept;
+  if (rerun) {
+    UNTIED_CHECK(saved.stages.size() == 1 && saved.rounds.size() == 1 && saved.attn_out.view().ndim() > 0 &&
+                     saved.mask.mask.seq() == mask.seq(),
+                 "attention forward: output_kept without a matching earlier forward");
+  } else {
+    saved.reset();
+    keep_mask(dev_, mask, rows_, rows_, saved.mask);
+    // One stage of every head, one round of every KV head.
+    saved.stages.emplace_back();
+    saved.rounds.emplace_back();
+  }
   const RowPositions pos = rope_positions(saved.mask);
-  // One stage of every head, one round of every KV head.
-  SavedStage& st = saved.stages.emplace_back();
-  SavedRound& rd = saved.rounds.emplace_back();
+  SavedStage& st = saved.stages[0];
+  SavedRound& rd = saved.rounds[0];
   TensorBuffer &q = st.q, &k = rd.k, &v = rd.v;
   q = TensorBuffer(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "q (local)");
   k = TensorBuffer(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "k (local)");
@@ -47,9 +58,12 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
   }
   rope_blocks(dev_, q.data(), t, 1, S, H, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kForward);
   rope_blocks(dev_, k.data(), t, 1, S, G, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kForward);
-  saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
-  st.lse = TensorBuffer(alloc, DType::kF32, {H, S}, Tag::kActivations, "attention LSE (saved)");
-  attention_forward(dev_, kernel_shape(saved.mask), saved.attn_out.data(), st.lse.as<float>(), q.data(), k.data(), v.data());
+  if (!rerun) {
+    saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
+    st.lse = TensorBuffer(alloc, DType::kF32, {H, S}, Tag::kActivations, "attention LSE (saved)");
+    attention_forward(dev_, kernel_shape(saved.mask), saved.attn_out.data(), st.lse.as<float>(), q.data(), k.data(),
+                      v.data());
+  }
   // y = attn_out wo^T
   gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = E, .k = H * D, .a = saved.attn_out.data(), .lda = H * D,
                         .a_dtype = t, .b = w.wo.data(), .ldb = H * D, .b_dtype = w.wo.dtype(), .c = y.data(), .ldc = E,

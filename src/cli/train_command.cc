@@ -105,6 +105,10 @@ void add_train_flags(FlagSet& f) {
         "upipe: the recompute keeps its last stage's q, k and v for the backward, which starts with that stage "
         "instead of projecting and exchanging them again; they stay through the MLP's backward: on, off, or auto "
         "(on unless that raises the step's planned peak memory)");
+  f.add("recompute", FlagKind::kString, "full",
+        "what a block's backward recomputes: full (the whole block from its saved input: the least memory) or "
+        "selective (all but the attention: each block's attention output and LSE are kept from the forward, in host "
+        "memory with --offload-inputs, and the attention runs once per step)");
   f.add("attn-tile", FlagKind::kInt, "0",
         "rows per tile of the attention's input attn_norm(x), computed as the projections read it and never whole "
         "(0 = the MLP tile, -1 = off: made whole)");
@@ -192,6 +196,14 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->decoder.keep_last_stage = keep_last == "on"    ? KeepLastStage::kOn
                                : keep_last == "off" ? KeepLastStage::kOff
                                                     : KeepLastStage::kAuto;
+  const std::string recompute = f.get_string("recompute");
+  if (recompute != "full" && recompute != "selective")
+    return Status::invalid_argument("--recompute: '" + recompute + "': use full or selective");
+  o->decoder.recompute = recompute == "selective" ? Recompute::kSelective : Recompute::kFull;
+  if (o->decoder.recompute == Recompute::kSelective && keep_last == "on")
+    return Status::invalid_argument(
+        "--upipe-keep-last on keeps a stage that upipe's recompute projects, and --recompute selective projects "
+        "none: drop one of the two");
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
   o->decoder.tiled_dx = f.get_bool("tiled-dx");
@@ -393,7 +405,8 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                    "untied train | %s (%lld parameters) | %s%s%s on %d ranks | S=%lld%s (%lld per rank) | %s | data %s | %s\n",
                    opts.model.name.c_str(), (long long)parameter_count(opts.model),
                    std::string(strategy_name(opts.decoder.strategy)).c_str(),
-                   resolved_decoder_options(opts, comm.size()).keep_last_stage == KeepLastStage::kOn
+                   opts.decoder.recompute == Recompute::kSelective ? " (selective recompute: attention output kept)"
+                   : resolved_decoder_options(opts, comm.size()).keep_last_stage == KeepLastStage::kOn
                        ? " (last stage kept for the backward)"
                        : "",
                    ring_note(attention_config(opts.model, opts.decoder), comm.size()).c_str(), comm.size(),

@@ -41,6 +41,8 @@ Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 
 
 }  // namespace
 
+std::string_view recompute_name(Recompute r) { return r == Recompute::kSelective ? "selective" : "full"; }
+
 AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
   return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
                          .head_dim = m.head_dim, .rope_theta = m.rope_theta, .rope_scaling = m.rope_scaling,
@@ -205,7 +207,7 @@ TiledInput Decoder::normed_tiles(const BlockWeights& w, const Tensor& x, bool x_
 }
 
 TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
-                                    const std::string& out_name) {
+                                    const std::string& out_name, AttentionSaved* kept_attn) {
   const int64_t L = rows_, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -222,8 +224,12 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
                            : TensorBuffer(alloc, t, {L, E}, Tag::kActivations, out_name);
   };
   UNTIED_CHECK(!x_on_host || attn_tile_ > 0, "decoder: a block input in host memory needs the attention's tiles");
-  // The forward pass has no backward: it keeps nothing.
-  A.saved.keep_last_stage = acts != nullptr && o_.keep_last_stage != KeepLastStage::kOff;
+  // The forward pass has no backward: it keeps nothing (but, with kept_attn, the attention's output).
+  // A recompute from a kept output (acts->saved.output_kept) projects none of upipe's stages.
+  A.saved.keep_last_stage = acts != nullptr && o_.keep_last_stage != KeepLastStage::kOff && !A.saved.output_kept;
+  // With a kept output, upipe's recompute reads no row of x: rstd1 is written by the backward's
+  // projections, which read every row before the attn_norm backward does.
+  UNTIED_CHECK(!A.saved.output_kept || acts != nullptr, "decoder: a kept attention output outside a recompute");
   if (attn_tile_ > 0) {
     bool made = false;
     TensorBuffer xt;  // x_on_host: the tile of x fetched to the device
@@ -252,6 +258,10 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
     add_inplace(dev_, A.hm, x);
   }
   if (acts != nullptr) return TensorBuffer();  // recompute for backward: the MLP is recomputed tile by tile there
+  if (kept_attn != nullptr) {
+    A.saved.keep_output_only();
+    *kept_attn = std::move(A.saved);
+  }
   A.saved.reset();
   // y = hm + mlp(mlp_norm(hm)), tile by tile, into hm itself (each tile's rows are read before
   // they are added to)
@@ -433,12 +443,16 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     embedding_forward(dev_, emb, h.data(), ids.as<int32_t>(), bind_embedding(w).embed.data());
   }
   std::vector<TensorBuffer> inputs;  // each block's input: on the device, or offloaded to host_ (offloads(l))
+  // Recompute::kSelective: each block's attention output, LSE and mask, for its recompute.
+  const bool selective = o_.recompute == Recompute::kSelective;
+  std::vector<AttentionSaved> kept_attn(selective ? static_cast<size_t>(N) : 0);
   for (int l = 0; l < N; ++l) {
     watchdog_note(1, "forward, block " + std::to_string(l));
     const ParamGroup w = params.gather(l + 1);
     // The last block's output becomes the residual stream's gradient in the loss (kDhName).
     TensorBuffer y = block_forward(bind_block(m_, w), h, /*x_on_host=*/false, nullptr,
-                                   l + 1 < N ? "block " + std::to_string(l + 1) + " input" : kDhName);
+                                   l + 1 < N ? "block " + std::to_string(l + 1) + " input" : kDhName,
+                                   selective ? &kept_attn[static_cast<size_t>(l)] : nullptr);
     if (offloads(l)) {
       TensorBuffer c(*host_, t, {L, E}, Tag::kActivations, "block " + std::to_string(l) + " input (offloaded)");
       dev_.copy(c.data(), h.data(), h.view().bytes());
@@ -525,6 +539,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     }
     const Tensor x = offloads(l) && !from_host ? fetched.view() : inputs[l].view();
     BlockActs acts;
+    if (selective) acts.saved = std::move(kept_attn[static_cast<size_t>(l)]);
     block_forward(w, x, from_host, &acts);
     BlockInput in{.x = x, .on_host = from_host};
     if (offloads(l) && o_.refetch_inputs && !from_host) {

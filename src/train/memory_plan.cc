@@ -39,6 +39,8 @@ Status validate_plan(const TrainOptions& o, int ranks) {
   if (o.decoder.strategy == Strategy::kLocal)
     return Status::invalid_argument("plan covers ulysses, upipe and ring (and their ring hybrids), not local");
   if (o.window > 0) return Status::invalid_argument("plan does not cover --window yet: rehearse");
+  if (o.decoder.recompute == Recompute::kSelective)
+    return Status::invalid_argument("plan does not cover --recompute selective yet: rehearse");
   return Status::ok_status();
 }
 

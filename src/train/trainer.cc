@@ -202,12 +202,17 @@ int64_t attn_out_host_bytes(const TrainOptions& o, int ranks) {
 int64_t host_bytes(const TrainOptions& o, int ranks) {
   // A block's saved output is freed as its backward begins (D computed), the kept gradients come
   // after: they overlap only with dhm.
-  return offloaded_input_bytes(o, ranks) + dh_host_bytes(o, ranks) +
-         std::max(grad_stash_bytes(o, ranks), attn_out_host_bytes(o, ranks));
+  // With Recompute::kSelective every block's output waits there from its forward on: the other
+  // N - 1 blocks' are beside the one in use.
+  const int64_t a = attn_out_host_bytes(o, ranks);
+  const int64_t others = o.decoder.recompute == Recompute::kSelective ? (o.model.layers - 1) * a : 0;
+  return offloaded_input_bytes(o, ranks) + dh_host_bytes(o, ranks) + others + std::max(grad_stash_bytes(o, ranks), a);
 }
 
 DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks) {
   DecoderOptions d = o.decoder;
+  // A selective recompute projects none of upipe's stages: there is no last stage to keep.
+  if (d.recompute == Recompute::kSelective) d.keep_last_stage = KeepLastStage::kOff;
   if (d.strategy == Strategy::kUPipe && d.keep_last_stage == KeepLastStage::kAuto) {
     // Where the closed forms do not cover the run (a window), memory first: not kept.
     const bool keep = validate_plan(o, ranks).ok() && plan_memory(o, ranks).keeps_last_stage;

@@ -179,6 +179,52 @@ TEST(Decoder, QkNormStrategiesAgreeWithLocal) {
   EXPECT_NEAR(run(m, o, 2).loss, ref.loss, 2e-2 * ref.loss);
 }
 
+// The selective recompute (the attention output and LSE kept from the forward pass, no attention
+// in the recompute) gives the bits of the full one, loss and every gradient, for every strategy:
+// local, ulysses (G < C on 4 ranks: replicated KV), upipe in one stage and in two rounds of stages,
+// with overlap, ring, the hybrid, packed documents with a window, qk_norm, bf16, and the
+// attention's input made whole (no tiles) as well as by tiles.
+TEST(Decoder, SelectiveRecomputeGivesTheBitsOfFull) {
+  struct Case {
+    const char* what;
+    Strategy strategy;
+    int ranks, ring = 1;
+    int64_t upipe_heads = 0;
+    bool overlap = false, qk_norm = false, docs = false, whole_input = false;
+    DType dtype = DType::kF32;
+  };
+  const Case cases[] = {
+      {"local", Strategy::kLocal, 1},
+      {"ulysses, 4 ranks", Strategy::kUlysses, 4},
+      {"ulysses, 2 ranks, bf16", Strategy::kUlysses, 2, 1, 0, false, false, false, false, DType::kBF16},
+      {"upipe, 2 ranks, 2 stages", Strategy::kUPipe, 2, 1, 2},
+      {"upipe, 2 ranks, 2 stages, overlap, qk_norm", Strategy::kUPipe, 2, 1, 2, true, true},
+      {"ring, 3 ranks", Strategy::kRing, 3},
+      {"upipe, 4 ranks as 2 x 2, documents and a window", Strategy::kUPipe, 4, 2, 0, false, false, true},
+      {"upipe, 2 ranks, whole input, bf16", Strategy::kUPipe, 2, 1, 2, false, false, false, true, DType::kBF16},
+      {"ulysses, 2 ranks, whole input", Strategy::kUlysses, 2, 1, 0, false, false, false, true},
+  };
+  const std::vector<int64_t> docs = {5, 7, 12, 1, 23};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ModelConfig m = tiny_model();
+    m.qk_norm = c.qk_norm;
+    DecoderOptions o{.seq = 48, .strategy = c.strategy, .upipe_heads = c.upipe_heads, .ring = c.ring,
+                     .overlap = c.overlap, .dtype = c.dtype, .mlp_tile = 16, .loss_chunk = 7};
+    if (c.whole_input) o.attn_tile = -1;
+    const std::vector<int64_t> d = c.docs ? docs : std::vector<int64_t>{};
+    const int64_t window = c.docs ? 6 : 0;
+    const Result full = run(m, o, c.ranks, 3, nullptr, d, window);
+    o.recompute = Recompute::kSelective;
+    const Result selective = run(m, o, c.ranks, 3, nullptr, d, window);
+    EXPECT_GT(full.loss, 0.0);
+    EXPECT_EQ(full.loss, selective.loss);
+    const auto descs = parameter_descriptors(m);
+    ASSERT_EQ(full.grads.size(), selective.grads.size());
+    for (size_t i = 0; i < full.grads.size(); ++i) EXPECT_EQ(full.grads[i], selective.grads[i]) << descs[i].name;
+  }
+}
+
 TEST(Decoder, Bf16StaysCloseToF32) {
   const ModelConfig m = tiny_model();
   DecoderOptions o{.seq = 48, .strategy = Strategy::kUPipe};

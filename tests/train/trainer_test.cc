@@ -414,6 +414,46 @@ TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
   }
 }
 
+// The selective recompute (DecoderOptions::recompute) over a run of steps: the losses of the full
+// one, bit for bit, with and without offloaded inputs. Its memory, rehearsed: every block's
+// attention output waits in host memory with offload (host_bytes counts them: N blocks' at once)
+// and on the device without (more activations at the peak than the full recompute's); the closed
+// forms do not cover it and say so.
+TEST(Trainer, SelectiveRecomputeKeepsTheLossesAndCountsItsMemory) {
+  for (Strategy st : {Strategy::kUPipe, Strategy::kUlysses})
+    for (bool offload : {false, true}) {
+      const std::string what = std::string(strategy_name(st)) + (offload ? ", offload" : "");
+      TrainOptions o = small_run(st);
+      o.offload_inputs = offload;
+      auto full = run(o, 2);
+      o.decoder.recompute = Recompute::kSelective;
+      auto selective = run(o, 2);
+      ASSERT_TRUE(full.ok() && selective.ok()) << what;
+      EXPECT_EQ(full.value().losses, selective.value().losses) << what;
+
+      o.rehearsal = true;
+      o.steps = 1, o.warmup = 0;
+      o.decoder.seq = 1 << 14;
+      auto r_sel = run(o, 2);
+      o.decoder.recompute = Recompute::kFull;
+      auto r_full = run(o, 2);
+      ASSERT_TRUE(r_sel.ok() && r_full.ok()) << what;
+      o.decoder.recompute = Recompute::kSelective;
+      const int act = static_cast<int>(Tag::kActivations);
+      const int64_t out_bytes = int64_t{(1 << 14) / 2} * o.model.heads * o.model.head_dim * 4;  // (L, H*D) f32
+      if (offload) {
+        EXPECT_EQ(r_sel.value().host_peak, host_bytes(o, 2)) << what;
+        EXPECT_EQ(r_sel.value().host_peak - r_full.value().host_peak, (o.model.layers - 1) * out_bytes) << what;
+      } else {
+        EXPECT_EQ(r_sel.value().host_peak, 0) << what;
+        EXPECT_GE(r_sel.value().peak.peak[act], r_full.value().peak.peak[act] + (o.model.layers - 1) * out_bytes) << what;
+      }
+      Status plan = validate_plan(o, 2);
+      EXPECT_FALSE(plan.ok());
+      EXPECT_NE(plan.message().find("--recompute selective"), std::string::npos) << plan.message();
+    }
+}
+
 TEST(Trainer, LearningRateWarmsUpThenDecays) {
   TrainOptions o = small_run(Strategy::kLocal);
   o.steps = 100, o.warmup = 10, o.lr = 1.0f, o.min_lr_ratio = 0.1f;

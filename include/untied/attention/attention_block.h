@@ -161,12 +161,33 @@ struct AttentionSaved {
   // beside that stage's output exchange and whatever the caller runs before the backward, so the
   // default is the lean one: recomputed.
   bool keep_last_stage = false;
+  // Selective recompute (decoder.h Recompute::kSelective): set by keep_output_only() on what a
+  // forward saved, kept by the caller until the block is run again on the same x, weights and
+  // mask (the recompute before its backward). That forward then runs no attention kernel and
+  // exchanges no output: it projects y from the saved output (the same bits) and makes only what
+  // the backward reads besides it: ulysses, ring and local project and keep q, k and v again;
+  // upipe projects nothing (its backward projects every stage's, as it does after a full
+  // forward). reset() clears it.
+  bool output_kept = false;
   void reset() {
     attn_out.reset();
     attn_out_host_tile = 0;
     stages.clear();
     rounds.clear();
     mask = SavedMask{};
+    output_kept = false;
+  }
+  // What a forward saved reduced to its attention output, each stage's LSE and the mask (q, k, v,
+  // their norms' inputs and the head-sharded outputs freed), with output_kept set: what the
+  // selective recompute keeps per block from the forward pass to the backward.
+  void keep_output_only() {
+    for (SavedStage& st : stages) {
+      TensorBuffer lse = std::move(st.lse);
+      st = SavedStage{};
+      st.lse = std::move(lse);
+    }
+    for (SavedRound& rd : rounds) rd = SavedRound{};
+    output_kept = true;
   }
 };
 

@@ -38,13 +38,27 @@ namespace untied {
 // (plan_memory, memory_plan.h), resolved by the trainer; a Decoder takes kAuto as kOn.
 enum class KeepLastStage { kAuto, kOn, kOff };
 
+// What a block's recompute before its backward runs again.
+//   kFull       the whole block from its saved input (the least memory: one (L, E) per block).
+//   kSelective  the block but its attention: the forward pass keeps each block's attention output
+//               (L, H*D) and LSE (H/C_u heads' (S) rows per rank, fp32) beside its input, and the
+//               recompute projects y from them instead of running the attention again
+//               (AttentionSaved::output_kept): the attention kernel and the output exchange run
+//               once per step instead of twice, and UPipe's recompute projects no q, k or v (its
+//               backward does, stage by stage, as Ulysses' recompute does all at once), so the
+//               two do the same work. The kept outputs are in the host allocator's memory when
+//               the Decoder has one (offloaded inputs), else on the device. The same bits as kFull.
+enum class Recompute { kFull, kSelective };
+std::string_view recompute_name(Recompute r);
+
 struct DecoderOptions {
   int64_t seq = 0;  // S, global
   Strategy strategy = Strategy::kUPipe;
   int64_t upipe_heads = 0;  // 0 = C
   int64_t ring = 1;         // R (attention_block.h): ulysses/upipe across R ring groups
   bool overlap = false;     // upipe: the next stage's exchanges beside this one's compute (AttentionConfig)
-  KeepLastStage keep_last_stage = KeepLastStage::kAuto;
+  KeepLastStage keep_last_stage = KeepLastStage::kAuto;  // upipe with Recompute::kFull only
+  Recompute recompute = Recompute::kFull;
   DType dtype = DType::kF32;  // activations and gathered weights
   int64_t mlp_tile = 0;       // tokens per MLP tile; 0 = min(L, max(E, 256))
   int64_t loss_chunk = 0;     // tokens per LM-head loss chunk; 0 = the kernel's default
@@ -191,8 +205,10 @@ class Decoder {
   // block(x) (L, E): without acts, returned (a new buffer named out_name, the next block's
   // input); with acts (the recompute), what backward needs is kept there and nothing returned.
   // x_on_host: x is the block input's host copy, read a tile at a time (needs attn_tile_).
+  // kept_attn (the forward pass, Recompute::kSelective): the attention's output, LSE and mask
+  // are moved there for the recompute (AttentionSaved::keep_output_only).
   TensorBuffer block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
-                             const std::string& out_name = "");
+                             const std::string& out_name = "", AttentionSaved* kept_attn = nullptr);
   // dh (L, E): in, the gradient of the block's output; out, that of its input, in the same
   // buffer (the MLP backward turns it into d residual after attention in place, and dx is formed
   // into it a tile at a time). Block weight gradients (fp32, full local) into g (+=).

@@ -96,7 +96,7 @@ int64_t dh_host_bytes(const TrainOptions& o, int ranks);
 int64_t attn_out_host_bytes(const TrainOptions& o, int ranks);
 // All the host memory one rank takes at most: offloaded_input_bytes + dh_host_bytes + the larger
 // of grad_stash_bytes and attn_out_host_bytes (a block's saved output is freed before its kept
-// gradients come).
+// gradients come); with Recompute::kSelective, the other N - 1 blocks' saved outputs besides.
 int64_t host_bytes(const TrainOptions& o, int ranks);
 
 // o.decoder with upipe's KeepLastStage::kAuto resolved as plan_memory resolves it (kOff where the
