@@ -53,7 +53,9 @@ std::string header(const PlanRun& p) {
     << dtype_name(p.o.decoder.dtype);
   if (p.o.offload_inputs)
     s << " | " << offloaded_inputs(p.o.model, p.o.decoder) << " of " << p.o.model.layers << " inputs offloaded";
-  if (p.o.decoder.strategy == Strategy::kUPipe && validate_plan(p.o, p.ranks).ok())
+  if (p.o.decoder.recompute == Recompute::kSelective)
+    s << " | selective recompute (attention outputs kept)";
+  else if (p.o.decoder.strategy == Strategy::kUPipe && validate_plan(p.o, p.ranks).ok())
     s << " | last stage " << (plan_memory(p.o, p.ranks).keeps_last_stage ? "kept" : "recomputed") << " for the backward";
   return s.str();
 }
@@ -162,10 +164,13 @@ void print_time(const PlanRun& p, const DeviceRates& rates) {
       flops[i] += w.gemm_flops + w.attention_flops;
       ms[i] += w.ms;
     }
-  std::printf("  upipe over ulysses on this step: work %.4f, time %.4f at these rates (the backward's second q/k/v "
-              "projection%s)\n",
-              flops[0] / flops[1], ms[0] / ms[1],
-              resolved_decoder_options(p.o, p.ranks).keep_last_stage == KeepLastStage::kOn ? ", last stage kept" : "");
+  const char* why = p.o.decoder.recompute == Recompute::kSelective
+                        ? "selective recompute: upipe's backward projects the q, k and v that ulysses' recompute does"
+                    : resolved_decoder_options(p.o, p.ranks).keep_last_stage == KeepLastStage::kOn
+                        ? "the backward's second q/k/v projection, last stage kept"
+                        : "the backward's second q/k/v projection";
+  std::printf("  upipe over ulysses on this step: work %.4f, time %.4f at these rates (%s)\n", flops[0] / flops[1],
+              ms[0] / ms[1], why);
 }
 
 void print_plan(const PlanRun& p, const MemoryPlan& plan) {

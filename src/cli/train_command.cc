@@ -200,10 +200,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   if (recompute != "full" && recompute != "selective")
     return Status::invalid_argument("--recompute: '" + recompute + "': use full or selective");
   o->decoder.recompute = recompute == "selective" ? Recompute::kSelective : Recompute::kFull;
-  if (o->decoder.recompute == Recompute::kSelective && keep_last == "on")
-    return Status::invalid_argument(
-        "--upipe-keep-last on keeps a stage that upipe's recompute projects, and --recompute selective projects "
-        "none: drop one of the two");
+
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
   o->decoder.tiled_dx = f.get_bool("tiled-dx");

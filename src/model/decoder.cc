@@ -57,6 +57,10 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   s = validate(padded_config(attention_config(m, o), ranks), ranks);
   if (!s.ok()) return s;
   if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
+  if (o.recompute == Recompute::kSelective && o.keep_last_stage == KeepLastStage::kOn)
+    return Status::invalid_argument(
+        "--upipe-keep-last on keeps a stage that upipe's recompute projects, and --recompute selective projects "
+        "none: drop one of the two");
   if (o.attn_tile < -1) return Status::invalid_argument("attn_tile (--attn-tile) must be >= 0, or -1 (off: attn_norm(x) made whole)");
   if (o.offload_keep_first < 0 || o.offload_keep_first > m.layers || o.offload_every < 1)
     return Status::invalid_argument("--keep-inputs must be in [0, " + std::to_string(m.layers) +

@@ -39,8 +39,6 @@ Status validate_plan(const TrainOptions& o, int ranks) {
   if (o.decoder.strategy == Strategy::kLocal)
     return Status::invalid_argument("plan covers ulysses, upipe and ring (and their ring hybrids), not local");
   if (o.window > 0) return Status::invalid_argument("plan does not cover --window yet: rehearse");
-  if (o.decoder.recompute == Recompute::kSelective)
-    return Status::invalid_argument("plan does not cover --recompute selective yet: rehearse");
   return Status::ok_status();
 }
 
@@ -60,6 +58,7 @@ struct Dims {
   int64_t mlp_tile = 0, attn_tile = 0;  // as the Decoder chooses them (0: attention input whole)
   HostParts host;  // what waits in host memory in a block's backward (decoder.h host_parts)
   bool keep_last = false;  // upipe's recompute keeps its last stage (resolved: no kAuto)
+  bool selective = false;  // Recompute::kSelective: every block's attention output and LSE kept
 };
 
 Dims dims_of(const TrainOptions& o, int ranks) {
@@ -79,7 +78,9 @@ Dims dims_of(const TrainOptions& o, int ranks) {
   const DecoderTiles tiles = decoder_tiles(o.model, o.decoder, d.L);
   d.mlp_tile = tiles.mlp;
   d.attn_tile = tiles.attn;
-  d.keep_last = o.decoder.strategy == Strategy::kUPipe && o.decoder.keep_last_stage == KeepLastStage::kOn;
+  d.selective = o.decoder.recompute == Recompute::kSelective;
+  d.keep_last = o.decoder.strategy == Strategy::kUPipe && o.decoder.keep_last_stage == KeepLastStage::kOn &&
+                !d.selective;
   d.host = host_parts(o.model, o.decoder, d.L, o.offload_inputs);
   return d;
 }
@@ -113,6 +114,17 @@ void add_saved_inputs(const TrainOptions& o, const Dims& d, std::vector<PlanItem
     out.push_back({std::to_string(on_device) + " block inputs (saved)", Tag::kActivations, on_device * d.L * d.E * d.es});
 }
 
+// Recompute::kSelective: `blocks` blocks' attention outputs (on the device unless they wait in
+// host memory) and every stage's LSE, kept from the forward pass for their recompute.
+void add_kept_outputs(const Dims& d, int64_t blocks, std::vector<PlanItem>& out) {
+  if (!d.selective || blocks == 0) return;
+  const std::string n = std::to_string(blocks);
+  if (!d.host.attn_out)
+    out.push_back({n + " blocks' attention outputs (kept)", Tag::kActivations, blocks * d.L * d.H * d.D * d.es});
+  out.push_back({n + " blocks' attention LSEs (kept)", Tag::kActivations,
+                 blocks * d.sched.stages * d.sched.q_per_rank * d.Sg * 4});
+}
+
 // What every moment of the last block's backward holds before its own buffers (decoder.cc
 // forward_backward, block_backward): the state, the block's gathered weights and full gradients,
 // the saved inputs on the device, the token ids, the block's input when it was fetched whole
@@ -125,6 +137,7 @@ void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<
   add_state(descs, d, it);
   add_group(descs, static_cast<int>(d.N), d, "block weights", it);
   add_saved_inputs(o, d, it);
+  add_kept_outputs(d, d.N - 1, it);
   it.push_back({"token ids", Tag::kOther, L * 4});
   const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
   if (offloaded && !o.decoder.refetch_inputs)
@@ -326,6 +339,7 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
   add_group(descs, head_group, d, "final norm and LM head", it);
   if (o.model.tied_embeddings) add_group(descs, 0, d, "embedding (the tied head)", it);
   add_saved_inputs(o, d, it);
+  add_kept_outputs(d, d.N, it);
   it.push_back({"token ids", Tag::kOther, L * 4});
   it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
   it.push_back({"predictions, labels", Tag::kOther, 2 * L * 4});
@@ -363,6 +377,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   add_state(descs, d, it);
   add_group(descs, static_cast<int>(d.N), d, "block weights", it, /*grads=*/in_backward);
   it.push_back({"token ids", Tag::kOther, L * 4});
+  add_kept_outputs(d, d.N - 1, it);  // the other blocks' (the forward pass: the blocks before)
   if (in_backward) {
     add_saved_inputs(o, d, it);
     // The offloaded input read from the host a tile at a time (refetch_inputs, tiles), or fetched.
@@ -386,7 +401,9 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   it.push_back({"attn_norm rstd", Tag::kOther, L * 4});
   const bool out_host = d.host.attn_out;
   if (!out_host) it.push_back({"attention output (saved)", Tag::kActivations, L * d.H * D * es});
-  it.push_back({"attention LSE (saved)", Tag::kActivations, (s + 1) * u * Sg * 4});
+  // (A recompute from the kept output has every stage's LSE from the start.)
+  const bool rerun = in_backward && d.selective;
+  it.push_back({"attention LSE (saved)", Tag::kActivations, (rerun ? stages : s + 1) * u * Sg * 4});
   it.push_back({"attention output (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/false, it);
   if (!recompute) {  // every stage's q, every round's k and v, kept for the backward
@@ -441,6 +458,24 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     it.push_back({"ring LSE (chunks) and partial LSE", Tag::kAttnWorkspace, 3 * u * lc * 4});
     it.push_back({"ring partial output (fp32)", Tag::kAttnWorkspace, lc * u * D * 4});
     it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(lc)});
+  }
+  if (rerun) {
+    // Recompute::kSelective (head_pipeline.cc rerun_forward): no attention and no output exchange.
+    // Ulysses and ring project q, k and v again, kept for the backward: the moment as v's
+    // projection is sent (every q and k receive there already), no kernel beside it; upipe projects
+    // nothing: only the output projection.
+    exchange.items.clear();
+    if (recompute) {
+      m.items.clear();
+    } else {
+      m.name = "attention forward (last block, recompute: q, k and v projected again)";
+      std::erase_if(m.items, [](const PlanItem& i) {
+        return i.what == "attention output (head-sharded)" || i.what == "attention forward tiles" ||
+               i.what.starts_with("ring ");
+      });
+      m.items.push_back({"v projection (send layout)", Tag::kAttnWorkspace, Sg * w * D * es});
+    }
+    return {m, exchange, projection};
   }
   if (!recompute) return {m, exchange, projection};
   // UPipe frees the stage's q (and the round's k, v) before the exchange, but for the last stage's
@@ -605,7 +640,8 @@ MemoryPlan plan_resolved(const TrainOptions& o, int ranks) {
 MemoryPlan plan_memory(const TrainOptions& o, int ranks) {
   const Status valid = validate_plan(o, ranks);
   UNTIED_CHECK(valid.ok(), valid.message());
-  if (o.decoder.strategy != Strategy::kUPipe || o.decoder.keep_last_stage != KeepLastStage::kAuto)
+  if (o.decoder.strategy != Strategy::kUPipe || o.decoder.keep_last_stage != KeepLastStage::kAuto ||
+      o.decoder.recompute == Recompute::kSelective)  // (nothing of upipe's recompute to keep)
     return plan_resolved(o, ranks);
   TrainOptions on = o, off = o;
   on.decoder.keep_last_stage = KeepLastStage::kOn;

@@ -58,12 +58,20 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   l.bytes_sent = head_params * (es + 4) * shard;  // gathered, and its gradient reduce-scattered
   PhaseWork& b = phases[2];
   b.name = "backward";
-  // The recompute (the forward again), then the backward: the block's, with UPipe's second q/k/v
-  // projection and exchange (block_work.h: `recomputed` of them), and the MLP's.
+  // The recompute, then the backward: the block's, with UPipe's second q/k/v projection and
+  // exchange (block_work.h: `recomputed` of them), and the MLP's. The recompute is the forward
+  // again (full), or (selective) all but the attention and its output exchange: the output
+  // projection from the kept output, the MLP, and q, k and v projected and exchanged again where
+  // the strategy keeps them for its backward (not UPipe: its backward projects them).
+  const bool selective = o.decoder.recompute == Recompute::kSelective;
+  const double re_proj = selective && upipe ? 0 : 1;
+  const double re_gemm = selective ? re_proj * blk.projections + blk.output + mlp : fwd_gemm;
+  const double re_attention = selective ? 0 : blk.attention;
+  const double re_bytes = selective ? re_proj * blk.qkv_bytes : fwd_bytes;
   b.gemm_flops =
-      N * (fwd_gemm + blk.backward_gemm() + 2 * mlp + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
-  b.attention_flops = N * (blk.attention + blk.backward_attention());
-  b.bytes_sent = N * (fwd_bytes + blk.recomputed * blk.qkv_bytes + 2 * blk.o_bytes + L * 2 * Geff * D * es * a2a +
+      N * (re_gemm + blk.backward_gemm() + 2 * mlp + (o.decoder.early_delta ? 2 * L * E * H * D : 0));
+  b.attention_flops = N * (re_attention + blk.backward_attention());
+  b.bytes_sent = N * (re_bytes + blk.recomputed * blk.qkv_bytes + 2 * blk.o_bytes + L * 2 * Geff * D * es * a2a +
                       ring_kv + ring_dkv) +
                  (N * block_params + embed_params) * (es + 4) * shard;
   for (PhaseWork& p : phases)

@@ -7,7 +7,10 @@
 //                            earlier stages' dq kept for dx, or the whole fp32 dx without tiles);
 //   "dx by tiles"          - the same block's dx formed from the kept gradients, a tile at a time;
 //   "attention forward"    - the block's recompute: inside the last stage's kernel, as its output
-//                            is sent back (ulysses, ring), and at the output projection;
+//                            is sent back (ulysses, ring), and at the output projection (with
+//                            --recompute selective: no kernel, q, k and v projected again by
+//                            ulysses and ring, and every block's kept attention output and LSE
+//                            in every moment);
 //   "dwo gemm", "MLP backward" - the largest only for small models;
 //   "loss"                 - the LM head's kernel, and its gradient's reduce-scatter (the largest
 //                            at short S with a large vocabulary).

@@ -11,7 +11,10 @@
 //                         GEMMs, 2.5 times the attention (five matmuls for two), upipe's second
 //                         recompute of q/k/v, the early-delta dO projection; the all-to-alls of q,
 //                         k, v (upipe), dO, dq, dk, dv; the ring's K/V blocks and dk/dv sums; the
-//                         weights' second all-gather and the gradients' reduce-scatter.
+//                         weights' second all-gather and the gradients' reduce-scatter. With
+//                         --recompute selective the recompute runs no attention and no output
+//                         exchange, and projects q, k, v only where the strategy keeps them
+//                         (ulysses, ring: upipe's backward projects its own).
 // (P ranks, L = S / P rows, G_eff the KV heads as the head schedule replicates them.) Norms, RoPE,
 // softmax's exponentials, copies and the optimizer are left out: on GPUs they are a small part of
 // a long-context step; on CPUs they are not (docs/plan.md measures it).
