@@ -101,6 +101,31 @@ void project_out_grad_heads(Device& dev, void* dst, int64_t ld_dst, DType dst_t,
                        .b_dtype = wh.dtype(), .c = dst, .ldc = ld_dst, .c_dtype = dst_t});
 }
 
+void project_blocks(Device& dev, const PackedHeads& dst, int64_t r0, DType out_t, const void* x, DType x_t, int64_t n,
+                    const Tensor& w, const std::vector<std::vector<int64_t>>& heads, HeadWeights::Side side) {
+  const int64_t C = static_cast<int64_t>(heads.size()), d = dst.d, es = dst.elem_bytes;
+  auto project = [&](void* out, int64_t ld_out, const void* xr, int64_t rows, const std::vector<int64_t>& hs) {
+    if (side == HeadWeights::kRows) project_heads(dev, out, ld_out, out_t, xr, x_t, rows, w, hs, d);
+    else project_out_grad_heads(dev, out, ld_out, out_t, xr, x_t, rows, w, hs, d);
+  };
+  if (C == 1) {
+    project(dst.slot(0, 0) + r0 * dst.ld() * es, dst.ld(), x, n, heads[0]);
+    return;
+  }
+  std::vector<int64_t> all;
+  for (const std::vector<int64_t>& h : heads) all.insert(all.end(), h.begin(), h.end());
+  const int64_t block = dst.ld(), wide = C * block, chunk = std::min(n, kProjectionRows);
+  const int64_t e = side == HeadWeights::kRows ? w.dim(1) : w.dim(0);
+  TensorBuffer out(dev.allocator(), out_t, {chunk, wide}, Tag::kAttnWorkspace, "projection of every block's heads (rows)");
+  for (int64_t a = 0; a < n; a += chunk) {
+    const int64_t m = std::min(chunk, n - a);
+    project(out.data(), wide, x == nullptr ? nullptr : static_cast<const char*>(x) + a * e * dtype_size(x_t), m, all);
+    for (int64_t p = 0; p < C; ++p)
+      dev.copy_2d(dst.slot(p, 0) + (r0 + a) * block * es, block * es, out.as<char>() + p * block * es, wide * es,
+                  block * es, m);
+  }
+}
+
 int64_t InputRows::max_rows() const {
   return tiled_ == nullptr ? whole_->dim(0) : std::min(std::max<int64_t>(tiled_->tile, 1), rows_);
 }

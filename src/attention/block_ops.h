@@ -77,6 +77,16 @@ void project_heads(Device& dev, void* out, int64_t ld_out, DType out_t, const vo
 void project_out_grad_heads(Device& dev, void* dst, int64_t ld_dst, DType dst_t, const void* dy, DType dy_t,
                             int64_t rows, const Tensor& wo, const std::vector<int64_t>& heads, int64_t d);
 
+// The projections of every block of a packed buffer at once: rows [r0, r0 + n) of block p of dst
+// (its slots, heads[p] holding the model's head in each) = x (n, E) W_p^T (kRows, W_p =
+// HeadWeights(w, heads[p])) or dy (n, E) W_p (kCols, w = wo). One GEMM over every block's heads
+// (all C blocks' columns side by side, a run of at most kProjectionRows rows (attention_block.h) at a time, into a
+// Tag::kAttnWorkspace buffer of that many rows) scattered into the blocks: x is packed once for
+// them all, not once per block, and the GEMM is C times wider. Each element is the same sum over
+// E as one GEMM per block computes.
+void project_blocks(Device& dev, const PackedHeads& dst, int64_t r0, DType out_t, const void* x, DType x_t, int64_t n,
+                    const Tensor& w, const std::vector<std::vector<int64_t>>& heads, HeadWeights::Side side);
+
 // The block input as the projections read it: whole (an (L, E) tensor), or a tile of rows at a
 // time (TiledInput, attention_block.h), each tile written into a scratch buffer first.
 class InputRows {

@@ -100,10 +100,10 @@ void HeadPipeline::project_q(const AttentionWeights& w, const InputRows& x, int6
   const DType t = cfg_.dtype;
   TensorBuffer send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
   const PackedHeads q = packed(send.data(), u);
-  const int64_t es = dtype_size(t);
+  std::vector<std::vector<int64_t>> heads;
+  for (int64_t p = 0; p < C; ++p) heads.push_back(q_heads(s, p));
   x.for_each([&](int64_t r0, int64_t n, const void* xr) {
-    for (int64_t p = 0; p < C; ++p)
-      project_heads(dev_, q.slot(p, 0) + r0 * q.ld() * es, q.ld(), t, xr, x.dtype(), n, w.wq, q_heads(s, p), D);
+    project_blocks(dev_, q, r0, t, xr, x.dtype(), n, w.wq, heads, HeadWeights::kRows);
   });
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
   rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
@@ -127,14 +127,13 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const InputRows& x, int
   const Part parts[] = {
       {w.wk, rd.k, &w.k_norm, &rd.k_norm, "k projection (send layout)", "k all-to-all receive (resident)"},
       {w.wv, rd.v, nullptr, nullptr, "v projection (send layout)", "v all-to-all receive (resident)"}};
-  const int64_t es = dtype_size(t);
   for (const Part& part : parts) {  // one pass over x each (tiled: k's send goes before v's is made)
     TensorBuffer send(dev_.allocator(), t, {C, L, nkv, D}, Tag::kAttnWorkspace, part.send_what);
     const PackedHeads kv = packed(send.data(), nkv);
+    std::vector<std::vector<int64_t>> heads;
+    for (int64_t p = 0; p < C; ++p) heads.push_back(kv_heads(round, p));
     x.for_each([&](int64_t r0, int64_t n, const void* xr) {
-      for (int64_t p = 0; p < C; ++p)
-        project_heads(dev_, kv.slot(p, 0) + r0 * kv.ld() * es, kv.ld(), t, xr, x.dtype(), n, part.w,
-                      kv_heads(round, p), D);
+      project_blocks(dev_, kv, r0, t, xr, x.dtype(), n, part.w, heads, HeadWeights::kRows);
     });
     if (part.norm_w != nullptr) {
       normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
@@ -370,10 +369,10 @@ HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const InputRows& dy,
   TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
   d.delta_recv = TensorBuffer(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
   const PackedHeads dout = packed(do_send.data(), u);
+  std::vector<std::vector<int64_t>> heads;
+  for (int64_t p = 0; p < C; ++p) heads.push_back(q_heads(s, p));
   dy.for_each([&](int64_t r0, int64_t n, const void* dyr) {
-    for (int64_t p = 0; p < C; ++p)
-      project_out_grad_heads(dev_, dout.slot(p, 0) + r0 * dout.ld() * es, dout.ld(), t, dyr, dy.dtype(), n, w.wo,
-                             q_heads(s, p), D);
+    project_blocks(dev_, dout, r0, t, dyr, dy.dtype(), n, w.wo, heads, HeadWeights::kCols);
   });
   // delta_send[p][j][i] = O[i, h(s, p, j)] . dO_send[p][i][j], or the row of delta_all for that head
   for (int64_t p = 0; p < C; ++p)

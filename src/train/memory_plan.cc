@@ -213,6 +213,26 @@ void add_attention_backward_scratch(int64_t sq, int64_t u, const Dims& d, bool d
   out.push_back({"attention backward tiles", Tag::kAttnWorkspace, b.tiles});
 }
 
+// What one projection of a stage's heads (q of stage s, or its dO) for every rank at once holds
+// while it runs (block_ops.cc project_blocks), `rows` the run of input rows it reads: its output
+// rows (at most kProjectionRows, with more than one rank) and, where the stage's heads are not
+// consecutive, the copy of their weight rows (or wo's columns).
+void add_projection_scratch(const Dims& d, int64_t s, int64_t rows, std::vector<PlanItem>& it) {
+  if (d.C == 1) return;
+  const int64_t U = d.sched.stage_heads;
+  it.push_back({"projection of every block's heads (rows)", Tag::kAttnWorkspace,
+                std::min(rows, kProjectionRows) * U * d.D * d.es});
+  bool consecutive = true;
+  int64_t prev = -1;
+  for (int64_t p = 0; p < d.C; ++p)
+    for (int64_t j = 0; j < d.sched.q_per_rank; ++j) {
+      const int64_t h = d.sched.q_head(s, p, j);
+      consecutive = consecutive && (prev < 0 || h == prev + 1);
+      prev = h;
+    }
+  if (!consecutive) it.push_back({"weights of the stage's heads (copy)", Tag::kAttnWorkspace, U * d.D * d.E * d.es});
+}
+
 // The inputs of UPipe's next stage s1, sent off during this stage's attention with --overlap
 // (head_pipeline.cc send_inputs): its recomputed q (send and receive), at a round's first stage
 // its k and v, and its dO with D; with qk_norm the norms' inputs and rstd kept for the backward.
@@ -297,15 +317,18 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   if (!(sending && d.sched.first_of_round(s)))
     it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/true, it);
+  const int64_t dy_rows = d.host.dh ? d.attn_tile : L;  // the runs of dy's rows the dO projection reads
   if (sending) {  // (at its height as the dO is projected, from a tile of dhm fetched with dh_on_host)
     it.push_back({"dO projection (send layout)", Tag::kAttnWorkspace, Sg * u * D * es});
     it.push_back({"attention D (send layout and receive)", Tag::kAttnWorkspace, 2 * u * Sg * 4});
     if (d.host.dh) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
+    add_projection_scratch(d, s, dy_rows, it);
     return m;
   }
   if (returning) {  // (at its height as the next stage's dO is projected from a tile of dhm fetched)
     if (s + 1 < stages && d.host.dh)
       it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
+    if (s + 1 < stages) add_projection_scratch(d, s + 1, dy_rows, it);
     return m;
   }
   if (d.R == 1) {  // the kernel's fp32 results: dq its own accumulator, dk and dv added into the sums

@@ -93,6 +93,10 @@ struct AttentionConfig {
   float norm_eps = 1e-6f;
 };
 
+// Ulysses and UPipe project a stage's heads for every rank of the group in one GEMM over at most
+// this many rows at a time (its output, (rows, U*D), is scratch: the memory plan counts it).
+constexpr int64_t kProjectionRows = 1024;
+
 // Checks that `cfg` can run on `ranks` ranks. The message says what to change. Pure: every rank
 // computes the same answer, so every rank refuses together before any compute.
 Status validate(const AttentionConfig& cfg, int ranks);
