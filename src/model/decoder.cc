@@ -41,8 +41,6 @@ Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 
 
 }  // namespace
 
-std::string_view recompute_name(Recompute r) { return r == Recompute::kSelective ? "selective" : "full"; }
-
 AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
   return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
                          .head_dim = m.head_dim, .rope_theta = m.rope_theta, .rope_scaling = m.rope_scaling,

@@ -49,7 +49,6 @@ enum class KeepLastStage { kAuto, kOn, kOff };
 //               two do the same work. The kept outputs are in the host allocator's memory when
 //               the Decoder has one (offloaded inputs), else on the device. The same bits as kFull.
 enum class Recompute { kFull, kSelective };
-std::string_view recompute_name(Recompute r);
 
 struct DecoderOptions {
   int64_t seq = 0;  // S, global
