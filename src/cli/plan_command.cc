@@ -35,6 +35,7 @@ struct PlanRun {
   TrainOptions o;
   int ranks = 1;
   bool cuda = false;  // --device cuda: the GPU's fixed costs are printed beside the plan
+  std::string recompute_why;  // what --recompute auto chose and why ("" when given)
 };
 
 std::string gib(int64_t b) {
@@ -118,24 +119,40 @@ std::vector<int64_t> stage_sizes(const TrainOptions& o, int ranks) {
 }
 
 // The longest S (a multiple of ranks * 1024) that fits o.budget_bytes, over the stage sizes and
-// the offload pattern the host budget allows; false when not even the first does.
+// the offload pattern the host budget allows; false when not even the first does. With
+// --recompute auto, at each S selective where it fits (its own offload pattern), else full.
 bool fit(const PlanRun& in, PlanRun* best) {
   const int64_t grain = static_cast<int64_t>(in.ranks) * 1024;
+  const bool automatic = in.o.decoder.recompute == Recompute::kAuto;
+  const std::vector<Recompute> tries =
+      automatic ? std::vector<Recompute>{Recompute::kSelective, Recompute::kFull} : std::vector{in.o.decoder.recompute};
+  TrainOptions base = in.o;
+  base.decoder.recompute = tries.back();  // (what the stage sizes are checked with)
   bool any = false;
-  for (const DecoderOptions& host_set : host_option_sets(in.o))
-    for (int64_t U : stage_sizes(in.o, in.ranks)) {
-      TrainOptions o = in.o;
+  for (const DecoderOptions& host_set : host_option_sets(base))
+    for (int64_t U : stage_sizes(base, in.ranks)) {
+      TrainOptions o = base;
       o.decoder = host_set;
       o.decoder.upipe_heads = U;
       auto fits_at = [&](int64_t k) {
         o.decoder.seq = k * grain;
-        fit_offload(o, in.ranks);
-        return plan_fits(o, in.ranks);
+        for (Recompute r : tries) {
+          o.decoder.recompute = r;
+          fit_offload(o, in.ranks);
+          if (plan_fits(o, in.ranks)) return true;
+        }
+        return false;
       };
       const int64_t lo = largest_fitting(fits_at);
       if (lo == 0) continue;
       fits_at(lo);  // o at the answer (the search's last call may have been past it)
-      if (!any || o.decoder.seq > best->o.decoder.seq) *best = PlanRun{o, in.ranks, in.cuda};
+      if (!any || o.decoder.seq > best->o.decoder.seq) {
+        *best = PlanRun{o, in.ranks, in.cuda, ""};
+        if (automatic)
+          best->recompute_why = o.decoder.recompute == Recompute::kSelective
+                                    ? "selective (auto: it fits at this S)"
+                                    : "full (auto: selective does not fit at this S)";
+      }
       any = true;
     }
   return any;
@@ -175,6 +192,7 @@ void print_time(const PlanRun& p, const DeviceRates& rates) {
 
 void print_plan(const PlanRun& p, const MemoryPlan& plan) {
   std::printf("one training step, planned | %s\n", header(p).c_str());
+  if (!p.recompute_why.empty()) std::printf("recompute: %s\n", p.recompute_why.c_str());
   const PlanMoment& peak = plan.moments[plan.peak];
   std::printf("peak per rank: %s at the %s", format_bytes(plan.peak_total()).c_str(), peak.name.c_str());
   if (p.o.budget_bytes > 0)
@@ -231,6 +249,7 @@ nlohmann::json plan_json(const PlanRun& p, const MemoryPlan& plan, const DeviceR
   j["seq"] = p.o.decoder.seq;
   j["tokens_per_rank"] = plan.rows;
   j["dtype"] = std::string(dtype_name(p.o.decoder.dtype));
+  j["recompute"] = p.o.decoder.recompute == Recompute::kSelective ? "selective" : "full";
   j["offloaded_inputs"] = p.o.offload_inputs ? offloaded_inputs(p.o.model, p.o.decoder) : 0;
   j["keep_inputs"] = p.o.decoder.offload_keep_first;
   j["grads_on_host"] = p.o.decoder.grads_on_host;
@@ -530,7 +549,9 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
     if (flags.get_bool("check") && flags.get_bool("json"))
       return refuse(Status::invalid_argument("--check prints text: drop --json"));
     PlanRun best;
-    Status vs = validate_plan(p.o, p.ranks);
+    TrainOptions given = p.o;
+    if (given.decoder.recompute == Recompute::kAuto) given.decoder.recompute = Recompute::kFull;
+    Status vs = validate_plan(given, p.ranks);
     // The length given does not matter to --fit, only whether the rest is covered.
     if (!vs.ok() && vs.message().find("plan ") == 0) return refuse(vs);
     if (!fit(p, &best)) {
@@ -545,6 +566,15 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
                   p.o.offload_inputs ? ("--keep-inputs " + std::to_string(p.o.decoder.offload_keep_first) +
                                         host_option_flags(p.o.decoder)).c_str()
                                      : "no offload");
+  }
+  if (p.o.decoder.recompute == Recompute::kAuto) {  // (not after --fit, which has chosen)
+    TrainOptions full = p.o;
+    full.decoder.recompute = Recompute::kFull;
+    st = validate_plan(full, p.ranks);
+    if (!st.ok()) return refuse(st);
+    const RecomputeChoice rc = choose_recompute(p.o, p.ranks, MachineMemory{});
+    p.o.decoder.recompute = rc.recompute;
+    p.recompute_why = rc.why;
   }
   st = validate_plan(p.o, p.ranks);
   if (!st.ok()) return refuse(st);

@@ -1,9 +1,11 @@
 #include "cli/rank_device.h"
 
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "cli/launch.h"
@@ -125,6 +127,28 @@ int64_t agreed_gpu_free_bytes(Communicator& world) {
   check_all_ranks(world, s);
   world.all_reduce(&free_bytes, &free_bytes, 1, DType::kI64, ReduceOp::kMin);
   return free_bytes;
+}
+
+namespace {
+// MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+}  // namespace
+
+MachineMemory agreed_machine_memory(Communicator& world, const RankDeviceOptions& opts, int ranks_per_node) {
+  const bool gpu = opts.device == DeviceChoice::kCuda;
+  int64_t figures[2] = {host_available_bytes() / 10 * 8 / std::max(ranks_per_node, 1), 0};
+  if (gpu) figures[1] = agreed_gpu_free_bytes(world) / 10 * 8 / ranks_per_gpu(world);
+  world.all_reduce(figures, figures, 2, DType::kI64, ReduceOp::kMin);
+  return MachineMemory{.device = figures[1], .host = figures[0], .shared = !gpu};
 }
 
 void fill_hash_uniform_on(Device& dev, const Tensor& t, uint64_t seed, uint64_t stream, int64_t first_index,

@@ -29,6 +29,7 @@
 #include "untied/core/status.h"
 #include "untied/core/tensor.h"
 #include "untied/device/device.h"
+#include "untied/train/trainer.h"
 
 namespace untied::cli {
 
@@ -70,6 +71,13 @@ int ranks_per_gpu(Communicator& world);
 // Collective: the smallest free memory over the GPUs the world's ranks use (bytes, as
 // cudaMemGetInfo reports it), before any of their devices allocates. Refusals as make_rank_device.
 int64_t agreed_gpu_free_bytes(Communicator& world);
+
+// Collective: what an automatic choice may plan one rank to use where no budget says
+// (trainer.h MachineMemory), the least over the world's ranks: 80% of its host's available memory
+// (MemAvailable) shared by ranks_per_node ranks and, for a GPU rank, 80% of its GPU's free memory
+// shared by the ranks on it. The 20% left is for what a plan does not count: the BLAS, MPI and
+// CUDA libraries' own memory, fragmentation. Not for a rehearsal (it needs no GPU).
+MachineMemory agreed_machine_memory(Communicator& world, const RankDeviceOptions& opts, int ranks_per_node);
 
 // t (memory of dev) = fill_hash_uniform(seed, stream, first_index, scale): generated on the
 // host, as on the CPU, and copied to the device when it is not the CPU.

@@ -105,10 +105,12 @@ void add_train_flags(FlagSet& f) {
         "upipe: the recompute keeps its last stage's q, k and v for the backward, which starts with that stage "
         "instead of projecting and exchanging them again; they stay through the MLP's backward: on, off, or auto "
         "(on unless that raises the step's planned peak memory)");
-  f.add("recompute", FlagKind::kString, "full",
-        "what a block's backward recomputes: full (the whole block from its saved input: the least memory) or "
+  f.add("recompute", FlagKind::kString, "auto",
+        "what a block's backward recomputes: full (the whole block from its saved input: the least memory), "
         "selective (all but the attention: each block's attention output and LSE are kept from the forward, in host "
-        "memory with --offload-inputs, and the attention runs once per step)");
+        "memory with --offload-inputs, and the attention runs once per step), or auto (selective where the step's "
+        "planned memory with it fits --mem-budget, --host-budget and 80% of this machine's memory, full otherwise; "
+        "a rehearsal weighs the budgets alone, and without any chooses full)");
   f.add("attn-tile", FlagKind::kInt, "0",
         "rows per tile of the attention's input attn_norm(x), computed as the projections read it and never whole "
         "(0 = the MLP tile, -1 = off: made whole)");
@@ -197,9 +199,11 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
                                : keep_last == "off" ? KeepLastStage::kOff
                                                     : KeepLastStage::kAuto;
   const std::string recompute = f.get_string("recompute");
-  if (recompute != "full" && recompute != "selective")
-    return Status::invalid_argument("--recompute: '" + recompute + "': use full or selective");
-  o->decoder.recompute = recompute == "selective" ? Recompute::kSelective : Recompute::kFull;
+  if (recompute != "full" && recompute != "selective" && recompute != "auto")
+    return Status::invalid_argument("--recompute: '" + recompute + "': use full, selective or auto");
+  o->decoder.recompute = recompute == "selective" ? Recompute::kSelective
+                         : recompute == "full"    ? Recompute::kFull
+                                                  : Recompute::kAuto;
 
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
@@ -260,17 +264,22 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
   const AttentionConfig ac = attention_config(o.model, o.decoder);
   const std::string ring = ring_note(ac, ranks);
   const int64_t U = stage_heads_of(ac, ranks);
-  std::printf("one training step, rehearsal | %s, %lld layers | %s%s U=%lld%s on %d ranks | S=%lld | %s\n",
+  std::printf("one training step, rehearsal | %s, %lld layers | %s%s U=%lld%s on %d ranks | S=%lld | %s%s\n",
               o.model.name.c_str(), (long long)o.model.layers, std::string(strategy_name(o.decoder.strategy)).c_str(),
               ring.c_str(), (long long)U, ac.overlap && ac.heads / U > 1 ? " overlapped" : "", ranks, (long long)o.decoder.seq,
-              std::string(dtype_name(o.decoder.dtype)).c_str());
+              std::string(dtype_name(o.decoder.dtype)).c_str(),
+              o.decoder.recompute == Recompute::kSelective ? " | selective recompute" : "");
   std::printf("peak memory per rank (max over ranks):\n");
   for (int t = 0; t < kNumTags; ++t)
     std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
   if (o.offload_inputs) {
-    const int64_t grads = host_bytes(o, ranks) - offloaded_input_bytes(o, ranks);
-    const std::string kept = grads > 0 ? " and " + format_bytes(grads) + " of one block's gradients and attention output" : "";
+    // With the selective recompute, the other blocks' attention outputs kept from the forward.
+    const int64_t outputs =
+        o.decoder.recompute == Recompute::kSelective ? (o.model.layers - 1) * attn_out_host_bytes(o, ranks) : 0;
+    const int64_t grads = host_bytes(o, ranks) - offloaded_input_bytes(o, ranks) - outputs;
+    std::string kept = grads > 0 ? " and " + format_bytes(grads) + " of one block's gradients and attention output" : "";
+    if (outputs > 0) kept += ", " + format_bytes(outputs) + " of the other blocks' attention outputs kept";
     std::printf("  %-16s %14s  (%lld of %lld blocks' inputs offloaded%s, outside the budget; %s per node of %d ranks)\n",
                 "host", format_bytes(host_peak).c_str(), (long long)offloaded_inputs(o.model, o.decoder),
                 (long long)o.model.layers, kept.c_str(), format_bytes(host_peak * o.ranks_per_node).c_str(),
@@ -298,6 +307,7 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
 bool rehearse_fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak, int64_t* host,
           std::vector<LiveBuffers>* live) {
   o.decoder.seq = seq;
+  o.decoder.recompute = choose_recompute(o, ranks, MachineMemory{}).recompute;  // (--mem-budget decides)
   if (!validate(o, ranks).ok()) return false;
   try {
     std::mutex mu;
@@ -332,11 +342,14 @@ static int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   }
   TrainOptions best = o;
   best.decoder.seq = lo * grain;
+  const RecomputeChoice recompute = choose_recompute(best, ranks, MachineMemory{});
+  best.decoder.recompute = recompute.recompute;
   std::printf("longest sequence whose training step fits %s per rank: S = %lld (%lld tokens per rank)\n",
               format_bytes(o.budget_bytes).c_str(), (long long)(lo * grain), (long long)(lo * 1024));
   std::printf("(fits: the rehearsed peak of counted buffers is at most --mem-budget, no headroom added, as untied plan "
               "--fit; on a GPU the CUDA context, cuBLAS workspace and NCCL buffers are outside it)\n");
   print_peaks(best, ranks, best_peak, best_host, best_live);
+  if (!recompute.why.empty()) std::printf("recompute: %s\n", recompute.why.c_str());
   return 0;
 }
 
@@ -392,31 +405,47 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   st = apply_watchdog_flags(flags);
   if (!st.ok()) return refuse(st);
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
-    check_all_ranks(comm, validate(opts, comm.size()));
+    // This rank's options: --recompute auto chosen from the step's memory plan and the limits
+    // (every rank alike: the machine's figures are agreed), once the rest is known to be valid.
+    TrainOptions o = opts;
+    const RankDeviceOptions rdo{.device = device, .threads = o.threads, .budget_bytes = o.budget_bytes,
+                                .rehearsal = o.rehearsal};
+    RecomputeChoice recompute;
+    if (o.decoder.recompute == Recompute::kAuto) {
+      TrainOptions full = o;
+      full.decoder.recompute = Recompute::kFull;
+      check_all_ranks(comm, validate(full, comm.size()));
+      // A rehearsal counts a step for the machine its budgets name, not for this one.
+      const MachineMemory machine = o.rehearsal ? MachineMemory{} : agreed_machine_memory(comm, rdo, o.ranks_per_node);
+      recompute = choose_recompute(o, comm.size(), machine);
+      o.decoder.recompute = recompute.recompute;
+    }
+    check_all_ranks(comm, validate(o, comm.size()));
     // The rank's device and the communicator of its buffers; refusals (no GPU, ...) on every rank.
-    RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = opts.threads,
-                                                             .budget_bytes = opts.budget_bytes,
-                                                             .rehearsal = opts.rehearsal});
-    if (comm.rank() == 0 && opts.progress)
+    RankDevice rd = make_rank_device(comm, rdo);
+    if (comm.rank() == 0 && o.progress)
       std::fprintf(stderr,
                    "untied train | %s (%lld parameters) | %s%s%s on %d ranks | S=%lld%s (%lld per rank) | %s | data %s | %s\n",
-                   opts.model.name.c_str(), (long long)parameter_count(opts.model),
-                   std::string(strategy_name(opts.decoder.strategy)).c_str(),
-                   opts.decoder.recompute == Recompute::kSelective ? " (selective recompute: attention output kept)"
-                   : resolved_decoder_options(opts, comm.size()).keep_last_stage == KeepLastStage::kOn
+                   o.model.name.c_str(), (long long)parameter_count(o.model),
+                   std::string(strategy_name(o.decoder.strategy)).c_str(),
+                   o.decoder.recompute == Recompute::kSelective ? " (selective recompute: attention output kept)"
+                   : resolved_decoder_options(o, comm.size()).keep_last_stage == KeepLastStage::kOn
                        ? " (last stage kept for the backward)"
                        : "",
-                   ring_note(attention_config(opts.model, opts.decoder), comm.size()).c_str(), comm.size(),
-                   (long long)opts.decoder.seq, pad_note(opts, comm.size()).c_str(),
-                   (long long)(padded_config(attention_config(opts.model, opts.decoder), comm.size()).seq / comm.size()), std::string(dtype_name(opts.decoder.dtype)).c_str(),
+                   ring_note(attention_config(o.model, o.decoder), comm.size()).c_str(), comm.size(),
+                   (long long)o.decoder.seq, pad_note(o, comm.size()).c_str(),
+                   (long long)(padded_config(attention_config(o.model, o.decoder), comm.size()).seq / comm.size()), std::string(dtype_name(o.decoder.dtype)).c_str(),
                    flags.get_string("data").c_str(), rd.dev().name().c_str());
-    if (comm.rank() == 0 && opts.progress) std::fputs(cpu_kernels_lines(device).c_str(), stderr);
-    auto r = train(rd.dev(), rd.comm(), comm, *data.value(), opts);
+    if (comm.rank() == 0 && o.progress) std::fputs(cpu_kernels_lines(device).c_str(), stderr);
+    if (comm.rank() == 0 && o.progress && !recompute.why.empty())
+      std::fprintf(stderr, "recompute: %s\n", recompute.why.c_str());
+    auto r = train(rd.dev(), rd.comm(), comm, *data.value(), o);
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
     if (comm.rank() != 0) return;
     const TrainSummary& s = r.value();
-    if (opts.rehearsal) {
-      print_peaks(opts, comm.size(), s.peak, s.host_peak, s.live_at_peak);
+    if (o.rehearsal) {
+      print_peaks(o, comm.size(), s.peak, s.host_peak, s.live_at_peak);
+      if (!recompute.why.empty()) std::printf("recompute: %s\n", recompute.why.c_str());
       return;
     }
     std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,

@@ -55,6 +55,9 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   s = validate(padded_config(attention_config(m, o), ranks), ranks);
   if (!s.ok()) return s;
   if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
+  if (o.recompute == Recompute::kAuto)
+    return Status::invalid_argument(
+        "recompute auto is chosen before a Decoder is built (choose_recompute, trainer.h): pass full or selective");
   if (o.recompute == Recompute::kSelective && o.keep_last_stage == KeepLastStage::kOn)
     return Status::invalid_argument(
         "--upipe-keep-last on keeps a stage that upipe's recompute projects, and --recompute selective projects "

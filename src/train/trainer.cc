@@ -221,6 +221,44 @@ DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks) {
   return d;
 }
 
+RecomputeChoice choose_recompute(const TrainOptions& o, int ranks, const MachineMemory& machine) {
+  if (o.decoder.recompute != Recompute::kAuto) return {o.decoder.recompute, ""};
+  auto full = [](const std::string& why) { return RecomputeChoice{Recompute::kFull, "full (auto: " + why + ")"}; };
+  if (o.decoder.keep_last_stage == KeepLastStage::kOn)
+    return full("--upipe-keep-last on keeps a stage that only a full recompute projects");
+  TrainOptions sel = o;
+  sel.decoder.recompute = Recompute::kSelective;
+  sel.host_budget_bytes = 0;  // (weighed below, beside the other limits)
+  if (!validate_plan(sel, ranks).ok())
+    return full("the memory plan does not cover this run, and nothing is kept that it has not counted");
+  const int64_t device = plan_memory(sel, ranks).peak_total(), host = host_bytes(sel, ranks);
+  struct Limit {
+    int64_t need, have;
+    std::string what;
+  };
+  std::vector<Limit> limits;
+  if (o.budget_bytes > 0) limits.push_back({device, o.budget_bytes, "--mem-budget"});
+  if (o.host_budget_bytes > 0)
+    limits.push_back({host, o.host_budget_bytes / o.ranks_per_node, "the rank's share of --host-budget"});
+  if (machine.shared && machine.host > 0) {
+    limits.push_back({device + host, machine.host, "the rank's share of this machine's memory"});
+  } else {
+    if (machine.device > 0) limits.push_back({device, machine.device, "the rank's share of its device's free memory"});
+    if (machine.host > 0) limits.push_back({host, machine.host, "the rank's share of its host's memory"});
+  }
+  for (const Limit& l : limits)
+    if (l.need > l.have)
+      return full("selective's planned " + format_bytes(l.need) + " per rank is over " + l.what + ", " +
+                  format_bytes(l.have));
+  if (limits.empty()) return full("no budget or machine memory to weigh selective's against: memory first");
+  // The limit with the least room left says how close it is.
+  const Limit& tight = *std::min_element(limits.begin(), limits.end(), [](const Limit& a, const Limit& b) {
+    return static_cast<double>(a.have - a.need) / a.have < static_cast<double>(b.have - b.need) / b.have;
+  });
+  return {Recompute::kSelective, "selective (auto: its planned " + format_bytes(tight.need) + " per rank fit in " +
+                                     tight.what + ", " + format_bytes(tight.have) + ")"};
+}
+
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
   Status vs = validate(o, comm.size());  // before the device takes o.threads
   if (!vs.ok()) return vs;

@@ -455,6 +455,88 @@ TEST(Trainer, SelectiveRecomputeKeepsTheLossesAndCountsItsMemory) {
     }
 }
 
+// --recompute auto (choose_recompute): selective exactly where its planned memory fits every
+// limit given (--mem-budget, --host-budget, the machine's memory, shared or not), full one byte
+// short of any, and full where there is no limit or the plan cannot count it; what was asked comes back unchanged; a
+// Decoder and the trainer refuse an unresolved kAuto.
+TEST(Trainer, AutoRecomputeIsSelectiveExactlyWhereItFits) {
+  for (bool offload : {false, true}) {
+    TrainOptions o = small_run(Strategy::kUPipe);
+    o.decoder.upipe_heads = 2;
+    o.decoder.seq = 1 << 14;
+    o.offload_inputs = offload;
+    TrainOptions sel = o, full = o;
+    sel.decoder.recompute = Recompute::kSelective;
+    full.decoder.recompute = Recompute::kFull;
+    const int64_t dev = plan_memory(sel, 2).peak_total(), host = host_bytes(sel, 2);
+    // The kept outputs raise the device's peak without offload, the host's with it.
+    if (offload) {
+      EXPECT_GT(host, host_bytes(full, 2));
+    } else {
+      EXPECT_GT(dev, plan_memory(full, 2).peak_total());
+    }
+    o.decoder.recompute = Recompute::kAuto;
+    auto choose = [&](const TrainOptions& t, const MachineMemory& m) { return choose_recompute(t, 2, m); };
+    const std::string what = offload ? "offload" : "no offload";
+
+    RecomputeChoice c = choose(o, {});  // no limit at all: memory first
+    EXPECT_EQ(c.recompute, Recompute::kFull) << what;
+    EXPECT_NE(c.why.find("no budget"), std::string::npos) << c.why;
+
+    TrainOptions b = o;
+    b.budget_bytes = dev;
+    EXPECT_EQ(choose(b, {}).recompute, Recompute::kSelective) << what;
+    b.budget_bytes = dev - 1;
+    c = choose(b, {});
+    EXPECT_EQ(c.recompute, Recompute::kFull) << what;
+    EXPECT_NE(c.why.find("--mem-budget"), std::string::npos) << c.why;
+
+    if (offload) {
+      TrainOptions h = o;
+      h.ranks_per_node = 2;
+      h.host_budget_bytes = 2 * host;
+      EXPECT_EQ(choose(h, {}).recompute, Recompute::kSelective);
+      h.host_budget_bytes = 2 * host - 2;
+      c = choose(h, {});
+      EXPECT_EQ(c.recompute, Recompute::kFull);
+      EXPECT_NE(c.why.find("--host-budget"), std::string::npos) << c.why;
+    }
+
+    // One memory (the CPU backend): the device's peak and the host's add up.
+    EXPECT_EQ(choose(o, {.host = dev + host, .shared = true}).recompute, Recompute::kSelective) << what;
+    c = choose(o, {.host = dev + host - 1, .shared = true});
+    EXPECT_EQ(c.recompute, Recompute::kFull) << what;
+    EXPECT_NE(c.why.find("machine's memory"), std::string::npos) << c.why;
+    // A GPU and its host: each against its own.
+    EXPECT_EQ(choose(o, {.device = dev, .host = host}).recompute, Recompute::kSelective) << what;
+    EXPECT_EQ(choose(o, {.device = dev - 1, .host = host}).recompute, Recompute::kFull) << what;
+    if (host > 0) {
+      EXPECT_EQ(choose(o, {.device = dev, .host = host - 1}).recompute, Recompute::kFull) << what;
+    }
+
+    // What the plan does not cover (a window), and upipe's kept last stage: full.
+    TrainOptions w = o;
+    w.window = 64;
+    EXPECT_EQ(choose(w, {}).recompute, Recompute::kFull) << what;
+    TrainOptions k = o;
+    k.decoder.keep_last_stage = KeepLastStage::kOn;
+    EXPECT_EQ(choose(k, {}).recompute, Recompute::kFull) << what;
+
+    // Given values come back as they are, whatever the limits.
+    b.budget_bytes = 1;
+    for (Recompute r : {Recompute::kFull, Recompute::kSelective}) {
+      b.decoder.recompute = r;
+      c = choose(b, {.host = 1, .shared = true});
+      EXPECT_EQ(c.recompute, r);
+      EXPECT_TRUE(c.why.empty());
+    }
+
+    const Status refused = validate(o, 2);
+    EXPECT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("choose_recompute"), std::string::npos) << refused.message();
+  }
+}
+
 TEST(Trainer, LearningRateWarmsUpThenDecays) {
   TrainOptions o = small_run(Strategy::kLocal);
   o.steps = 100, o.warmup = 10, o.lr = 1.0f, o.min_lr_ratio = 0.1f;

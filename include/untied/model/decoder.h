@@ -48,7 +48,9 @@ enum class KeepLastStage { kAuto, kOn, kOff };
 //               backward does, stage by stage, as Ulysses' recompute does all at once), so the
 //               two do the same work. The kept outputs are in the host allocator's memory when
 //               the Decoder has one (offloaded inputs), else on the device. The same bits as kFull.
-enum class Recompute { kFull, kSelective };
+//   kAuto       kSelective where the step's planned memory with it fits, kFull otherwise: chosen
+//               before a Decoder is built (choose_recompute, trainer.h), which refuses kAuto.
+enum class Recompute { kFull, kSelective, kAuto };
 
 struct DecoderOptions {
   int64_t seq = 0;  // S, global

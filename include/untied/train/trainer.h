@@ -103,6 +103,30 @@ int64_t host_bytes(const TrainOptions& o, int ranks);
 // closed forms do not cover the run): what the trainer builds its Decoder with.
 DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks);
 
+// What an automatic choice may plan one rank to use where no budget says: the free memory of its
+// device and its share of its host's, 0 where not known (no limit). On the CPU backend the
+// device's buffers are host memory (`shared`): the step's device peak and its host memory add up
+// against `host`.
+struct MachineMemory {
+  int64_t device = 0, host = 0;
+  bool shared = false;
+};
+
+struct RecomputeChoice {
+  Recompute recompute = Recompute::kFull;
+  std::string why;  // what decided kAuto, for the banner and the plan ("" when not kAuto)
+};
+
+// o.decoder.recompute with Recompute::kAuto resolved for `ranks` ranks: kSelective where the step
+// with it fits every limit there is, kFull where one is exceeded. The limits: its planned device
+// peak (plan_memory) within --mem-budget (o.budget_bytes), its host memory (host_bytes) within the
+// rank's share of --host-budget, and both within `machine`. kFull also where there is no limit at
+// all (memory first: a plan for an unnamed machine), where the memory plan does not cover the run
+// (nothing is kept that the plan has not counted) and with upipe's
+// KeepLastStage::kOn (a stage that only a full recompute projects). Another value comes back as it
+// is. A function of its arguments: the same on every rank given the same `machine`.
+RecomputeChoice choose_recompute(const TrainOptions& o, int ranks, const MachineMemory& machine);
+
 // Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
 // a Status that is the same on every rank; budget overruns and bugs throw untied::Error.
 //
