@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "untied/attention/head_schedule.h"
 #include "untied/kernels/rmsnorm.h"
 #include "untied/kernels/tensor_ops.h"
 
@@ -46,14 +47,6 @@ void check_grads(const AttentionConfig& c, int64_t rows, const Tensor& dx, const
   check_grad_weights(c, g);
 }
 
-namespace {
-bool consecutive(const std::vector<int64_t>& heads) {
-  for (size_t k = 1; k < heads.size(); ++k)
-    if (heads[k] != heads[k - 1] + 1) return false;
-  return true;
-}
-}  // namespace
-
 HeadWeights::HeadWeights(Device& dev, const Tensor& w, const std::vector<int64_t>& heads, int64_t d, Side side)
     : dtype_(w.dtype()) {
   UNTIED_CHECK(!heads.empty(), "HeadWeights: no heads");
@@ -62,7 +55,7 @@ HeadWeights::HeadWeights(Device& dev, const Tensor& w, const std::vector<int64_t
   if (side == kRows) {  // w (n_heads*D, E): D rows per head
     const int64_t e = w.dim(1);
     ld_ = e;
-    if (consecutive(heads)) {
+    if (consecutive_heads(heads)) {
       data_ = base + heads[0] * d * e * es;
       return;
     }
@@ -71,7 +64,7 @@ HeadWeights::HeadWeights(Device& dev, const Tensor& w, const std::vector<int64_t
       dev.copy(copy_.as<char>() + k * d * e * es, base + heads[static_cast<size_t>(k)] * d * e * es, d * e * es);
   } else {  // wo (E, n_heads*D): D columns per head
     const int64_t e = w.dim(0), hd = w.dim(1);
-    if (consecutive(heads)) {
+    if (consecutive_heads(heads)) {
       data_ = base + heads[0] * d * es;
       ld_ = hd;
       return;
@@ -191,7 +184,7 @@ void head_weight_grads(Device& dev, const std::vector<HeadBlock>& blocks, int64_
   int64_t scratch_heads = 0;
   for (size_t b = 0; b < blocks.size(); ++b) {
     const int64_t n = static_cast<int64_t>(blocks[b].heads.size());
-    direct[b] = consecutive(blocks[b].heads) && (!tiled || dw.dtype() == DType::kF32);
+    direct[b] = consecutive_heads(blocks[b].heads) && (!tiled || dw.dtype() == DType::kF32);
     if (direct[b]) continue;
     if (tiled) {
       offset[b] = scratch_heads;

@@ -77,6 +77,18 @@ std::vector<int64_t> HeadPipeline::kv_heads(int64_t round, int64_t p) const {
   return h;
 }
 
+std::vector<std::vector<int64_t>> HeadPipeline::q_heads_of_blocks(int64_t s) const {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t p = 0; p < sched_.ranks; ++p) out.push_back(q_heads(s, p));
+  return out;
+}
+
+std::vector<std::vector<int64_t>> HeadPipeline::kv_heads_of_blocks(int64_t t) const {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t p = 0; p < sched_.ranks; ++p) out.push_back(kv_heads(t, p));
+  return out;
+}
+
 PackedHeads HeadPipeline::packed(void* base, int64_t heads, int64_t elem_bytes) const {
   return PackedHeads{.base = base, .rows = rows_, .heads = heads, .d = cfg_.head_dim, .elem_bytes = elem_bytes};
 }
@@ -100,8 +112,7 @@ void HeadPipeline::project_q(const AttentionWeights& w, const InputRows& x, int6
   const DType t = cfg_.dtype;
   TensorBuffer send(dev_.allocator(), t, {C, L, u, D}, Tag::kAttnWorkspace, "q projection (send layout)");
   const PackedHeads q = packed(send.data(), u);
-  std::vector<std::vector<int64_t>> heads;
-  for (int64_t p = 0; p < C; ++p) heads.push_back(q_heads(s, p));
+  const std::vector<std::vector<int64_t>> heads = q_heads_of_blocks(s);
   x.for_each([&](int64_t r0, int64_t n, const void* xr) {
     project_blocks(dev_, q, r0, t, xr, x.dtype(), n, w.wq, heads, HeadWeights::kRows);
   });
@@ -130,8 +141,7 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const InputRows& x, int
   for (const Part& part : parts) {  // one pass over x each (tiled: k's send goes before v's is made)
     TensorBuffer send(dev_.allocator(), t, {C, L, nkv, D}, Tag::kAttnWorkspace, part.send_what);
     const PackedHeads kv = packed(send.data(), nkv);
-    std::vector<std::vector<int64_t>> heads;
-    for (int64_t p = 0; p < C; ++p) heads.push_back(kv_heads(round, p));
+    const std::vector<std::vector<int64_t>> heads = kv_heads_of_blocks(round);
     x.for_each([&](int64_t r0, int64_t n, const void* xr) {
       project_blocks(dev_, kv, r0, t, xr, x.dtype(), n, part.w, heads, HeadWeights::kRows);
     });
@@ -369,8 +379,7 @@ HeadPipeline::DoutStage HeadPipeline::start_dout(int64_t s, const InputRows& dy,
   TensorBuffer delta_send(alloc, DType::kF32, {C, u, L}, Tag::kAttnWorkspace, "attention D (send layout)");
   d.delta_recv = TensorBuffer(alloc, DType::kF32, {C, u, L}, Tag::kCommunication, "attention D receive");
   const PackedHeads dout = packed(do_send.data(), u);
-  std::vector<std::vector<int64_t>> heads;
-  for (int64_t p = 0; p < C; ++p) heads.push_back(q_heads(s, p));
+  const std::vector<std::vector<int64_t>> heads = q_heads_of_blocks(s);
   dy.for_each([&](int64_t r0, int64_t n, const void* dyr) {
     project_blocks(dev_, dout, r0, t, dyr, dy.dtype(), n, w.wo, heads, HeadWeights::kCols);
   });

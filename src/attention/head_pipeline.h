@@ -68,6 +68,9 @@ class HeadPipeline final : public AttentionBlock {
   // The model's heads in block p's slots (in order): query heads at stage s, KV heads in round t.
   std::vector<int64_t> q_heads(int64_t s, int64_t p) const;
   std::vector<int64_t> kv_heads(int64_t t, int64_t p) const;
+  // The same for every block p = 0 .. C-1 (project_blocks' heads).
+  std::vector<std::vector<int64_t>> q_heads_of_blocks(int64_t s) const;
+  std::vector<std::vector<int64_t>> kv_heads_of_blocks(int64_t t) const;
   // Send layouts on this rank: per destination rank p, L rows of `heads` heads.
   PackedHeads packed(void* base, int64_t heads, int64_t elem_bytes) const;
   PackedHeads packed(void* base, int64_t heads) const { return packed(base, heads, dtype_size(cfg_.dtype)); }

@@ -76,4 +76,18 @@ std::string valid_stage_heads(int64_t H, int64_t G, int64_t C) {
   return out.empty() ? "none" : out;
 }
 
+std::vector<int64_t> HeadSchedule::stage_q_heads(int64_t s) const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(ranks * q_per_rank));
+  for (int64_t r = 0; r < ranks; ++r)
+    for (int64_t j = 0; j < q_per_rank; ++j) out.push_back(q_head(s, r, j));
+  return out;
+}
+
+bool consecutive_heads(const std::vector<int64_t>& heads) {
+  for (size_t k = 1; k < heads.size(); ++k)
+    if (heads[k] != heads[k - 1] + 1) return false;
+  return true;
+}
+
 }  // namespace untied

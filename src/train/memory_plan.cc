@@ -222,15 +222,7 @@ void add_projection_scratch(const Dims& d, int64_t s, int64_t rows, std::vector<
   const int64_t U = d.sched.stage_heads;
   it.push_back({"projection of every block's heads (rows)", Tag::kAttnWorkspace,
                 std::min(rows, kProjectionRows) * U * d.D * d.es});
-  bool consecutive = true;
-  int64_t prev = -1;
-  for (int64_t p = 0; p < d.C; ++p)
-    for (int64_t j = 0; j < d.sched.q_per_rank; ++j) {
-      const int64_t h = d.sched.q_head(s, p, j);
-      consecutive = consecutive && (prev < 0 || h == prev + 1);
-      prev = h;
-    }
-  if (!consecutive) it.push_back({"weights of the stage's heads (copy)", Tag::kAttnWorkspace, U * d.D * d.E * d.es});
+  if (!consecutive_heads(d.sched.stage_q_heads(s))) it.push_back({"weights of the stage's heads (copy)", Tag::kAttnWorkspace, U * d.D * d.E * d.es});
 }
 
 // The inputs of UPipe's next stage s1, sent off during this stage's attention with --overlap

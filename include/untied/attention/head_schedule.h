@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "untied/core/status.h"
 
@@ -47,7 +48,14 @@ struct HeadSchedule {
     const int64_t i = j / q_per_kv_stage, k = j % q_per_kv_stage;
     return kv_head_eff(round(s), r, i) * q_per_kv_eff + (s % stages_per_round) * q_per_kv_stage + k;
   }
+  // Every rank's query heads of stage s, rank by rank and slot by slot (the columns that one
+  // projection of the stage makes for all ranks at once).
+  std::vector<int64_t> stage_q_heads(int64_t s) const;
 };
+
+// Whether heads[k] == heads[0] + k for every k: their weight rows (or wo's columns) are one run,
+// used in place instead of copied.
+bool consecutive_heads(const std::vector<int64_t>& heads);
 
 // The schedule for (H, G, C, U), or a Status saying which of them to change.
 StatusOr<HeadSchedule> make_head_schedule(int64_t heads, int64_t kv_heads, int64_t ranks, int64_t stage_heads);
