@@ -143,8 +143,8 @@ int64_t host_available_bytes() {
 }
 }  // namespace
 
-MachineMemory agreed_machine_memory(Communicator& world, const RankDeviceOptions& opts, int ranks_per_node) {
-  const bool gpu = opts.device == DeviceChoice::kCuda;
+MachineMemory agreed_machine_memory(Communicator& world, DeviceChoice device, int ranks_per_node) {
+  const bool gpu = device == DeviceChoice::kCuda;
   int64_t figures[2] = {host_available_bytes() / 10 * 8 / std::max(ranks_per_node, 1), 0};
   if (gpu) figures[1] = agreed_gpu_free_bytes(world) / 10 * 8 / ranks_per_gpu(world);
   world.all_reduce(figures, figures, 2, DType::kI64, ReduceOp::kMin);

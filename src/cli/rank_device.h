@@ -76,8 +76,9 @@ int64_t agreed_gpu_free_bytes(Communicator& world);
 // (trainer.h MachineMemory), the least over the world's ranks: 80% of its host's available memory
 // (MemAvailable) shared by ranks_per_node ranks and, for a GPU rank, 80% of its GPU's free memory
 // shared by the ranks on it. The 20% left is for what a plan does not count: the BLAS, MPI and
-// CUDA libraries' own memory, fragmentation. Not for a rehearsal (it needs no GPU).
-MachineMemory agreed_machine_memory(Communicator& world, const RankDeviceOptions& opts, int ranks_per_node);
+// CUDA libraries' own memory, fragmentation. Refusals as agreed_gpu_free_bytes (not for a
+// rehearsal, which needs no GPU).
+MachineMemory agreed_machine_memory(Communicator& world, DeviceChoice device, int ranks_per_node);
 
 // t (memory of dev) = fill_hash_uniform(seed, stream, first_index, scale): generated on the
 // host, as on the CPU, and copied to the device when it is not the CPU.

@@ -275,8 +275,7 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
   if (o.offload_inputs) {
     // With the selective recompute, the other blocks' attention outputs kept from the forward.
-    const int64_t outputs =
-        o.decoder.recompute == Recompute::kSelective ? (o.model.layers - 1) * attn_out_host_bytes(o, ranks) : 0;
+    const int64_t outputs = kept_outputs_host_bytes(o, ranks);
     const int64_t grads = host_bytes(o, ranks) - offloaded_input_bytes(o, ranks) - outputs;
     std::string kept = grads > 0 ? " and " + format_bytes(grads) + " of one block's gradients and attention output" : "";
     if (outputs > 0) kept += ", " + format_bytes(outputs) + " of the other blocks' attention outputs kept";
@@ -416,7 +415,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       full.decoder.recompute = Recompute::kFull;
       check_all_ranks(comm, validate(full, comm.size()));
       // A rehearsal counts a step for the machine its budgets name, not for this one.
-      const MachineMemory machine = o.rehearsal ? MachineMemory{} : agreed_machine_memory(comm, rdo, o.ranks_per_node);
+      const MachineMemory machine = o.rehearsal ? MachineMemory{} : agreed_machine_memory(comm, device, o.ranks_per_node);
       recompute = choose_recompute(o, comm.size(), machine);
       o.decoder.recompute = recompute.recompute;
     }

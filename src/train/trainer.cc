@@ -205,8 +205,13 @@ int64_t host_bytes(const TrainOptions& o, int ranks) {
   // With Recompute::kSelective every block's output waits there from its forward on: the other
   // N - 1 blocks' are beside the one in use.
   const int64_t a = attn_out_host_bytes(o, ranks);
-  const int64_t others = o.decoder.recompute == Recompute::kSelective ? (o.model.layers - 1) * a : 0;
-  return offloaded_input_bytes(o, ranks) + dh_host_bytes(o, ranks) + others + std::max(grad_stash_bytes(o, ranks), a);
+  return offloaded_input_bytes(o, ranks) + dh_host_bytes(o, ranks) + kept_outputs_host_bytes(o, ranks) +
+         std::max(grad_stash_bytes(o, ranks), a);
+}
+
+int64_t kept_outputs_host_bytes(const TrainOptions& o, int ranks) {
+  if (o.decoder.recompute != Recompute::kSelective) return 0;
+  return (o.model.layers - 1) * attn_out_host_bytes(o, ranks);
 }
 
 DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks) {

@@ -94,9 +94,12 @@ int64_t dh_host_bytes(const TrainOptions& o, int ranks);
 // The host memory of one rank's saved attention output in a block (with offload, the attention's
 // tiles, early_delta and attn_out_on_host): (L, H*D) in decoder.dtype; 0 otherwise.
 int64_t attn_out_host_bytes(const TrainOptions& o, int ranks);
+// With Recompute::kSelective, the host memory of the other N - 1 blocks' attention outputs kept
+// from the forward beside the one in use ((N - 1) attn_out_host_bytes); 0 otherwise.
+int64_t kept_outputs_host_bytes(const TrainOptions& o, int ranks);
 // All the host memory one rank takes at most: offloaded_input_bytes + dh_host_bytes + the larger
 // of grad_stash_bytes and attn_out_host_bytes (a block's saved output is freed before its kept
-// gradients come); with Recompute::kSelective, the other N - 1 blocks' saved outputs besides.
+// gradients come); with Recompute::kSelective, kept_outputs_host_bytes besides.
 int64_t host_bytes(const TrainOptions& o, int ranks);
 
 // o.decoder with upipe's KeepLastStage::kAuto resolved as plan_memory resolves it (kOff where the
