@@ -1,5 +1,5 @@
 # Sourced (bash) on a machine without a package registry, such as the GPU machine: where Open MPI,
-# OpenBLAS, GoogleTest, nlohmann-json, PCRE2, utf8proc or pkg-config is missing and .gpu-deps/*.deb (made by scripts/gpu-deps) is present, it
+# OpenBLAS, GoogleTest, nlohmann-json, CLI11, PCRE2, utf8proc or pkg-config is missing and .gpu-deps/*.deb (made by scripts/gpu-deps) is present, it
 # unpacks those packages with dpkg -x into a prefix, $UNTIED_DEPS_PREFIX (default /tmp/untied-deps;
 # never /), and exports what the build and the tests need from there: PATH, LD_LIBRARY_PATH, the
 # relocation variables of Open MPI (OPAL_*) and PMIx (PMIX_*), and UNTIED_CMAKE_ARGS, the -D hints
@@ -17,6 +17,7 @@ _untied_system_has_deps() {
   _untied_exe mpicxx && _untied_exe mpirun || return 1
   [ -e /usr/include/gtest/gtest.h ] || return 1
   [ -e /usr/include/nlohmann/json.hpp ] || return 1
+  [ -e /usr/include/CLI/CLI.hpp ] || return 1
   _untied_exe pkg-config && [ -e /usr/include/pcre2.h ] && [ -e /usr/include/utf8proc.h ] || return 1
   compgen -G "/usr/lib/x86_64-linux-gnu/openblas*/libopenblas.so" >/dev/null ||
     [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ] || return 1
@@ -136,6 +137,7 @@ _untied_gpu_env() {
   UNTIED_CMAKE_ARGS+=" -DOPENBLAS_LIBRARY=$lib/openblas-openmp/libopenblas.so"
   UNTIED_CMAKE_ARGS+=" -DGTest_DIR=$lib/cmake/GTest"
   UNTIED_CMAKE_ARGS+=" -Dnlohmann_json_DIR=$prefix/usr/share/cmake/nlohmann_json"
+  UNTIED_CMAKE_ARGS+=" -DCLI11_DIR=$prefix/usr/share/cmake/CLI11"
   export UNTIED_CMAKE_ARGS UNTIED_DEPS_PREFIX=$prefix
 }
 

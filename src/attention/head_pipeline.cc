@@ -1,26 +1,37 @@
 // Ulysses and UPipe: the sequence-sharded block run as stages of heads (head_schedule.h).
 //
 // Send and receive buffers are packed by rank, [C][L][n][D] (PackedHeads, block_ops.h). One
-// stage s on rank r, forward:
-//   project_q      q_send[p][:, j] = RoPE(norm(x wq[h(s,p,j)]^T))   written straight in send layout
-//                  st.q (S, u, D) = all_to_all(q_send)               sequence -> heads
-//   project_kv     first stage of round t: rd.k, rd.v (S, w, D) the same way, resident for the round
-//   attention      st.o (S, u, D), st.lse (u, S) = attention(st.q, rd.k, rd.v)
-//   return_output  o_recv[p][:, j] = all_to_all(st.o)                 heads -> sequence (st.o is
+// stage s on rank r, forward (run_forward):
+//   project_q      q_send[p][:, j] = RoPE(norm(x wq[h(s,p,j)]^T)) for every rank p at once: one
+//                  GEMM over the stage's heads of all C blocks (project_blocks), a run of at most
+//                  kProjectionRows rows at a time, written straight in send layout
+//                  st.q (Sg, u, D) = all_to_all(q_send)               sequence -> heads
+//   project_kv     first stage of round t: rd.k, rd.v (Sg, w, D) the same way, resident for the round
+//   attention      st.o (Sg, u, D), st.lse (u, Sg) = attention(st.q, rd.k, rd.v); under a ring
+//                  (R > 1) ring attention over the R groups instead (ring_attention.h)
+//   start_output   o_recv = all_to_all(st.o)                          heads -> sequence (st.o is
 //                  already packed: its rows are the C sequence blocks)
-//                  attn_out[:, h(s,p,j)] = o_recv[p][:, j]           into the preallocated (L, H, D)
-// then y = attn_out wo^T.
-// Backward walks the stages again, last first, each one the forward in reverse:
+//   place_output   attn_out[:, h(s,p,j)] = o_recv[p][:, j]           into the preallocated (L, H, D)
+// then project_output: y = attn_out wo^T (whole, or a tile of rows at a time: TiledOutput).
+// With overlap, stage s+1's projections and exchanges are started before stage s's attention,
+// and stage s's output goes back while stage s+1 runs. With a kept output (a selective recompute:
+// AttentionSaved::output_kept) rerun_forward replaces all this: the attention and its exchanges
+// do not run again, ulysses and ring project q, k and v again for the backward, and y comes from
+// the kept output.
+// Backward (run_backward): dwo = dy^T attn_out; with early_delta, D = rowsum(dO * O) of every
+// head first (the dO of U heads at a time) and the saved output freed. Then the stages again,
+// last first, each one the forward in reverse:
 //   recompute (upipe) or take from `saved` (ulysses; upipe's last stage, which forward keeps when
 //                     AttentionSaved::keep_last_stage asks) st.q, rd.k, rd.v
-//   exchange_dout     dO for the stage's heads, projected from dy straight into send layout,
-//                     with D = rowsum(dO * O) computed before the exchange where O is local
+//   start_dout        dO for the stage's heads, projected from dy straight into send layout, its
+//                     exchange started, with D computed before it where O is local (no early_delta)
+//   finish_dout       the exchange waited for
 //   attention backward dq, dk, dv; dk/dv summed over the round's stages in fp32
-//   return_dq         dq back to the sequence at once, RoPE and the q norm undone, into dx, dwq
-//   return_round_dkv  first stage of a round (the last run): the round's dk/dv sums back, in the block's dtype,
-//                     RoPE and the k norm undone, into dx, dwk, dwv
+//   start_dq, finish_dq  dq back to the sequence, RoPE and the q norm undone, into dx, dwq
+//   return_round_dkv  first stage of a round (the last run): the round's dk/dv sums back, in the
+//                     block's dtype, RoPE and the k norm undone, into dx, dwk, dwv
 // With dx handed out by tiles (TiledGrad), the returned dq of each stage and dk/dv of each round
-// are kept instead (DxStash) and dx is formed from them a tile of rows at a time at the end.
+// are kept instead (DxStash) and hand_out_dx forms dx from them a tile of rows at a time.
 #include "attention/head_pipeline.h"
 
 #include "untied/kernels/attention.h"

@@ -1,6 +1,8 @@
-// The staged sequence-sharded attention block behind kUlysses (one stage of all heads; q, k, v
-// and the output kept for backward) and kUPipe (H/U stages, recomputed in backward). See
-// head_pipeline.cc for the steps and their shapes.
+// The staged sequence-sharded attention block behind kUlysses (one stage of all heads; q, k and v
+// kept for the backward) and kUPipe (H/U stages, recomputed in the backward but for a kept last
+// stage), with a ring across R groups for either (the hybrid), and kRing (C = 1). Both keep the
+// attention output (sequence layout) and every stage's LSE. See head_pipeline.cc for the steps
+// and their shapes.
 #pragma once
 
 #include <memory>

@@ -26,13 +26,13 @@ void add_attention_flags(FlagSet& f) {
   f.add("heads", FlagKind::kInt, "16", "query heads H");
   f.add("kv-heads", FlagKind::kInt, "4", "KV heads G (divides H)");
   f.add("head-dim", FlagKind::kInt, "64", "head dimension D (even)");
-  f.add("rope-theta", FlagKind::kString, "500000", "RoPE base theta");
-  f.add("strategy", FlagKind::kString, "upipe", "local, ulysses, upipe or ring");
+  add_rope_theta_flag(f, "500000", "RoPE base theta");
+  add_strategy_flag(f, "local, ulysses, upipe or ring");
   f.add("upipe-heads", FlagKind::kInt, "0",
         "heads per UPipe stage U: a multiple of the ranks per ring group dividing H (0 = ranks per group)");
   f.add("ring", FlagKind::kInt, "1",
         "ring degree R of ulysses/upipe: R groups of ranks/R consecutive ranks, zig-zag ring attention across them");
-  f.add("ring-order", FlagKind::kString, "zigzag",
+  f.add_choice("ring-order", {"zigzag", "contiguous"}, "zigzag",
         "ring layout: zigzag (causal balance), or contiguous (to measure the imbalance zigzag removes)");
   f.add("ring-overlap", FlagKind::kBool, "true",
         "overlap each ring exchange with compute (--no-ring-overlap waits at once: the exchanges' whole cost)");
@@ -44,12 +44,12 @@ void add_attention_flags(FlagSet& f) {
         "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the backward and free the saved output "
         "(--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
   add_dtype_flag(f, "f32");
-  f.add("seed", FlagKind::kInt, "1", "seed of the random inputs and weights");
+  f.add_int("seed", "1", "seed of the random inputs and weights", {.min = 0});
   add_ranks_flag(f, 1, "in-process ranks (threads) when not launched by mpirun");
   add_device_flag(f);
   add_threads_flag(f);
   add_mem_budget_flag(f, "per-rank memory budget, e.g. 512M, 8G (default: none)");
-  f.add("warmup", FlagKind::kInt, "1", "untimed forward+backward passes before the measured one");
+  f.add_int("warmup", "1", "untimed forward+backward passes before the measured one", {0, 1000});
   f.add("rehearsal", FlagKind::kBool, "false",
         "count every allocation without backing it; skip compute (exact peaks). Runs on the CPU's counting "
         "device with any --device (with cuda: one kernel thread per rank, as a GPU rank; no GPU needed)");
@@ -62,31 +62,20 @@ Status attention_config_from_flags(const FlagSet& f, AttentionConfig* cfg) {
   cfg->heads = f.get_int("heads");
   cfg->kv_heads = f.get_int("kv-heads");
   cfg->head_dim = f.get_int("head-dim");
-  try {
-    cfg->rope_theta = std::stod(f.get_string("rope-theta"));
-  } catch (...) {
-    return Status::invalid_argument("--rope-theta: '" + f.get_string("rope-theta") + "' is not a number");
-  }
+  cfg->rope_theta = f.get_number("rope-theta");
   if (!f.get_string("heads-like").empty()) {
     for (const char* flag : {"hidden", "heads", "kv-heads", "head-dim"})
       if (f.was_set(flag))
         return Status::invalid_argument(std::string("--heads-like sets the head shapes; drop --") + flag);
     Status s = apply_heads_preset(f.get_string("heads-like"), cfg);
     if (!s.ok()) return Status::invalid_argument("--heads-like: " + s.message());
-    if (f.was_set("rope-theta")) cfg->rope_theta = std::stod(f.get_string("rope-theta"));
+    if (f.was_set("rope-theta")) cfg->rope_theta = f.get_number("rope-theta");
   }
-  auto strat = parse_strategy(f.get_string("strategy"));
-  if (!strat.ok()) return Status::invalid_argument("--strategy: " + strat.status().message());
-  cfg->strategy = strat.value();
-  auto dt = parse_dtype(f.get_string("dtype"));
-  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
-  cfg->dtype = dt.value();
+  cfg->strategy = parse_strategy(f.get_string("strategy")).value();
+  cfg->dtype = parse_dtype(f.get_string("dtype")).value();
   cfg->upipe_heads = f.get_int("upipe-heads");
   cfg->ring = f.get_int("ring");
-  const std::string order = f.get_string("ring-order");
-  if (order != "zigzag" && order != "contiguous")
-    return Status::invalid_argument("--ring-order: '" + order + "': use zigzag or contiguous");
-  cfg->ring_order = order == "contiguous" ? RingOrder::kContiguous : RingOrder::kZigzag;
+  cfg->ring_order = f.get_choice("ring-order", std::vector{RingOrder::kZigzag, RingOrder::kContiguous});
   cfg->ring_overlap = f.get_bool("ring-overlap");
   cfg->early_delta = f.get_bool("early-delta");
   if (cfg->upipe_heads != 0 && cfg->strategy != Strategy::kUPipe)
@@ -101,26 +90,19 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   flags.add("json", FlagKind::kBool, "false", "print one JSON object instead of the table");
   const LaunchInfo li = launch_info();
   const bool root = li.world_rank == 0;
-  Status st = flags.parse(args);
+  if (auto exit = parse_command_line(flags, args, root)) return *exit;
   AttentionConfig cfg;
-  if (st.ok() && !flags.wants_help()) st = attention_config_from_flags(flags, &cfg);
-  const int ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
-  if (st.ok() && !li.mpi && (ranks < 1 || ranks > 1024)) st = Status::invalid_argument("--ranks must be in [1, 1024]");
-  StatusOr<DeviceChoice> device = parse_device_choice(st.ok() ? flags.get_string("device") : "cpu");
-  if (st.ok() && !device.ok()) st = Status::invalid_argument("--device: " + device.status().message());
-  if (st.ok()) st = overlap_from_flags(flags, device.value() == DeviceChoice::kCuda, &cfg.overlap);
+  Status st = attention_config_from_flags(flags, &cfg);
+  const int ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));  // (in kRanksRange)
+  const DeviceChoice device = parse_device_choice(flags.get_string("device")).value();
+  cfg.overlap = overlap_from_flags(flags, device == DeviceChoice::kCuda);
   if (st.ok() && !flags.get_string("dump").empty()) st = prepare_dump_dir(flags.get_string("dump"));
   if (st.ok() && li.mpi && flags.was_set("ranks"))
     st = Status::invalid_argument("--ranks is for in-process runs; under mpirun the ranks are mpirun's -np");
-  if (!st.ok() || flags.wants_help()) {
-    if (root) std::fprintf(st.ok() ? stdout : stderr, "%s\n", st.ok() ? flags.usage().c_str() : ("untied attn: " + st.message()).c_str());
-    return st.ok() ? 0 : 2;
-  }
+  if (!st.ok()) return refuse(flags, st, root);
   AttnRunOptions opts;
-  opts.device = device.value();
-  opts.threads = flags.get_string("threads").empty()
-                     ? default_threads_per_rank(li.mpi ? local_ranks_under_mpirun() : ranks)
-                     : static_cast<int>(flags.get_int("threads"));
+  opts.device = device;
+  opts.threads = threads_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : ranks);
   opts.budget_bytes = flags.get_bytes("mem-budget");
   opts.rehearsal = flags.get_bool("rehearsal");
   opts.warmup = static_cast<int>(flags.get_int("warmup"));
@@ -146,14 +128,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                                            ", not to --seq " + std::to_string(cfg.seq) + "; make them add up to S");
     }
   }
-  if (!mask_st.ok()) {
-    if (root) std::fprintf(stderr, "untied attn: %s\n", mask_st.message().c_str());
-    return 2;
-  }
-  if (opts.threads < 1) {
-    if (root) std::fprintf(stderr, "untied attn: --threads must be >= 1\n");
-    return 2;
-  }
+  if (!mask_st.ok()) return refuse(flags, mask_st, root);
   const bool json = flags.get_bool("json");
 
   return run_ranks(argc, argv, li.mpi ? 1 : ranks, [&](Communicator& comm) {

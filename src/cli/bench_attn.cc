@@ -117,17 +117,17 @@ void add_bench_attn_flags(FlagSet& flags) {
   flags.add("multiples", FlagKind::kIntList, "1,2,4", "UPipe stage sizes U as multiples of the ranks C per ring group");
   flags.add("rings", FlagKind::kIntList, "1",
             "ring degrees R: each adds ulysses and upipe across R ring groups of ranks/R (R = ranks: the ring strategy)");
-  flags.add("overlap", FlagKind::kString, "auto",
-            "upipe rows with the next stage's exchanges overlapped: on, off, both (a row of each), or auto (on with "
-            "--device cuda, off on the CPU)");
-  flags.add("upipe-keep-last", FlagKind::kString, "off",
+  flags.add_choice("overlap", {"on", "off", "both", "auto"}, "auto",
+                   "upipe rows with the next stage's exchanges overlapped: on, off, both (a row of each), or auto "
+                   "(on with --device cuda, off on the CPU)");
+  flags.add_choice("upipe-keep-last", {"on", "off", "both"}, "off",
             "upipe rows whose forward keeps its last stage's q, k and v for the backward, which then recomputes only "
             "the other stages': on, off, or both (a row of each)");
   add_dtype_flag(flags, "bf16");
   add_ranks_flag(flags, 8);
   add_device_flag(flags, std::string(kDeviceHelp) + ". Rehearsal rows are counted on the CPU as GPU ranks");
   add_threads_flag(flags, "cores / ranks, at least 1");
-  flags.add("warmup", FlagKind::kInt, "1", "untimed forward+backward passes before each timed one");
+  flags.add_int("warmup", "1", "untimed forward+backward passes before each timed one", {0, 1000});
   add_mem_budget_flag(flags,
                       "per-rank memory budget of the timed runs; with --fit also the memory to fit in (default: none; "
                       "--fit on a GPU: its free memory / ranks on it, less --fit-headroom)");
@@ -139,9 +139,10 @@ void add_bench_attn_flags(FlagSet& flags) {
   flags.add("fit-run-max", FlagKind::kInt, "256K",
             "--fit: the timed runs use the longest length every strategy fits, at most this (the default "
             "keeps 8 in-process ranks on one H200 to a few minutes)");
-  flags.add("fit-headroom", FlagKind::kInt, "20",
+  flags.add_int("fit-headroom", "20",
             "--fit on a GPU without --mem-budget: percent of each rank's share of free memory kept for the CUDA "
-            "context, cuBLAS workspaces and the caching allocator's unused blocks");
+            "context, cuBLAS workspaces and the caching allocator's unused blocks",
+                {0, 99});
   flags.add("json", FlagKind::kBool, "false", "print a JSON array instead of the table");
 }
 
@@ -161,27 +162,13 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
     }
   }
   if (!st.ok()) return st;
-  auto dt = parse_dtype(flags.get_string("dtype"));
-  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
-  auto device = parse_device_choice(flags.get_string("device"));
-  if (!device.ok()) return Status::invalid_argument("--device: " + device.status().message());
-  o->dtype = dt.value();
-  o->device = device.value();
-  if (flags.get_string("overlap") == "both") {
-    o->overlaps = {false, true};
-  } else {
-    bool on = false;
-    Status ov = overlap_from_flags(flags, o->device == DeviceChoice::kCuda, &on);
-    if (!ov.ok()) return Status::invalid_argument(ov.message() + " (or both)");
-    o->overlaps = {on};
-  }
-  const std::string keep = flags.get_string("upipe-keep-last");
-  if (keep != "on" && keep != "off" && keep != "both")
-    return Status::invalid_argument("--upipe-keep-last: '" + keep + "': use on, off or both");
-  o->keeps = keep == "both" ? std::vector<bool>{false, true} : std::vector<bool>{keep == "on"};
+  o->dtype = parse_dtype(flags.get_string("dtype")).value();
+  o->device = parse_device_choice(flags.get_string("device")).value();
+  const bool cuda = o->device == DeviceChoice::kCuda;
+  using Rows = std::vector<bool>;  // (off, on) or one of them
+  o->overlaps = flags.get_choice("overlap", std::vector{Rows{true}, Rows{false}, Rows{false, true}, Rows{cuda}});
+  o->keeps = flags.get_choice("upipe-keep-last", std::vector{Rows{true}, Rows{false}, Rows{false, true}});
   o->ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
-  if (!li.mpi && (o->ranks < 1 || o->ranks > 1024)) return Status::invalid_argument("--ranks must be in [1, 1024]");
-  if (flags.get_int("warmup") < 0) return Status::invalid_argument("--warmup must be >= 0");
   o->fit = flags.get_bool("fit");
   o->fit_step = flags.get_int("fit-step");
   o->fit_max = flags.get_int("fit-max");
@@ -195,8 +182,6 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
                                       " must be a multiple of the ranks (" + std::to_string(o->ranks) + ")");
     if (o->fit_max < o->fit_step || o->fit_run_max < o->fit_step)
       return Status::invalid_argument("--fit-max and --fit-run-max must be at least --fit-step");
-    if (o->fit_headroom < 0 || o->fit_headroom >= 100)
-      return Status::invalid_argument("--fit-headroom is a percent in [0, 100)");
     if (o->device == DeviceChoice::kCpu && o->budget == 0)
       return Status::invalid_argument("--fit on the CPU needs --mem-budget: the memory per rank to fit in");
   }
@@ -204,9 +189,7 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
   o->mem_seqs = flags.get_int_list("mem-seqs");
   o->multiples = flags.get_int_list("multiples");
   o->rings = flags.get_int_list("rings");
-  o->threads = flags.get_string("threads").empty()
-                   ? default_threads_per_rank(li.mpi ? local_ranks_under_mpirun() : o->ranks)
-                   : static_cast<int>(flags.get_int("threads"));
+  o->threads = threads_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : o->ranks);
   o->warmup = static_cast<int>(flags.get_int("warmup"));
   o->json = flags.get_bool("json");
   return Status::ok_status();
@@ -505,14 +488,9 @@ int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& arg
                 "With --fit: the longest sequence each strategy fits per rank, and times at one length all fit.");
   add_bench_attn_flags(flags);
   const LaunchInfo li = launch_info();
+  if (auto exit = parse_command_line(flags, args, li.world_rank == 0)) return *exit;
   BenchAttnOptions o;
-  Status st = flags.parse(args);
-  if (st.ok()) st = read_bench_attn_flags(flags, li, &o);
-  if (!st.ok() || flags.wants_help()) {
-    if (li.world_rank == 0)
-      std::fprintf(st.ok() ? stdout : stderr, "%s\n", st.ok() ? flags.usage().c_str() : ("untied bench attn: " + st.message()).c_str());
-    return st.ok() ? 0 : 2;
-  }
+  if (Status st = read_bench_attn_flags(flags, li, &o); !st.ok()) return refuse(flags, st, li.world_rank == 0);
 
   return run_ranks(argc, argv, li.mpi ? 1 : o.ranks, [&](Communicator& world) {
     const std::string where = where_rows_run(world, o);

@@ -215,10 +215,11 @@ void add_bench_kernels_flags(FlagSet& flags) {
             "M,N,K of a GEMM shaped like the attention's q projection, x (M tokens, K = E) wq^T (N = H*D, K), "
             "in the GEMM row's dtype (default: cpu none; cuda 16K,4096,4096)");
   flags.add("a2a-bytes", FlagKind::kBytes, "8M", "bytes per peer of the all-to-all row (several ranks)");
-  flags.add("warmup", FlagKind::kInt, "",
+  flags.add_int("warmup", "",
             "untimed calls of each op before its timed runs; an attention's verified call is the first "
-            "(default: cpu 1; cuda 3)");
-  flags.add("repeat", FlagKind::kInt, "", "timed runs per row, the median is reported (default: cpu 3; cuda 10)");
+            "(default: cpu 1; cuda 3)",
+                {0, 1000000});
+  flags.add_int("repeat", "", "timed runs per row, the median is reported (default: cpu 3; cuda 10)", {1, 1000000});
   flags.add("ratio-seq", FlagKind::kInt, "", "sequence length of the attention/GEMM ratio line (default: cpu 4096; cuda 32768)");
   flags.add("doc-len", FlagKind::kInt, "",
             "also time each attention length packed with documents of this many tokens (causal inside each; "
@@ -250,19 +251,12 @@ std::string read_bench_kernels_flags(const FlagSet& flags, KernelBenchOptions* o
                                                          : std::vector<int64_t>{};
   const int repeat = static_cast<int>(int_or(flags, "repeat", gpu, 3, 10));
   const int warmup = static_cast<int>(int_or(flags, "warmup", gpu, 1, 3));
-  const int threads = flags.get_string("threads").empty()
-                          ? default_threads_per_rank(launch_info().mpi ? local_ranks_under_mpirun() : 1)
-                          : static_cast<int>(flags.get_int("threads"));
-  if (!device.ok()) return "--device: " + device.status().message();
-  if (!dtype.ok()) return "--dtype: " + dtype.status().message();
+  const int threads = threads_from_flags(flags, launch_info().mpi ? local_ranks_under_mpirun() : 1);
   if (H < 1 || G < 1 || H % G != 0)
     return "--heads must be a positive multiple of --kv-heads (got " + std::to_string(H) + " and " + std::to_string(G) + ")";
   if (long_seq > 0 && (LH < 1 || LG < 1 || LH % LG != 0))
     return "--long-heads must be a positive multiple of --long-kv-heads (got " + std::to_string(LH) + " and " + std::to_string(LG) + ")";
   if (D < 2 || D > 1024) return "--head-dim must be in [2, 1024]";
-  if (repeat < 1) return "--repeat must be >= 1";
-  if (warmup < 0) return "--warmup must be >= 0";
-  if (threads < 1) return "--threads must be >= 1";
   if (gemm_n < 1) return "--gemm-size must be >= 1";
   if (!proj.empty() && (proj.size() != 3 || proj[0] < 1 || proj[1] < 1 || proj[2] < 1))
     return "--proj-gemm takes three sizes M,N,K, each >= 1";
@@ -527,16 +521,10 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
                 "in the same run; every attention result is verified before it is timed.");
   add_bench_kernels_flags(flags);
   const bool root = launch_info().world_rank == 0;
-  Status st = flags.parse(args);
-  if (!st.ok() || flags.wants_help()) {
-    if (root) std::fprintf(st.ok() ? stdout : stderr, "%s\n", st.ok() ? flags.usage().c_str() : ("untied: " + st.message()).c_str());
-    return st.ok() ? 0 : 2;
-  }
+  if (auto exit = parse_command_line(flags, args, root)) return *exit;
   KernelBenchOptions o;
-  if (const std::string bad = read_bench_kernels_flags(flags, &o); !bad.empty()) {
-    if (root) std::fprintf(stderr, "untied: %s\n", bad.c_str());
-    return 2;
-  }
+  if (const std::string bad = read_bench_kernels_flags(flags, &o); !bad.empty())
+    return refuse(flags, Status::invalid_argument(bad), root);
 
   return run_ranks(argc, argv, 1, [&](Communicator& world) {
     // The rank's device and the communicator of its buffers; a GPU that cannot be used is

@@ -20,41 +20,48 @@ inline constexpr const char* kDeviceHelp =
 inline constexpr const char* kMemBudgetHelp = "per-rank memory budget, e.g. 2G (default: none)";
 inline constexpr const char* kDtypeHelp = "storage type: f32 or bf16";
 
-// --ranks N (int): in-process ranks when not launched by mpirun.
+// In-process ranks a command may start (--ranks).
+inline constexpr IntRange kRanksRange{1, 1024};
+
+// --ranks N (int in kRanksRange): in-process ranks when not launched by mpirun.
 void add_ranks_flag(FlagSet& f, int64_t default_ranks, const std::string& help = kRanksHelp);
 
-// --device cpu|cuda (string, default cpu); read it with parse_device_choice (rank_device.h).
+// --device cpu|cuda (checked by parse_device_choice, default cpu); read it with
+// parse_device_choice (rank_device.h).
 void add_device_flag(FlagSet& f, const std::string& help = kDeviceHelp);
 
-// --threads N (int, empty default): BLAS/OpenMP threads per rank on the CPU; `default_text` says
-// what the command uses when it is not given (default_threads_per_rank in launch.h).
+// --threads N (int in [1, 1024], empty default): BLAS/OpenMP threads per rank on the CPU;
+// `default_text` says what the command uses when it is not given.
 void add_threads_flag(FlagSet& f, const std::string& default_text = "cores / ranks");
+// --threads, or default_threads_per_rank (launch.h) for `ranks_here` ranks on this host.
+int threads_from_flags(const FlagSet& f, int ranks_here);
 
 // --mem-budget BYTES (bytes, empty default = none): the per-rank memory budget.
 void add_mem_budget_flag(FlagSet& f, const std::string& help = kMemBudgetHelp);
 
-// --dtype f32|bf16 (string); read it with parse_dtype. An empty default_dtype: the command
-// chooses one by device (its help says which).
+// --dtype f32|bf16 (checked by parse_dtype); read it with parse_dtype. An empty default_dtype: the
+// command chooses one by device (its help says which).
 void add_dtype_flag(FlagSet& f, const std::string& default_dtype, const std::string& help = kDtypeHelp);
 
-// --overlap auto|on|off (string, default auto): UPipe runs stage s+1's projections and
+// --strategy local|ulysses|upipe|ring (checked by parse_strategy, default upipe).
+void add_strategy_flag(FlagSet& f, const std::string& help);
+
+// --overlap on|off|auto (a choice, default auto): UPipe runs stage s+1's projections and
 // all-to-alls while stage s computes (AttentionConfig::overlap), for one more stage of exchange
 // buffers. auto is on for --device cuda (NCCL moves the bytes on its own stream while kernels
-// run) and off on the CPU (the cores that compute also move the bytes; see the README).
+// run) and off on the CPU (the cores that compute also move the bytes; docs/training.md).
 void add_overlap_flag(FlagSet& f);
-// *overlap from --overlap on the device the command runs on; a bad value is refused.
-Status overlap_from_flags(const FlagSet& f, bool cuda, bool* overlap);
+// --overlap on the device the command runs on.
+bool overlap_from_flags(const FlagSet& f, bool cuda);
 
-// --verify-schedule and --collective-timeout (the watchdog, untied/comm/watchdog.h), and, after
-// parsing, their values handed to run_ranks (launch.h); the message names a bad timeout.
+// --verify-schedule and --collective-timeout (a number of seconds >= 0: the watchdog,
+// untied/comm/watchdog.h), and, after parsing, their values handed to run_ranks (launch.h).
 void add_watchdog_flags(FlagSet& f);
-Status apply_watchdog_flags(const FlagSet& f);
-// --rope-theta (a string flag, empty = the model's): *theta = its value when given; a value that
-// is not a positive number is refused.
-Status rope_theta_from_flags(const FlagSet& f, double* theta);
-// A string flag holding a number > 0 into *out; an empty one leaves *out as it is. The message
-// names the flag and its text.
-Status positive_number_from_flag(const FlagSet& f, const std::string& name, double* out);
+void apply_watchdog_flags(const FlagSet& f);
+// --rope-theta (a positive number; an empty default = the model's).
+void add_rope_theta_flag(FlagSet& f, const std::string& default_value, const std::string& help);
+// *theta = --rope-theta when it has a value.
+void rope_theta_from_flags(const FlagSet& f, double* theta);
 // --window (an int flag, 0 = none): *window = its value; a given value below 1 is refused.
 Status window_from_flags(const FlagSet& f, int64_t* window);
 

@@ -1,7 +1,6 @@
-// Config files for `untied train --config` (config_file.h).
+// Config files (config_file.h).
 #include "cli/config_file.h"
 
-#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -64,14 +63,6 @@ Status parse_config(const std::string& path, const std::string& text, std::vecto
     out->push_back("--" + name + "=" + value);
   }
   return Status::ok_status();
-}
-
-Status read_config(const std::string& path, std::vector<std::string>* out) {
-  std::ifstream f(path);
-  if (!f) return Status::not_found("--config " + path + ": cannot open the file");
-  std::stringstream whole;
-  whole << f.rdbuf();
-  return parse_config(path, whole.str(), out);
 }
 
 }  // namespace untied::cli

@@ -1,6 +1,7 @@
-// Config files (`untied train --config F`): the same names as the flags, as `name = value` lines
-// (# starts a comment) or one JSON object {"name": value, ...} of strings, numbers and booleans,
-// turned into flag arguments ("--name=value") that the command line then overrides.
+// Config files (`untied train --config F`, and any command with a kConfig flag): the same names as
+// the flags, as `name = value` lines (# starts a comment) or one JSON object {"name": value, ...} of
+// strings, numbers and booleans, turned into flag arguments ("--name=value"); FlagSet::parse
+// (args.h) hands them to CLI11 as the file's values, which the command line overrides.
 #pragma once
 
 #include <string>
@@ -14,7 +15,5 @@ namespace untied::cli {
 // character is '{', else `name = value` lines. Appends the arguments to *out; invalid_argument
 // naming path:line (or the JSON key) for what cannot be read, including a nested `config`.
 Status parse_config(const std::string& path, const std::string& text, std::vector<std::string>* out);
-// parse_config of the file at path; not_found when it cannot be opened.
-Status read_config(const std::string& path, std::vector<std::string>* out);
 
 }  // namespace untied::cli

@@ -26,17 +26,23 @@ void add_eval_flags(FlagSet& f) {
         "or: evaluate the newest checkpoint of an untied run (written at any rank count; its config.json says the model)");
   f.add("preset", FlagKind::kString, "tiny", "or: a preset with its initial weights (a baseline): " + model_preset_names());
   f.add("vocab", FlagKind::kInt, "0", "--preset: vocabulary size (0 = the data's)");
-  f.add("rope-theta", FlagKind::kString, "", "RoPE base, replacing the model's (to try a base before training with it)");
-  f.add("seed", FlagKind::kInt, "0", "--preset: seed of the initial weights");
-  f.add("data", FlagKind::kString, "tokens", "data: tokens (a token file, `untied prepare`) or text (byte-level)");
+  add_rope_theta_flag(f, "", "RoPE base, replacing the model's (to try a base before training with it)");
+  f.add_int("seed", "0", "--preset: seed of the initial weights", {.min = 0});
+  f.add_checked("data", "tokens", "data: tokens (a token file, `untied prepare`) or text (byte-level)",
+                [](const std::string& v) {
+                  if (v == "tokens" || v == "text") return Status::ok_status();
+                  return Status::invalid_argument(v == "kv" ? "eval reads tokens or text, not kv"
+                                                            : "'" + v + "': use tokens or text");
+                });
   f.add("data-path", FlagKind::kString, "", "the token file (--data tokens) or UTF-8 text (--data text)");
-  f.add("text-split", FlagKind::kString, "blank-lines", "--data text: documents are blank-line blocks, lines or the file");
+  f.add_checked("text-split", "blank-lines", "--data text: documents are blank-line blocks, lines or the file",
+                [](const std::string& v) { return parse_document_split(v).status(); });
   f.add("seq", FlagKind::kInt, "256", "sequence length S: the file is read as consecutive sequences of S tokens");
   f.add("samples", FlagKind::kInt, "0", "sequences to evaluate (0 = every whole sequence of the file)");
   f.add("buckets", FlagKind::kInt, "16", "the loss by position: S in this many equal ranges");
   f.add("window", FlagKind::kInt, "0", "sliding-window attention (0 = none)");
   f.add("doc-mask", FlagKind::kBool, "true", "attend only inside each document (--no-doc-mask: across them)");
-  f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses, upipe or ring");
+  add_strategy_flag(f, "attention strategy: local, ulysses, upipe or ring");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
   add_overlap_flag(f);
   f.add("ring", FlagKind::kInt, "1", "ring degree R of ulysses/upipe");
@@ -80,25 +86,19 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
     if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
     o->seed = static_cast<uint64_t>(f.get_int("seed"));
   }
-  if (Status s = rope_theta_from_flags(f, &o->model.rope_theta); !s.ok()) return s;
-  auto st = parse_strategy(f.get_string("strategy"));
-  if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());
-  auto dev = parse_device_choice(f.get_string("device"));
-  if (!dev.ok()) return Status::invalid_argument("--device: " + dev.status().message());
-  *device = dev.value();
-  auto dt = parse_dtype(f.get_string("dtype"));
-  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
-  o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
-                              .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"),
+  rope_theta_from_flags(f, &o->model.rope_theta);
+  *device = parse_device_choice(f.get_string("device")).value();
+  o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = parse_strategy(f.get_string("strategy")).value(),
+                              .upipe_heads = f.get_int("upipe-heads"), .ring = f.get_int("ring"),
+                              .dtype = parse_dtype(f.get_string("dtype")).value(), .mlp_tile = f.get_int("mlp-tile"),
                               .loss_chunk = f.get_int("loss-chunk")};
-  Status ov = overlap_from_flags(f, *device == DeviceChoice::kCuda, &o->decoder.overlap);
-  if (!ov.ok()) return ov;
+  o->decoder.overlap = overlap_from_flags(f, *device == DeviceChoice::kCuda);
   o->samples = f.get_int("samples");
   o->buckets = f.get_int("buckets");
   if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
   o->doc_mask = f.get_bool("doc-mask");
   o->logits_path = f.get_string("dump-logits");
-  *threads = f.get_string("threads").empty() ? default_threads_per_rank(ranks) : static_cast<int>(f.get_int("threads"));
+  *threads = threads_from_flags(f, ranks);
   if (*device == DeviceChoice::kCuda) *threads = 1;
   if (!f.get_string("compare").empty() && f.get_string("svg").empty())
     return Status::invalid_argument("--compare adds a curve to the --svg plot: give --svg too");
@@ -175,28 +175,16 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   add_eval_flags(flags);
   const LaunchInfo li = launch_info();
   const bool root = li.world_rank == 0;
-  auto refuse = [&](const Status& s) {
-    if (root) std::fprintf(stderr, "untied eval: %s\n", s.message().c_str());
-    return 2;
-  };
-  Status st = flags.parse(args);
-  if (!st.ok()) return refuse(st);
-  if (flags.wants_help()) {
-    if (root) std::printf("%s", flags.usage().c_str());
-    return 0;
-  }
-  const int inproc = static_cast<int>(flags.get_int("ranks"));
-  if (!li.mpi && (inproc < 1 || inproc > 1024)) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));
+  if (auto exit = parse_command_line(flags, args, root)) return *exit;
+  auto refuse = [&](const Status& s) { return cli::refuse(flags, s, root); };
+  const int inproc = static_cast<int>(flags.get_int("ranks"));  // (in kRanksRange: the flag's range)
   EvalOptions opts;
   DeviceChoice device = DeviceChoice::kCpu;
   int threads = 1;
-  st = options_from_flags(flags, &opts, &device, &threads, li.mpi ? local_ranks_under_mpirun() : inproc);
+  Status st = options_from_flags(flags, &opts, &device, &threads, li.mpi ? local_ranks_under_mpirun() : inproc);
   if (!st.ok()) return refuse(st);
   DataOptions dopts;
-  auto split = parse_document_split(flags.get_string("text-split"));
-  if (!split.ok()) return refuse(Status::invalid_argument("--text-split: " + split.status().message()));
-  dopts.text_split = split.value();
-  if (flags.get_string("data") == "kv") return refuse(Status::invalid_argument("--data: eval reads tokens or text, not kv"));
+  dopts.text_split = parse_document_split(flags.get_string("text-split")).value();
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
   if (!data.ok()) return refuse(data.status());
   if (opts.hf_model.empty() && opts.checkpoint_dir.empty() && flags.get_int("vocab") == 0 &&
@@ -212,8 +200,7 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     compare = c.value();
   }
 
-  st = apply_watchdog_flags(flags);
-  if (!st.ok()) return refuse(st);
+  apply_watchdog_flags(flags);
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
     RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = threads,

@@ -14,22 +14,13 @@ int export_main(int*, char***, const std::vector<std::string>& args) {
                 "config.json and model.safetensors, which transformers loads unchanged. One process.");
   flags.add("checkpoint-dir", FlagKind::kString, "", "the run's --checkpoint-dir");
   flags.add("out", FlagKind::kString, "", "the Hugging Face directory to write");
-  flags.add("dtype", FlagKind::kString, "bf16", "tensor storage: bf16 (as published models are), f32 or f16");
-  Status st = flags.parse(args);
-  auto refuse = [](const Status& s) {
-    std::fprintf(stderr, "untied export: %s\n", s.message().c_str());
-    return 2;
-  };
-  if (!st.ok()) return refuse(st);
-  if (flags.wants_help()) {
-    std::printf("%s", flags.usage().c_str());
-    return 0;
-  }
+  flags.add_checked("dtype", "bf16", "tensor storage: bf16 (as published models are), f32 or f16",
+                    [](const std::string& v) { return parse_hf_dtype(v).status(); });
+  if (auto exit = parse_command_line(flags, args, /*root=*/true)) return *exit;
   if (flags.get_string("checkpoint-dir").empty() || flags.get_string("out").empty())
-    return refuse(Status::invalid_argument("--checkpoint-dir and --out are both needed"));
+    return refuse(flags, Status::invalid_argument("--checkpoint-dir and --out are both needed"));
   auto dtype = parse_hf_dtype(flags.get_string("dtype"));
-  if (!dtype.ok()) return refuse(Status::invalid_argument("--dtype: " + dtype.status().message()));
-  st = export_checkpoint(flags.get_string("checkpoint-dir"), flags.get_string("out"), dtype.value());
+  Status st = export_checkpoint(flags.get_string("checkpoint-dir"), flags.get_string("out"), dtype.value());
   if (!st.ok()) {
     std::fprintf(stderr, "untied export: %s\n", st.message().c_str());
     return st.code() == Status::Code::kInvalidArgument || st.code() == Status::Code::kNotFound ? 2 : 1;

@@ -21,12 +21,12 @@ const char* kUsage =
     "  plan            a training step's memory per rank from closed forms; --fit: the longest S that fits\n"
     "  eval            a model's loss, perplexity and loss by position on a token file\n"
     "  export          an untied checkpoint as a Hugging Face model directory\n"
-    "  attn            one attention block forward+backward (local, ulysses, upipe): time, memory\n"
+    "  attn            one attention block forward+backward (local, ulysses, upipe, ring): time, memory\n"
     "  bench kernels   benchmark the kernels (flash attention forward/backward, GEMM)\n"
     "  bench attn      Ulysses vs UPipe for real head shapes: time and attention-layer memory\n"
     "  prepare         text or JSONL -> a token file, with a Hugging Face tokenizer.json (Llama 3, Qwen)\n"
     "\n"
-    "attn and bench take --device cpu|cuda (CPU by default).\n"
+    "train, eval, attn and bench take --device cpu|cuda (CPU by default); train and plan take --config FILE.\n"
     "\n"
     "Run `untied <command> --help` for the flags of a command.\n";
 

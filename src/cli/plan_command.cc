@@ -62,16 +62,16 @@ std::string header(const PlanRun& p) {
 }
 
 // The offload pattern that fits the host budget at S: as many blocks' inputs offloaded as the
-// node's share per rank holds beside what else a block keeps there (host_bytes: dhm, the kept
+// node's share per rank holds beside what else a block keeps there (host_memory: dhm, the kept
 // gradients, the saved attention output), the first ones kept on the device; all without a budget.
 void fit_offload(TrainOptions& o, int ranks) {
   if (!o.offload_inputs) return;
   o.decoder.offload_every = 1;
   o.decoder.offload_keep_first = 0;
   if (o.host_budget_bytes <= 0) return;
-  const int64_t L = padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks;
-  const int64_t one = L * o.model.hidden * dtype_size(o.decoder.dtype);
-  const int64_t share = o.host_budget_bytes / o.ranks_per_node - (host_bytes(o, ranks) - offloaded_input_bytes(o, ranks));
+  const RunGeometry g = run_geometry(o, ranks);
+  const int64_t one = g.L * g.E * g.es;
+  const int64_t share = o.host_budget_bytes / o.ranks_per_node - host_memory(g).beside_inputs();
   o.decoder.offload_keep_first = std::clamp<int64_t>(o.model.layers - std::max<int64_t>(share, 0) / one, 0, o.model.layers);
 }
 
@@ -158,17 +158,51 @@ bool fit(const PlanRun& in, PlanRun* best) {
   return any;
 }
 
+// A time in the unit that reads best: "812.4 ms", "41.2 s", "12.5 min", "5.77 h".
+std::string readable_time(double ms) {
+  char b[32];
+  if (ms < 1e4) std::snprintf(b, sizeof b, "%.1f ms", ms);
+  else if (ms < 600e3) std::snprintf(b, sizeof b, "%.1f s", ms / 1e3);
+  else if (ms < 7200e3) std::snprintf(b, sizeof b, "%.1f min", ms / 60e3);
+  else std::snprintf(b, sizeof b, "%.2f h", ms / 3600e3);
+  return b;
+}
+
+// Why --fit found nothing: the step at the shortest S tried, planned, what its peak holds, and what
+// would shrink it.
+std::string why_nothing_fits(const PlanRun& p) {
+  TrainOptions o = p.o;
+  o.decoder.seq = int64_t{p.ranks} * 1024;
+  if (o.decoder.recompute == Recompute::kAuto) o.decoder.recompute = Recompute::kFull;
+  fit_offload(o, p.ranks);
+  std::ostringstream s;
+  s << "not even S = " << o.decoder.seq << " fits in " << format_bytes(o.budget_bytes) << " per rank";
+  if (!validate_plan(o, p.ranks).ok()) return s.str() + "\n";
+  const MemoryPlan plan = plan_memory(o, p.ranks);
+  const std::array<int64_t, kNumTags> tags = plan.moments[plan.peak].by_tag();
+  const int64_t state = tags[static_cast<int>(Tag::kParameters)] + tags[static_cast<int>(Tag::kGradients)] +
+                        tags[static_cast<int>(Tag::kOptimizer)];
+  s << ": there the step's peak is " << format_bytes(plan.peak_total()) << " (at the "
+    << plan.moments[plan.peak].name << "), of which the sharded weights, gradients and AdamW state and the gathered "
+    << "group take " << format_bytes(state) << " and activations and workspaces the rest.\nTo fit:";
+  s << " more ranks (--ranks " << 2 * p.ranks << " halves the sharded state per rank)";
+  if (o.decoder.dtype == DType::kF32) s << "; --dtype bf16 (halves the gathered weights and every activation)";
+  if (!o.offload_inputs) s << "; --offload-inputs (each block's saved input in host memory)";
+  s << "; or a larger --mem-budget.\n";
+  return s.str();
+}
+
 void print_time(const PlanRun& p, const DeviceRates& rates) {
   const std::vector<PhaseWork> phases = plan_time(p.o, p.ranks, rates);
   std::printf("work per rank for one sequence, and its time at %s, nothing overlapped:\n", rates.source.c_str());
-  std::printf("  %-10s %14s %16s %12s %12s\n", "phase", "GEMM TFLOP", "attention TFLOP", "GB sent", "ms");
+  std::printf("  %-10s %14s %16s %12s %12s %10s\n", "phase", "GEMM TFLOP", "attention TFLOP", "GB sent", "ms", "time");
   double total = 0;
   for (const PhaseWork& w : phases) {
-    std::printf("  %-10s %14.2f %16.2f %12.2f %12.1f\n", w.name.c_str(), w.gemm_flops / 1e12, w.attention_flops / 1e12,
-                w.bytes_sent / 1e9, w.ms);
+    std::printf("  %-10s %14.2f %16.2f %12.2f %12.1f %10s\n", w.name.c_str(), w.gemm_flops / 1e12,
+                w.attention_flops / 1e12, w.bytes_sent / 1e9, w.ms, readable_time(w.ms).c_str());
     total += w.ms;
   }
-  std::printf("  %-10s %14s %16s %12s %12.1f\n", "step", "", "", "", total);
+  std::printf("  %-10s %14s %16s %12s %12.1f %10s\n", "step", "", "", "", total, readable_time(total).c_str());
   if (p.o.decoder.strategy != Strategy::kUPipe) return;
   // UPipe against Ulysses on the same step: the work its backward adds (block_work.h), which
   // bounds how close its time can come to Ulysses' where compute is the time.
@@ -183,7 +217,7 @@ void print_time(const PlanRun& p, const DeviceRates& rates) {
     }
   const char* why = p.o.decoder.recompute == Recompute::kSelective
                         ? "selective recompute: upipe's backward projects the q, k and v that ulysses' recompute does"
-                    : resolved_decoder_options(p.o, p.ranks).keep_last_stage == KeepLastStage::kOn
+                    : p.o.decoder.keep_last_stage == KeepLastStage::kOn
                         ? "the backward's second q/k/v projection, last stage kept"
                         : "the backward's second q/k/v projection";
   std::printf("  upipe over ulysses on this step: work %.4f, time %.4f at these rates (%s)\n", flops[0] / flops[1],
@@ -495,32 +529,27 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
                 "tag and by moment, and the host memory offload needs. It takes train's flags; --ranks is the\n"
                 "job's number of ranks.");
   add_train_flags(flags);
-  flags.add("ranks-per-node", FlagKind::kInt, "0", "ranks per node, for --host-budget (0 = min(--ranks, 8))");
+  flags.add_int("ranks-per-node", "0", "ranks per node, for --host-budget (0 = min(--ranks, 8))", {0, 1024});
   flags.add("fit", FlagKind::kBool, "false",
             "with --mem-budget: the longest S that fits, over upipe's stage sizes and the offload pattern "
             "--host-budget allows");
   flags.add("check", FlagKind::kBool, "false", "rehearse the same step and print the plan's error (exit 1 over 2%)");
   flags.add("json", FlagKind::kBool, "false", "print the plan as JSON");
   flags.add("svg", FlagKind::kString, "", "write a plot of the peak by tag against S, for ulysses, upipe and ring, here");
-  flags.add("gemm-tflops", FlagKind::kString, "", "GEMM TFLOP/s a rank achieves, for the phase times (default: an H100's, assumed)");
-  flags.add("attn-tflops", FlagKind::kString, "", "flash attention TFLOP/s a rank achieves (default: an H100's, assumed)");
-  flags.add("link-gbps", FlagKind::kString, "", "GB/s a rank sends in collectives (default: NVLink 4's, assumed)");
+  flags.add_number("gemm-tflops", "", "GEMM TFLOP/s a rank achieves, for the phase times (default: an H100's, assumed)",
+                   positive_number());
+  flags.add_number("attn-tflops", "", "flash attention TFLOP/s a rank achieves (default: an H100's, assumed)",
+                   positive_number());
+  flags.add_number("link-gbps", "", "GB/s a rank sends in collectives (default: NVLink 4's, assumed)", positive_number());
   flags.add("paper", FlagKind::kBool, "false",
             "the paper's tables: the longest S of each of its settings and strategies at --mem-budget (default 80G), "
             "beside its numbers, and each strategy's attention block checked against local at a small S");
   flags.add("paper-check", FlagKind::kBool, "true", "with --paper: run the correctness checks (--no-paper-check: the table only)");
-  auto refuse = [](const Status& s) {
-    std::fprintf(stderr, "untied plan: %s\n", s.message().c_str());
-    return 2;
-  };
-  Status st = flags.parse(args);
-  if (!st.ok()) return refuse(st);
-  if (flags.wants_help()) {
-    std::printf("%s", flags.usage().c_str());
-    return 0;
-  }
+  if (auto exit = parse_command_line(flags, args, /*root=*/true)) return *exit;
+  auto refuse = [&](const Status& s) { return cli::refuse(flags, s); };
+  Status st;
   if (launch_info().mpi) return refuse(Status::invalid_argument("plan runs in one process: drop mpirun, pass --ranks"));
-  for (const char* f : {"rehearsal", "fit-seq", "checkpoint-dir", "resume", "metrics", "config"})
+  for (const char* f : {"rehearsal", "fit-seq", "checkpoint-dir", "resume", "metrics"})
     if (flags.was_set(f))
       return refuse(Status::invalid_argument(std::string("plan takes no --") + f +
                                              (std::string(f) == "rehearsal" || std::string(f) == "fit-seq"
@@ -530,10 +559,8 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
     return paper(flags, flags.get_bytes("mem-budget") > 0 ? flags.get_bytes("mem-budget") : int64_t{80} << 30,
                  flags.get_bytes("host-budget"), flags.get_bool("paper-check"));
   PlanRun p;
-  p.ranks = static_cast<int>(flags.get_int("ranks"));
-  if (p.ranks < 1 || p.ranks > 1024) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));
+  p.ranks = static_cast<int>(flags.get_int("ranks"));  // (in kRanksRange: the flag's range)
   const int64_t per_node = flags.get_int("ranks-per-node");
-  if (per_node < 0) return refuse(Status::invalid_argument("--ranks-per-node must be >= 0"));
   DataOptions dopts;
   DeviceChoice device = DeviceChoice::kCpu;
   st = options_from_flags(flags, p.ranks, &p.o, &dopts, &device);
@@ -555,8 +582,7 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
     // The length given does not matter to --fit, only whether the rest is covered.
     if (!vs.ok() && vs.message().find("plan ") == 0) return refuse(vs);
     if (!fit(p, &best)) {
-      std::fprintf(stderr, "untied plan: not even S = %lld fits in %s per rank\n", (long long)(p.ranks * 1024LL),
-                   format_bytes(p.o.budget_bytes).c_str());
+      std::fprintf(stderr, "untied plan: %s", why_nothing_fits(p).c_str());
       return 1;
     }
     p = best;
@@ -567,26 +593,24 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
                                         host_option_flags(p.o.decoder)).c_str()
                                      : "no offload");
   }
-  if (p.o.decoder.recompute == Recompute::kAuto) {  // (not after --fit, which has chosen)
-    TrainOptions full = p.o;
-    full.decoder.recompute = Recompute::kFull;
-    st = validate_plan(full, p.ranks);
-    if (!st.ok()) return refuse(st);
-    const RecomputeChoice rc = choose_recompute(p.o, p.ranks, MachineMemory{});
-    p.o.decoder.recompute = rc.recompute;
-    p.recompute_why = rc.why;
-  }
+  // Every auto resolved (the recompute chosen by --fit stays), checked first as a full recompute
+  // against what the closed forms cover, so that such a refusal is reported as itself.
+  TrainOptions full = p.o;
+  if (full.decoder.recompute == Recompute::kAuto) full.decoder.recompute = Recompute::kFull;
+  st = validate_plan(full, p.ranks);
+  if (!st.ok()) return refuse(st);
+  auto run = resolve_run(p.o, p.ranks, MachineMemory{});
+  if (!run.ok()) return refuse(run.status());
+  p.o = run.value().o;
+  if (p.recompute_why.empty()) p.recompute_why = run.value().recompute_why;
   st = validate_plan(p.o, p.ranks);
   if (!st.ok()) return refuse(st);
   DeviceRates rates = assumed_h100_rates();
   bool given = false;
   for (auto [flag, dst, unit] : {std::tuple{"gemm-tflops", &rates.gemm_flops, 1e12},
                                  {"attn-tflops", &rates.attention_flops, 1e12}, {"link-gbps", &rates.link_bytes, 1e9}}) {
-    double v = 0;
-    st = positive_number_from_flag(flags, flag, &v);
-    if (!st.ok()) return refuse(st);
-    if (v == 0) continue;  // not given
-    *dst = v * unit;
+    if (flags.get_string(flag).empty()) continue;  // not given
+    *dst = flags.get_number(flag) * unit;
     given = true;
   }
   if (given) {

@@ -42,15 +42,16 @@ void add_prepare_flags(FlagSet& f) {
         "it name BOS and EOS)");
   f.add("input", FlagKind::kString, "", "an input file (repeat --input, or name the files after the flags)");
   f.add("output", FlagKind::kString, "", "the token file to write (nothing is there until it is complete)");
-  f.add("format", FlagKind::kString, "",
+  f.add_choice("format", {"text", "jsonl"}, "",
         "text or jsonl (default: by each file's extension, .jsonl and .json are jsonl, anything else text)");
   f.add("field", FlagKind::kString, "text", "jsonl: the field that holds each document's text");
-  f.add("split", FlagKind::kString, "blank-lines",
-        "text: documents are blocks between blank lines (blank-lines), single lines (lines) or whole files (file), "
-        "as train's --text-split");
-  f.add("bos", FlagKind::kString, "auto",
+  f.add_checked("split", "blank-lines",
+                "text: documents are blocks between blank lines (blank-lines), single lines (lines) or whole files "
+                "(file), as train's --text-split",
+                [](const std::string& v) { return parse_document_split(v).status(); });
+  f.add_choice("bos", {"auto", "yes", "no"}, "auto",
         "BOS before each document: auto (when the tokenizer adds it itself: Llama 3 yes, Qwen no), yes or no");
-  f.add("eos", FlagKind::kString, "auto",
+  f.add_choice("eos", {"auto", "yes", "no"}, "auto",
         "EOS after each document: auto (whenever the model names an EOS: Llama 3 <|end_of_text|>, Qwen base "
         "<|endoftext|>), yes or no");
   f.add("parse-special", FlagKind::kBool, "false",
@@ -84,13 +85,7 @@ Status take_inputs(const std::vector<std::string>& args, std::vector<std::string
   return Status::ok_status();
 }
 
-enum class Choice { kAuto, kYes, kNo };
-StatusOr<Choice> parse_choice(const std::string& flag, const std::string& v) {
-  if (v == "auto") return Choice::kAuto;
-  if (v == "yes") return Choice::kYes;
-  if (v == "no") return Choice::kNo;
-  return Status::invalid_argument("--" + flag + " '" + v + "': use auto, yes or no");
-}
+enum class Choice { kAuto, kYes, kNo };  // --bos and --eos, in their declared order
 
 bool is_blank_byte(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' || c == '\n'; }
 bool all_blank(std::string_view s) {
@@ -404,35 +399,23 @@ int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args) 
                 "Inputs: --input FILE (repeated) or files after the flags: untied prepare --tokenizer DIR --output "
                 "OUT.tok a.txt b.jsonl");
   add_prepare_flags(flags);
-  auto usage_error = [](const std::string& msg) {
-    std::fprintf(stderr, "untied prepare: %s\n", msg.c_str());
-    return 2;
-  };
+  auto usage_error = [&](const std::string& msg) { return refuse(flags, Status::invalid_argument(msg)); };
   auto runtime_error = [](const std::string& msg) {
     std::fprintf(stderr, "untied prepare: %s\n", msg.c_str());
     return 1;
   };
   std::vector<std::string> paths, rest;
   if (Status s = take_inputs(args, &paths, &rest); !s.ok()) return usage_error(s.message());
-  if (Status s = flags.parse(rest); !s.ok()) return usage_error(s.message());
-  if (flags.wants_help()) {
-    std::printf("%s", flags.usage().c_str());
-    return 0;
-  }
+  if (auto exit = parse_command_line(flags, rest, /*root=*/true)) return *exit;
   if (flags.get_string("tokenizer").empty())
     return usage_error("--tokenizer is missing: give tokenizer.json or a model directory");
   if (flags.get_string("output").empty()) return usage_error("--output is missing: name the token file to write");
   if (paths.empty()) return usage_error("no input: give files with --input or after the flags");
   if (flags.get_bytes("block-bytes") < 1) return usage_error("--block-bytes must be at least 1");
   const std::string format = flags.get_string("format");
-  if (!format.empty() && format != "text" && format != "jsonl")
-    return usage_error("--format '" + format + "': use text or jsonl");
   auto split = parse_document_split(flags.get_string("split"));
-  if (!split.ok()) return usage_error("--split: " + split.status().message());
-  auto bos_choice = parse_choice("bos", flags.get_string("bos"));
-  if (!bos_choice.ok()) return usage_error(bos_choice.status().message());
-  auto eos_choice = parse_choice("eos", flags.get_string("eos"));
-  if (!eos_choice.ok()) return usage_error(eos_choice.status().message());
+  const std::vector choices{Choice::kAuto, Choice::kYes, Choice::kNo};
+  const Choice bos_choice = flags.get_choice("bos", choices), eos_choice = flags.get_choice("eos", choices);
   const std::string out_path = flags.get_string("output");
   struct stat out_st;
   if (::stat(out_path.c_str(), &out_st) == 0 && S_ISDIR(out_st.st_mode))
@@ -453,13 +436,13 @@ int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args) 
     HfTokenizer tok = std::move(loaded).value();
 
     std::optional<int32_t> bos, eos;
-    if (bos_choice.value() == Choice::kYes && !tok.bos_id())
+    if (bos_choice == Choice::kYes && !tok.bos_id())
       return usage_error("--bos yes: " + tok.source() + " and the files beside it name no BOS token; use --bos no");
-    if (eos_choice.value() == Choice::kYes && !tok.eos_id())
+    if (eos_choice == Choice::kYes && !tok.eos_id())
       return usage_error("--eos yes: " + tok.source() + " and the files beside it name no EOS token; use --eos no");
-    if (bos_choice.value() == Choice::kYes || (bos_choice.value() == Choice::kAuto && tok.adds_bos()))
+    if (bos_choice == Choice::kYes || (bos_choice == Choice::kAuto && tok.adds_bos()))
       bos = tok.bos_id();
-    if (eos_choice.value() != Choice::kNo) eos = tok.eos_id();
+    if (eos_choice != Choice::kNo) eos = tok.eos_id();
 
     int64_t total = 0;
     for (const Input& in : inputs) total += in.bytes;

@@ -1,6 +1,7 @@
 // `untied train`: the main job. Flags and config files use the same names: a config file holds
 // `name = value` lines (# starts a comment) or one JSON object {"name": value, ...}, and the
 // command line overrides it.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -14,35 +15,36 @@
 #include "cli/args.h"
 #include "untied/model/hf_config.h"
 #include "cli/commands.h"
-#include "cli/config_file.h"
 #include "cli/fit_search.h"
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
 #include "cli/train_flags.h"
 #include "untied/train/hf_weights.h"
+#include "untied/train/memory_plan.h"
 #include "untied/train/trainer.h"
 
 namespace untied::cli {
 
 void add_train_flags(FlagSet& f) {
-  f.add("config", FlagKind::kString, "",
-        "config file: `name = value` lines, or a JSON object {\"name\": value} of strings, numbers and "
-        "booleans (flags override it)");
+  f.add("config", FlagKind::kConfig, "",
+        "config file of these flags: `name = value` lines, or a JSON object {\"name\": value} of strings, numbers "
+        "and booleans (flags on the command line win)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
   f.add("save-hf", FlagKind::kString, "",
         "at the end, write the model here as a Hugging Face directory (config.json, model.safetensors) "
         "that transformers loads");
-  f.add("save-hf-dtype", FlagKind::kString, "f32", "--save-hf tensors: f32, bf16 or f16");
+  f.add_checked("save-hf-dtype", "f32", "--save-hf tensors: f32, bf16 or f16",
+                [](const std::string& v) { return parse_hf_dtype(v).status(); });
   f.add("hf-model", FlagKind::kString, "",
         "start from a Hugging Face model directory (config.json and model.safetensors or its sharded index): "
         "LlamaForCausalLM or Qwen3ForCausalLM; each rank reads only its own shard of each tensor");
-  f.add("rope-theta", FlagKind::kString, "",
-        "RoPE base, replacing the model's (a larger base for a longer context; --save-hf and checkpoints record it)");
+  add_rope_theta_flag(
+      f, "", "RoPE base, replacing the model's (a larger base for a longer context; --save-hf and checkpoints record it)");
   f.add("vocab", FlagKind::kInt, "0",
         "vocabulary size (0 = the preset's for llama3-8b, llama3-70b and qwen3-32b, else the data's)");
   f.add("layers", FlagKind::kInt, "0", "decoder blocks (0 = the preset's)");
-  f.add("data", FlagKind::kString, "kv", "data: kv (built-in key-value retrieval task), tokens or text");
+  f.add_choice("data", {"kv", "tokens", "text"}, "kv", "data: kv (built-in key-value retrieval task), tokens or text");
   f.add("data-path", FlagKind::kString, "", "token file (--data tokens) or UTF-8 text file (--data text)");
   f.add("kv-keys", FlagKind::kInt, "16", "kv task: distinct keys");
   f.add("kv-values", FlagKind::kInt, "4", "kv task: distinct values (chance accuracy 1/values)");
@@ -57,10 +59,11 @@ void add_train_flags(FlagSet& f) {
   f.add("kv-docs", FlagKind::kInt, "1",
         "kv task: documents packed per sequence, each its own pairs and queries over the same keys (only the "
         "query's own document answers it)");
-  f.add("text-split", FlagKind::kString, "blank-lines",
+  f.add_checked("text-split", "blank-lines",
         "--data text: documents are blocks between blank lines (blank-lines), single lines (lines) or the file (file); "
-        "each attends only to itself");
-  f.add("strategy", FlagKind::kString, "upipe", "attention strategy: local, ulysses, upipe or ring");
+        "each attends only to itself",
+        [](const std::string& v) { return parse_document_split(v).status(); });
+  add_strategy_flag(f, "attention strategy: local, ulysses, upipe or ring");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
   add_overlap_flag(f);
   f.add("ring", FlagKind::kInt, "1",
@@ -68,12 +71,13 @@ void add_train_flags(FlagSet& f) {
   add_dtype_flag(f, "f32", "activation and compute-weight storage: f32 or bf16");
   f.add("steps", FlagKind::kInt, "1500", "optimizer steps");
   f.add("batch", FlagKind::kInt, "4", "sequences per step (their gradients add up)");
-  f.add("lr", FlagKind::kString, "0.003", "peak learning rate");
-  f.add("min-lr-ratio", FlagKind::kString, "0.1", "final learning rate as a fraction of --lr (cosine)");
+  f.add_number("lr", "0.003", "peak learning rate", positive_number());
+  f.add_number("min-lr-ratio", "0.1", "final learning rate as a fraction of --lr (cosine)",
+               NumberBound{.min = 0, .what = "a fraction in [0, 1]"});
   f.add("warmup", FlagKind::kInt, "50", "warm-up steps");
-  f.add("weight-decay", FlagKind::kString, "0.1", "AdamW weight decay (matrices only)");
-  f.add("clip", FlagKind::kString, "1.0", "clip the global gradient norm to this (0 = off)");
-  f.add("seed", FlagKind::kInt, "0", "seed of the weights and of the kv task");
+  f.add_number("weight-decay", "0.1", "AdamW weight decay (matrices only)", non_negative_number());
+  f.add_number("clip", "1.0", "clip the global gradient norm to this (0 = off)", non_negative_number());
+  f.add_int("seed", "0", "seed of the weights and of the kv task", {.min = 0});
   f.add("mlp-tile", FlagKind::kInt, "0", "tokens per MLP tile (0 = automatic)");
   f.add("loss-chunk", FlagKind::kInt, "0", "tokens per LM-head loss chunk (0 = automatic)");
   add_ranks_flag(f, 1);
@@ -101,11 +105,11 @@ void add_train_flags(FlagSet& f) {
   f.add("refetch-inputs", FlagKind::kBool, "true",
         "with --offload-inputs: fetch a block's input again for its last step instead of holding it through the "
         "attention's backward (--no-refetch-inputs holds it: one (L, E) buffer more at the peak, one host copy less)");
-  f.add("upipe-keep-last", FlagKind::kString, "auto",
+  f.add_choice("upipe-keep-last", {"on", "off", "auto"}, "auto",
         "upipe: the recompute keeps its last stage's q, k and v for the backward, which starts with that stage "
         "instead of projecting and exchanging them again; they stay through the MLP's backward: on, off, or auto "
         "(on unless that raises the step's planned peak memory)");
-  f.add("recompute", FlagKind::kString, "auto",
+  f.add_choice("recompute", {"full", "selective", "auto"}, "auto",
         "what a block's backward recomputes: full (the whole block from its saved input: the least memory), "
         "selective (all but the attention: each block's attention output and LSE are kept from the forward, in host "
         "memory with --offload-inputs, and the attention runs once per step), or auto (selective where the step's "
@@ -130,24 +134,14 @@ void add_train_flags(FlagSet& f) {
         "ulysses/upipe: compute every head's D = rowsum(dO * O) first in the attention's backward and free the saved "
         "output (--no-early-delta keeps it through the stages: one (L, H*D) buffer more, one dO projection less)");
   f.add("rehearsal", FlagKind::kBool, "false", "run one step with every allocation counted, none backed, compute skipped; print peaks");
-  f.add("fit-seq", FlagKind::kBool, "false", "with --rehearsal and --mem-budget: find the longest --seq whose step fits the budget");
-}
-
-static Status parse_float(const FlagSet& f, const char* name, float* out) {
-  try {
-    size_t pos;
-    *out = std::stof(f.get_string(name), &pos);
-    if (pos != f.get_string(name).size()) throw 0;
-  } catch (...) {
-    return Status::invalid_argument(std::string("--") + name + ": '" + f.get_string(name) + "' is not a number");
-  }
-  return Status::ok_status();
+  f.add("fit-seq", FlagKind::kBool, "false",
+        "with --rehearsal and --mem-budget: find the longest --seq whose step fits the budget, one rehearsed step per "
+        "length tried (minutes at millions of tokens; `untied plan --fit` finds the same from closed forms at once)");
 }
 
 // ", padded to 1002" when the ranks do not divide S; ", window W" with a window.
-static std::string pad_note(const TrainOptions& o, int ranks) {
-  const int64_t padded = padded_config(attention_config(o.model, o.decoder), ranks).seq;
-  std::string note = padded != o.decoder.seq ? ", padded to " + std::to_string(padded) : "";
+static std::string pad_note(const TrainOptions& o, const RunGeometry& g) {
+  std::string note = g.Sp != g.S ? ", padded to " + std::to_string(g.Sp) : "";
   if (o.window > 0) note += ", window " + std::to_string(o.window);
   return note;
 }
@@ -168,11 +162,9 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     if (f.get_int("vocab") != 0) o->model.vocab = f.get_int("vocab");
     if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
   }
-  if (Status s = rope_theta_from_flags(f, &o->model.rope_theta); !s.ok()) return s;
+  rope_theta_from_flags(f, &o->model.rope_theta);
   o->save_hf = f.get_string("save-hf");
-  auto hf_dtype = parse_hf_dtype(f.get_string("save-hf-dtype"));
-  if (!hf_dtype.ok()) return Status::invalid_argument("--save-hf-dtype: " + hf_dtype.status().message());
-  o->save_hf_dtype = hf_dtype.value();
+  o->save_hf_dtype = parse_hf_dtype(f.get_string("save-hf-dtype")).value();
   o->rehearsal = f.get_bool("rehearsal");
   o->offload_inputs = f.get_bool("offload-inputs");
   if (o->rehearsal) {
@@ -181,29 +173,16 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   }
   if (f.get_bool("fit-seq") && (!o->rehearsal || f.get_bytes("mem-budget") == 0))
     return Status::invalid_argument("--fit-seq needs --rehearsal and --mem-budget");
-  auto st = parse_strategy(f.get_string("strategy"));
-  if (!st.ok()) return Status::invalid_argument("--strategy: " + st.status().message());
-  auto dev = parse_device_choice(f.get_string("device"));
-  if (!dev.ok()) return Status::invalid_argument("--device: " + dev.status().message());
-  *device = dev.value();
-  auto dt = parse_dtype(f.get_string("dtype"));
-  if (!dt.ok()) return Status::invalid_argument("--dtype: " + dt.status().message());
-  o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = st.value(), .upipe_heads = f.get_int("upipe-heads"),
-                              .ring = f.get_int("ring"), .dtype = dt.value(), .mlp_tile = f.get_int("mlp-tile"), .loss_chunk = f.get_int("loss-chunk")};
-  Status ov = overlap_from_flags(f, *device == DeviceChoice::kCuda, &o->decoder.overlap);
-  if (!ov.ok()) return ov;
-  const std::string keep_last = f.get_string("upipe-keep-last");
-  if (keep_last != "on" && keep_last != "off" && keep_last != "auto")
-    return Status::invalid_argument("--upipe-keep-last: '" + keep_last + "': use on, off or auto");
-  o->decoder.keep_last_stage = keep_last == "on"    ? KeepLastStage::kOn
-                               : keep_last == "off" ? KeepLastStage::kOff
-                                                    : KeepLastStage::kAuto;
-  const std::string recompute = f.get_string("recompute");
-  if (recompute != "full" && recompute != "selective" && recompute != "auto")
-    return Status::invalid_argument("--recompute: '" + recompute + "': use full, selective or auto");
-  o->decoder.recompute = recompute == "selective" ? Recompute::kSelective
-                         : recompute == "full"    ? Recompute::kFull
-                                                  : Recompute::kAuto;
+  *device = parse_device_choice(f.get_string("device")).value();
+  o->decoder = DecoderOptions{.seq = f.get_int("seq"), .strategy = parse_strategy(f.get_string("strategy")).value(),
+                              .upipe_heads = f.get_int("upipe-heads"), .ring = f.get_int("ring"),
+                              .dtype = parse_dtype(f.get_string("dtype")).value(), .mlp_tile = f.get_int("mlp-tile"),
+                              .loss_chunk = f.get_int("loss-chunk")};
+  o->decoder.overlap = overlap_from_flags(f, *device == DeviceChoice::kCuda);
+  o->decoder.keep_last_stage =
+      f.get_choice("upipe-keep-last", std::vector{KeepLastStage::kOn, KeepLastStage::kOff, KeepLastStage::kAuto});
+  o->decoder.recompute =
+      f.get_choice("recompute", std::vector{Recompute::kFull, Recompute::kSelective, Recompute::kAuto});
 
   o->decoder.refetch_inputs = f.get_bool("refetch-inputs");
   o->decoder.early_delta = f.get_bool("early-delta");
@@ -221,13 +200,12 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->steps = f.get_int("steps");
   o->batch = f.get_int("batch");
   o->warmup = f.get_int("warmup");
-  for (auto [name, dst] : {std::pair{"lr", &o->lr}, {"min-lr-ratio", &o->min_lr_ratio},
-                           {"weight-decay", &o->weight_decay}, {"clip", &o->clip}}) {
-    Status s = parse_float(f, name, dst);
-    if (!s.ok()) return s;
-  }
-  o->seed = static_cast<uint64_t>(f.get_int("seed"));
-  o->threads = f.get_string("threads").empty() ? default_threads_per_rank(ranks) : static_cast<int>(f.get_int("threads"));
+  o->lr = static_cast<float>(f.get_number("lr"));
+  o->min_lr_ratio = static_cast<float>(f.get_number("min-lr-ratio"));
+  o->weight_decay = static_cast<float>(f.get_number("weight-decay"));
+  o->clip = static_cast<float>(f.get_number("clip"));
+  o->seed = static_cast<uint64_t>(f.get_int("seed"));  // (>= 0: the flag's range)
+  o->threads = threads_from_flags(f, ranks);
   if (*device == DeviceChoice::kCuda) o->threads = 1;  // a GPU rank's kernels; its rehearsal counts as one
   o->budget_bytes = f.get_bytes("mem-budget");
   o->checkpoint_dir = f.get_string("checkpoint-dir");
@@ -246,9 +224,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
   o->doc_mask = f.get_bool("doc-mask");
   d->kv.num_docs = f.get_int("kv-docs");
-  auto split = parse_document_split(f.get_string("text-split"));
-  if (!split.ok()) return Status::invalid_argument("--text-split: " + split.status().message());
-  d->text_split = split.value();
+  d->text_split = parse_document_split(f.get_string("text-split")).value();
   return Status::ok_status();
 }
 
@@ -261,26 +237,24 @@ std::string ring_note(const AttentionConfig& c, int ranks) {
 
 void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t host_peak,
                  const std::vector<LiveBuffers>& live) {
-  const AttentionConfig ac = attention_config(o.model, o.decoder);
-  const std::string ring = ring_note(ac, ranks);
-  const int64_t U = stage_heads_of(ac, ranks);
+  const RunGeometry g = run_geometry(o, ranks);
   std::printf("one training step, rehearsal | %s, %lld layers | %s%s U=%lld%s on %d ranks | S=%lld | %s%s\n",
-              o.model.name.c_str(), (long long)o.model.layers, std::string(strategy_name(o.decoder.strategy)).c_str(),
-              ring.c_str(), (long long)U, ac.overlap && ac.heads / U > 1 ? " overlapped" : "", ranks, (long long)o.decoder.seq,
-              std::string(dtype_name(o.decoder.dtype)).c_str(),
-              o.decoder.recompute == Recompute::kSelective ? " | selective recompute" : "");
+              o.model.name.c_str(), (long long)g.N, std::string(strategy_name(o.decoder.strategy)).c_str(),
+              ring_note(g.attention, ranks).c_str(), (long long)g.sched.stage_heads,
+              g.attention.overlap && g.sched.stages > 1 ? " overlapped" : "", ranks, (long long)g.S,
+              std::string(dtype_name(g.dtype)).c_str(), g.selective ? " | selective recompute" : "");
   std::printf("peak memory per rank (max over ranks):\n");
   for (int t = 0; t < kNumTags; ++t)
     std::printf("  %-16s %14s\n", std::string(tag_name(static_cast<Tag>(t))).c_str(), format_bytes(m.peak[t]).c_str());
   std::printf("  %-16s %14s\n", "total", format_bytes(m.peak_total).c_str());
   if (o.offload_inputs) {
     // With the selective recompute, the other blocks' attention outputs kept from the forward.
-    const int64_t outputs = kept_outputs_host_bytes(o, ranks);
-    const int64_t grads = host_bytes(o, ranks) - offloaded_input_bytes(o, ranks) - outputs;
+    const HostMemory h = host_memory(g);
+    const int64_t grads = h.beside_inputs() - h.kept_outputs;
     std::string kept = grads > 0 ? " and " + format_bytes(grads) + " of one block's gradients and attention output" : "";
-    if (outputs > 0) kept += ", " + format_bytes(outputs) + " of the other blocks' attention outputs kept";
+    if (h.kept_outputs > 0) kept += ", " + format_bytes(h.kept_outputs) + " of the other blocks' attention outputs kept";
     std::printf("  %-16s %14s  (%lld of %lld blocks' inputs offloaded%s, outside the budget; %s per node of %d ranks)\n",
-                "host", format_bytes(host_peak).c_str(), (long long)offloaded_inputs(o.model, o.decoder),
+                "host", format_bytes(host_peak).c_str(), (long long)g.offloaded_blocks,
                 (long long)o.model.layers, kept.c_str(), format_bytes(host_peak * o.ranks_per_node).c_str(),
                 o.ranks_per_node);
   }
@@ -306,8 +280,9 @@ void print_peaks(const TrainOptions& o, int ranks, const MemoryStats& m, int64_t
 bool rehearse_fits(TrainOptions o, const DataSource& data, int ranks, int64_t seq, MemoryStats* peak, int64_t* host,
           std::vector<LiveBuffers>* live) {
   o.decoder.seq = seq;
-  o.decoder.recompute = choose_recompute(o, ranks, MachineMemory{}).recompute;  // (--mem-budget decides)
-  if (!validate(o, ranks).ok()) return false;
+  auto run = resolve_run(o, ranks, MachineMemory{});  // (--mem-budget decides the recompute)
+  if (!run.ok()) return false;
+  o = run.value().o;
   try {
     std::mutex mu;
     run_in_process(ranks, [&](Communicator& comm) {
@@ -329,8 +304,17 @@ static int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
   MemoryStats peak, best_peak;
   int64_t host = 0, best_host = 0;
   std::vector<LiveBuffers> live, best_live;
+  // Each length tried is one rehearsed step, said as it ends (at millions of tokens a step's
+  // rehearsal takes minutes on 2 cores: `untied plan --fit` answers from closed forms at once).
+  std::fprintf(stderr, "untied train: --fit-seq rehearses one step per length tried (untied plan --fit: the same "
+                       "answer from closed forms, in milliseconds)\n");
   const int64_t lo = largest_fitting([&](int64_t k) {
-    if (!rehearse_fits(o, data, ranks, k * grain, &peak, &host, &live)) return false;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool fits = rehearse_fits(o, data, ranks, k * grain, &peak, &host, &live);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "  S = %lld: %s (%.1f s)\n", (long long)(k * grain),
+                 fits ? ("fits, peak " + format_bytes(peak.peak_total)).c_str() : "does not fit", s);
+    if (!fits) return false;
     best_peak = peak, best_host = host, best_live = live;
     return true;
   });
@@ -339,16 +323,15 @@ static int fit_seq(const TrainOptions& o, const DataSource& data, int ranks) {
                  format_bytes(o.budget_bytes).c_str());
     return 1;
   }
-  TrainOptions best = o;
-  best.decoder.seq = lo * grain;
-  const RecomputeChoice recompute = choose_recompute(best, ranks, MachineMemory{});
-  best.decoder.recompute = recompute.recompute;
+  TrainOptions asked = o;
+  asked.decoder.seq = lo * grain;
+  const ResolvedRun best = resolve_run(asked, ranks, MachineMemory{}).value();  // (it fit: it is valid)
   std::printf("longest sequence whose training step fits %s per rank: S = %lld (%lld tokens per rank)\n",
               format_bytes(o.budget_bytes).c_str(), (long long)(lo * grain), (long long)(lo * 1024));
   std::printf("(fits: the rehearsed peak of counted buffers is at most --mem-budget, no headroom added, as untied plan "
               "--fit; on a GPU the CUDA context, cuBLAS workspace and NCCL buffers are outside it)\n");
-  print_peaks(best, ranks, best_peak, best_host, best_live);
-  if (!recompute.why.empty()) std::printf("recompute: %s\n", recompute.why.c_str());
+  print_peaks(best.o, ranks, best_peak, best_host, best_live);
+  if (!best.recompute_why.empty()) std::printf("recompute: %s\n", best.recompute_why.c_str());
   return 0;
 }
 
@@ -359,33 +342,13 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   add_train_flags(flags);
   const LaunchInfo li = launch_info();
   const bool root = li.world_rank == 0;
-  auto refuse = [&](const Status& s) {
-    if (root) std::fprintf(stderr, "untied train: %s\n", s.message().c_str());
-    return 2;
-  };
-  Status st = flags.parse(args);
-  if (!st.ok()) return refuse(st);
-  if (flags.wants_help()) {
-    if (root) std::printf("%s", flags.usage().c_str());
-    return 0;
-  }
-  if (!flags.get_string("config").empty()) {
-    std::vector<std::string> all;
-    st = read_config(flags.get_string("config"), &all);
-    if (!st.ok()) return refuse(st);
-    all.insert(all.end(), args.begin(), args.end());  // the command line wins
-    FlagSet again("untied train", "");
-    add_train_flags(again);
-    st = again.parse(all);
-    if (!st.ok()) return refuse(Status::invalid_argument(st.message() + " (in --config or on the command line)"));
-    flags = again;
-  }
-  const int inproc = static_cast<int>(flags.get_int("ranks"));
-  if (!li.mpi && (inproc < 1 || inproc > 1024)) return refuse(Status::invalid_argument("--ranks must be in [1, 1024]"));
+  if (auto exit = parse_command_line(flags, args, root)) return *exit;
+  auto refuse = [&](const Status& s) { return cli::refuse(flags, s, root); };
+  const int inproc = static_cast<int>(flags.get_int("ranks"));  // (in kRanksRange: the flag's range)
   TrainOptions opts;
   DataOptions dopts;
   DeviceChoice device = DeviceChoice::kCpu;
-  st = options_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : inproc, &opts, &dopts, &device);
+  Status st = options_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : inproc, &opts, &dopts, &device);
   if (!st.ok()) return refuse(st);
   // The data source is built once per process and shared by its in-process ranks (fill is const).
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
@@ -401,25 +364,23 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     }
   }
 
-  st = apply_watchdog_flags(flags);
-  if (!st.ok()) return refuse(st);
+  apply_watchdog_flags(flags);
   return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
-    // This rank's options: --recompute auto chosen from the step's memory plan and the limits
-    // (every rank alike: the machine's figures are agreed), once the rest is known to be valid.
-    TrainOptions o = opts;
-    const RankDeviceOptions rdo{.device = device, .threads = o.threads, .budget_bytes = o.budget_bytes,
-                                .rehearsal = o.rehearsal};
-    RecomputeChoice recompute;
-    if (o.decoder.recompute == Recompute::kAuto) {
-      TrainOptions full = o;
+    // This rank's options, every auto resolved (--recompute from the step's memory plan and the
+    // limits: every rank alike, the machine's figures agreed), once the rest is known to be valid.
+    const RankDeviceOptions rdo{.device = device, .threads = opts.threads, .budget_bytes = opts.budget_bytes,
+                                .rehearsal = opts.rehearsal};
+    MachineMemory machine;
+    if (opts.decoder.recompute == Recompute::kAuto && !opts.rehearsal) {  // (a rehearsal counts for its budgets)
+      TrainOptions full = opts;
       full.decoder.recompute = Recompute::kFull;
       check_all_ranks(comm, validate(full, comm.size()));
-      // A rehearsal counts a step for the machine its budgets name, not for this one.
-      const MachineMemory machine = o.rehearsal ? MachineMemory{} : agreed_machine_memory(comm, device, o.ranks_per_node);
-      recompute = choose_recompute(o, comm.size(), machine);
-      o.decoder.recompute = recompute.recompute;
+      machine = agreed_machine_memory(comm, device, opts.ranks_per_node);
     }
-    check_all_ranks(comm, validate(o, comm.size()));
+    auto resolved = resolve_run(opts, comm.size(), machine);
+    check_all_ranks(comm, resolved.ok() ? Status::ok_status() : resolved.status());
+    const TrainOptions& o = resolved.value().o;
+    const RunGeometry& g = resolved.value().g;
     // The rank's device and the communicator of its buffers; refusals (no GPU, ...) on every rank.
     RankDevice rd = make_rank_device(comm, rdo);
     if (comm.rank() == 0 && o.progress)
@@ -427,24 +388,22 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                    "untied train | %s (%lld parameters) | %s%s%s on %d ranks | S=%lld%s (%lld per rank) | %s | data %s | %s\n",
                    o.model.name.c_str(), (long long)parameter_count(o.model),
                    std::string(strategy_name(o.decoder.strategy)).c_str(),
-                   o.decoder.recompute == Recompute::kSelective ? " (selective recompute: attention output kept)"
-                   : resolved_decoder_options(o, comm.size()).keep_last_stage == KeepLastStage::kOn
-                       ? " (last stage kept for the backward)"
-                       : "",
-                   ring_note(attention_config(o.model, o.decoder), comm.size()).c_str(), comm.size(),
-                   (long long)o.decoder.seq, pad_note(o, comm.size()).c_str(),
-                   (long long)(padded_config(attention_config(o.model, o.decoder), comm.size()).seq / comm.size()), std::string(dtype_name(o.decoder.dtype)).c_str(),
-                   flags.get_string("data").c_str(), rd.dev().name().c_str());
+                   g.selective   ? " (selective recompute: attention output kept)"
+                   : g.keep_last ? " (last stage kept for the backward)"
+                                 : "",
+                   ring_note(g.attention, comm.size()).c_str(), comm.size(), (long long)g.S, pad_note(o, g).c_str(),
+                   (long long)g.L, std::string(dtype_name(g.dtype)).c_str(), flags.get_string("data").c_str(),
+                   rd.dev().name().c_str());
     if (comm.rank() == 0 && o.progress) std::fputs(cpu_kernels_lines(device).c_str(), stderr);
-    if (comm.rank() == 0 && o.progress && !recompute.why.empty())
-      std::fprintf(stderr, "recompute: %s\n", recompute.why.c_str());
+    const std::string& why = resolved.value().recompute_why;
+    if (comm.rank() == 0 && o.progress && !why.empty()) std::fprintf(stderr, "recompute: %s\n", why.c_str());
     auto r = train(rd.dev(), rd.comm(), comm, *data.value(), o);
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
     if (comm.rank() != 0) return;
     const TrainSummary& s = r.value();
     if (o.rehearsal) {
       print_peaks(o, comm.size(), s.peak, s.host_peak, s.live_at_peak);
-      if (!recompute.why.empty()) std::printf("recompute: %s\n", recompute.why.c_str());
+      if (!why.empty()) std::printf("recompute: %s\n", why.c_str());
       return;
     }
     std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,

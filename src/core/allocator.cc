@@ -143,6 +143,11 @@ Buffer Allocator::allocate(int64_t bytes, Tag tag, std::string_view what) {
   if (opts_.track_buffers) {
     b.id_ = next_id_++;
     live_buffers_.emplace(b.id_, LiveBuffers{.what = std::string(what), .tag = tag, .bytes = bytes, .count = 1});
+    LiveBuffers& seen = seen_[{std::string(what), tag}];
+    seen.what = what;
+    seen.tag = tag;
+    seen.bytes = std::max(seen.bytes, bytes);
+    seen.count += 1;
   }
   if (s_.live_total > s_.peak_total) {
     s_.peak_total = s_.live_total;
@@ -176,6 +181,13 @@ void Allocator::snapshot_buffers_locked() {
 std::vector<LiveBuffers> Allocator::live_at_peak() const {
   std::lock_guard<std::mutex> lock(mu_);
   return at_peak_;
+}
+
+std::vector<LiveBuffers> Allocator::buffers_seen() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<LiveBuffers> out;
+  for (const auto& [key, b] : seen_) out.push_back(b);
+  return out;
 }
 
 void Allocator::release(void* ptr, int64_t bytes, Tag tag, int64_t id) noexcept {

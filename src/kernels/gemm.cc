@@ -14,6 +14,30 @@ void gemm(Device& dev, const GemmParams& p) {
   for (DType t : {p.a_dtype, p.b_dtype, p.c_dtype})
     UNTIED_CHECK(t == DType::kF32 || t == DType::kBF16, "gemm: operands must be f32 or bf16, got ",
                  dtype_name(t));
+  if (p.b_group_offsets != nullptr) {
+    UNTIED_CHECK(!p.trans_a && p.b_group > 0 && p.b_group % 32 == 0 && p.n % p.b_group == 0,
+                 "gemm: b_group_offsets (op(B) gathered) needs trans_a false and b_group a positive multiple of 32 "
+                 "dividing n, got trans_a=", p.trans_a, " b_group=", p.b_group, " n=", p.n);
+    if (dev.kernels() != nullptr) {  // a backend with its own kernels (CUDA): gathered into a copy here
+      const int64_t es = dtype_size(p.b_dtype), g = p.b_group, groups = p.n / g;
+      Buffer copy = dev.allocator().allocate(p.n * p.k * es, p.scratch_tag, "gemm B gathered (copy)");
+      char* dst = static_cast<char*>(copy.data());
+      const char* src = static_cast<const char*>(p.b);
+      for (int64_t i = 0; i < groups; ++i) {
+        if (p.trans_b)  // B (n, k): the group's g rows
+          dev.copy_2d(dst + i * g * p.k * es, p.k * es, src + p.b_group_offsets[i] * es, p.ldb * es, p.k * es, g);
+        else  // B (k, n): the group's g columns, in every row
+          dev.copy_2d(dst + i * g * es, p.n * es, src + p.b_group_offsets[i] * es, p.ldb * es, g * es, p.k);
+      }
+      GemmParams q = p;
+      q.b = copy.data();
+      q.ldb = p.trans_b ? p.k : p.n;
+      q.b_group_offsets = nullptr;
+      q.b_group = 0;
+      run_op(dev, &KernelTable::gemm, "gemm", q);
+      return;
+    }
+  }
   run_op(dev, &KernelTable::gemm, "gemm", p);
 }
 

@@ -39,59 +39,14 @@ constexpr const char* kDhName = "last block output, then dh";
 // Rows [r0, r0 + n) of a contiguous (rows, cols) tensor.
 Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); }
 
+// The run's shapes, once validate() has passed (a Decoder is built from checked options only).
+RunGeometry checked_geometry(const ModelConfig& m, const DecoderOptions& o, int ranks, bool offload) {
+  Status s = validate(m, o, ranks);
+  UNTIED_CHECK(s.ok(), s.message());
+  return run_geometry(m, o, ranks, offload);
+}
+
 }  // namespace
-
-AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
-  return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
-                         .head_dim = m.head_dim, .rope_theta = m.rope_theta, .rope_scaling = m.rope_scaling,
-                         .dtype = o.dtype,
-                         .strategy = o.strategy, .upipe_heads = o.upipe_heads, .ring = o.ring,
-                         .overlap = o.overlap, .early_delta = o.early_delta, .qk_norm = m.qk_norm, .norm_eps = m.norm_eps};
-}
-
-Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
-  Status s = validate(m);
-  if (!s.ok()) return s;
-  s = validate(padded_config(attention_config(m, o), ranks), ranks);
-  if (!s.ok()) return s;
-  if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
-  if (o.recompute == Recompute::kAuto)
-    return Status::invalid_argument(
-        "recompute auto is chosen before a Decoder is built (choose_recompute, trainer.h): pass full or selective");
-  if (o.recompute == Recompute::kSelective && o.keep_last_stage == KeepLastStage::kOn)
-    return Status::invalid_argument(
-        "--upipe-keep-last on keeps a stage that upipe's recompute projects, and --recompute selective projects "
-        "none: drop one of the two");
-  if (o.attn_tile < -1) return Status::invalid_argument("attn_tile (--attn-tile) must be >= 0, or -1 (off: attn_norm(x) made whole)");
-  if (o.offload_keep_first < 0 || o.offload_keep_first > m.layers || o.offload_every < 1)
-    return Status::invalid_argument("--keep-inputs must be in [0, " + std::to_string(m.layers) +
-                                    "] (the model's layers) and --offload-every >= 1");
-  return Status::ok_status();
-}
-
-DecoderTiles decoder_tiles(const ModelConfig& m, const DecoderOptions& o, int64_t rows) {
-  DecoderTiles t;
-  t.mlp = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows) : std::min(rows, std::max<int64_t>(m.hidden, 256));
-  t.attn = o.attn_tile < 0 ? 0 : o.attn_tile > 0 ? std::min(o.attn_tile, rows) : t.mlp;
-  return t;
-}
-
-HostParts host_parts(const ModelConfig& m, const DecoderOptions& o, int64_t rows, bool host) {
-  const bool tiles = decoder_tiles(m, o, rows).attn > 0;
-  return HostParts{.grads = host && o.tiled_dx && o.grads_on_host,
-                   .dh = host && o.tiled_dx && tiles && o.dh_on_host,
-                   .attn_out = host && o.early_delta && tiles && o.attn_out_on_host};
-}
-
-bool input_offloaded(const DecoderOptions& o, int64_t layer) {
-  return layer >= o.offload_keep_first && (layer - o.offload_keep_first) % o.offload_every == 0;
-}
-
-int64_t offloaded_inputs(const ModelConfig& m, const DecoderOptions& o) {
-  int64_t n = 0;
-  for (int64_t l = 0; l < m.layers; ++l) n += input_offloaded(o, l);
-  return n;
-}
 
 struct Decoder::BlockActs {
   TensorBuffer a, rstd1, hm;  // attn_norm(x), its rstd, x + attn (the MLP's norm is per tile)
@@ -100,13 +55,8 @@ struct Decoder::BlockActs {
 
 Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& o, Allocator* host)
     : dev_(dev), comm_(comm), m_(m), o_(o),
-      rows_(padded_config(attention_config(m, o), comm.size()).seq / comm.size()), host_(host) {
-  Status s = validate(m, o, comm.size());
-  UNTIED_CHECK(s.ok(), s.message());
-  const DecoderTiles tiles = decoder_tiles(m, o, rows_);
-  tile_ = tiles.mlp;
-  attn_tile_ = tiles.attn;
-  attn_ = make_attention_block(dev, comm, padded_config(attention_config(m, o), comm.size()));
+      g_(checked_geometry(m, o, comm.size(), host != nullptr)), host_(host) {
+  attn_ = make_attention_block(dev, comm, g_.attention);
 }
 
 RmsNormShape Decoder::norm_shape(int64_t rows) const {
@@ -140,8 +90,8 @@ Decoder::MlpTile Decoder::mlp_tile_inputs(const BlockWeights& w, const Tensor& h
 void Decoder::mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
-  for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
-    const int64_t n = std::min(tile_, rows_ - r0);
+  for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
+    const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
     const Tensor ot = rows_of(out_add, r0, n);
     MlpTile m = mlp_tile_inputs(w, rows_of(hm, r0, n));
     m.b.reset();
@@ -158,8 +108,8 @@ void Decoder::mlp_backward(const BlockWeights& w, const BlockWeights& g, const T
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
-  for (int64_t r0 = 0; r0 < rows_; r0 += tile_) {
-    const int64_t n = std::min(tile_, rows_ - r0);
+  for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
+    const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
     const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n);
     MlpTile m = mlp_tile_inputs(w, hmt);
     TensorBuffer& bt = m.b;
@@ -198,9 +148,9 @@ TiledInput Decoder::normed_tiles(const BlockWeights& w, const Tensor& x, bool x_
   const int64_t E = m_.hidden, es = dtype_size(o_.dtype);
   auto staging = std::make_shared<TensorBuffer>();  // x_on_host: the tile fetched to the device
   if (x_on_host)
-    *staging = TensorBuffer(dev_.allocator(), o_.dtype, {attn_tile_, E}, Tag::kOther, "block input (tile, fetched)");
+    *staging = TensorBuffer(dev_.allocator(), o_.dtype, {g_.attn_tile, E}, Tag::kOther, "block input (tile, fetched)");
   const Tensor weight = w.attn_norm;
-  return TiledInput{.tile = attn_tile_, .rows = [this, x, x_on_host, rstd, weight, staging, E, es](
+  return TiledInput{.tile = g_.attn_tile, .rows = [this, x, x_on_host, rstd, weight, staging, E, es](
                                                     int64_t r0, int64_t n, void* dst) {
     const char* src = x.data() == nullptr ? nullptr : static_cast<const char*>(x.data()) + r0 * E * es;
     if (x_on_host) {
@@ -213,13 +163,13 @@ TiledInput Decoder::normed_tiles(const BlockWeights& w, const Tensor& x, bool x_
 
 TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
                                     const std::string& out_name, AttentionSaved* kept_attn) {
-  const int64_t L = rows_, E = m_.hidden;
+  const int64_t L = g_.L, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   const RmsNormShape norm = norm_shape(L);
   BlockActs local;
   BlockActs& A = acts != nullptr ? *acts : local;
-  // a = attn_norm(x);  hm = x + attn(a)   (with attn_tile_, a and the attention's output only ever
+  // a = attn_norm(x);  hm = x + attn(a)   (with g_.attn_tile, a and the attention's output only ever
   // a tile at a time, and hm made as the output's first tile comes: not live through the stages)
   A.rstd1 = TensorBuffer(alloc, DType::kF32, {L}, Tag::kOther, "attn_norm rstd");
   // Without acts (the forward pass) hm becomes the block's output in place (y = hm + mlp(...),
@@ -228,19 +178,19 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
     A.hm = acts != nullptr ? TensorBuffer(alloc, t, {L, E}, Tag::kOther, "residual after attention")
                            : TensorBuffer(alloc, t, {L, E}, Tag::kActivations, out_name);
   };
-  UNTIED_CHECK(!x_on_host || attn_tile_ > 0, "decoder: a block input in host memory needs the attention's tiles");
+  UNTIED_CHECK(!x_on_host || g_.attn_tile > 0, "decoder: a block input in host memory needs the attention's tiles");
   // The forward pass has no backward: it keeps nothing (but, with kept_attn, the attention's output).
   // A recompute from a kept output (acts->saved.output_kept) projects none of upipe's stages.
   A.saved.keep_last_stage = acts != nullptr && o_.keep_last_stage != KeepLastStage::kOff && !A.saved.output_kept;
   // With a kept output, upipe's recompute reads no row of x: rstd1 is written by the backward's
   // projections, which read every row before the attn_norm backward does.
-  if (attn_tile_ > 0) {
+  if (g_.attn_tile > 0) {
     bool made = false;
     TensorBuffer xt;  // x_on_host: the tile of x fetched to the device
     auto add_input = [&](int64_t r0, int64_t n, const void* y_rows) {
       if (!made) {
         make_hm();
-        if (x_on_host) xt = TensorBuffer(alloc, t, {attn_tile_, E}, Tag::kOther, "block input (tile, fetched)");
+        if (x_on_host) xt = TensorBuffer(alloc, t, {g_.attn_tile, E}, Tag::kOther, "block input (tile, fetched)");
         made = true;
       }
       const Tensor hm_rows = rows_of(A.hm, r0, n);
@@ -252,7 +202,7 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
         add_inplace(dev_, hm_rows, rows_of(xt, 0, n));
       }
     };
-    attn_->forward(TiledOutput{.tile = attn_tile_, .consume = add_input, .host = host_parts(m_, o_, rows_, host_ != nullptr).attn_out ? host_ : nullptr},
+    attn_->forward(TiledOutput{.tile = g_.attn_tile, .consume = add_input, .host = g_.host.attn_out ? host_ : nullptr},
                    normed_tiles(w, x, x_on_host, A.rstd1.as<float>()), attention_weights(w), *mask_, A.saved);
   } else {
     make_hm();
@@ -275,7 +225,7 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
 
 void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& in, TensorBuffer& dh,
                              BlockActs& A) {
-  const int64_t L = rows_, E = m_.hidden;
+  const int64_t L = g_.L, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy)), tile by tile, in dy's buffer
@@ -284,7 +234,7 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   TensorBuffer dhm = std::move(dh);  // in: d residual after attention; out (dx): d block input
   // dh_on_host: dhm waits in host memory through the attention's backward, read a tile at a time
   // (its dO projections, dwo, D), and dx is made in a new device buffer as its first tile comes.
-  const bool dh_host = host_parts(m_, o_, rows_, host_ != nullptr).dh;
+  const bool dh_host = g_.host.dh;
   TensorBuffer dhm_host;
   if (dh_host) {
     dhm_host = TensorBuffer(*host_, t, {L, E}, Tag::kOther, "d residual after attention (offloaded)");
@@ -326,8 +276,8 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   auto norm_backward = [&](int64_t r0, int64_t n, const float* da_rows) {
     if (!tiles_made) {
       if (dh_host) dhm = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, kDhName);
-      dxt = TensorBuffer(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "d block input (tile)");
-      if (in.on_host) xt = TensorBuffer(alloc, t, {std::min(tile_, L), E}, Tag::kOther, "block input (tile, fetched)");
+      dxt = TensorBuffer(alloc, t, {std::min(g_.mlp_tile, L), E}, Tag::kOther, "d block input (tile)");
+      if (in.on_host) xt = TensorBuffer(alloc, t, {std::min(g_.mlp_tile, L), E}, Tag::kOther, "block input (tile, fetched)");
       tiles_made = true;
     }
     TensorBuffer dat_t;
@@ -351,7 +301,7 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
     if constexpr (std::is_same_v<std::decay_t<decltype(da)>, TiledGrad>) {
       if (dh_host) {  // dy's rows copied from the host copy
         const Tensor src = dhm_host.view();
-        const TiledInput dy{.tile = attn_tile_, .rows = [this, src, E](int64_t r0, int64_t n, void* dst) {
+        const TiledInput dy{.tile = g_.attn_tile, .rows = [this, src, E](int64_t r0, int64_t n, void* dst) {
           dev_.copy(dst, rows_of(src, r0, n).data(), n * E * dtype_size(o_.dtype));
         }};
         attn_->backward(da, ag, dy, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
@@ -359,21 +309,21 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
         return;
       }
     }
-    if (attn_tile_ > 0)
+    if (g_.attn_tile > 0)
       attn_->backward(da, ag, dhm, normed_tiles(w, in.x, in.on_host, A.rstd1.as<float>()), attention_weights(w),
                       A.saved);
     else
       attn_->backward(da, ag, dhm, A.a, attention_weights(w), A.saved);
   };
   if (o_.tiled_dx) {
-    attention_backward(TiledGrad{.tile = tile_, .consume = norm_backward, .host = host_parts(m_, o_, rows_, host_ != nullptr).grads ? host_ : nullptr});
+    attention_backward(TiledGrad{.tile = g_.mlp_tile, .consume = norm_backward, .host = g_.host.grads ? host_ : nullptr});
   } else {
     // da (the attention's dx) whole in fp32: the attention block accumulates straight into it.
     TensorBuffer da(alloc, DType::kF32, {L, E}, Tag::kOther, "d attn_norm output (fp32)");
     attention_backward(da.view());
     A.a.reset();
-    for (int64_t r0 = 0; r0 < L; r0 += tile_) {
-      const int64_t n = std::min(tile_, L - r0);
+    for (int64_t r0 = 0; r0 < L; r0 += g_.mlp_tile) {
+      const int64_t n = std::min(g_.mlp_tile, L - r0);
       norm_backward(r0, n, rows_of(da, r0, n).as<float>());
     }
   }
@@ -393,7 +343,7 @@ void Decoder::use_mask(const SequenceMask& mask) {
 
 TensorBuffer Decoder::forward_only(ParameterStore& params, const int32_t* tokens,
                                    const std::function<bool(int64_t, const Tensor&)>& after_stage) {
-  const int64_t L = rows_, E = m_.hidden;
+  const int64_t L = g_.L, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   TensorBuffer h(alloc, t, {L, E}, Tag::kActivations, "block 0 input");
@@ -414,7 +364,7 @@ TensorBuffer Decoder::forward_only(ParameterStore& params, const int32_t* tokens
 }
 
 TensorBuffer Decoder::final_norm_forward(const Tensor& h, const Tensor& weight) {
-  const int64_t L = rows_;
+  const int64_t L = g_.L;
   TensorBuffer hn(dev_.allocator(), o_.dtype, {L, m_.hidden}, Tag::kOther, "final_norm output");
   TensorBuffer rstd(dev_.allocator(), DType::kF32, {L}, Tag::kOther, "final_norm rstd");
   rmsnorm_forward(dev_, norm_shape(L), hn.data(), rstd.as<float>(), h.data(), weight.data());
@@ -430,7 +380,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
 StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                                    const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask) {
   use_mask(mask);
-  const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
+  const int64_t L = g_.L, E = m_.hidden, V = m_.vocab;
   const int N = static_cast<int>(m_.layers);
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
@@ -535,7 +485,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     // An offloaded input is read from host memory a tile at a time by the recompute and the
     // backward (o_.refetch_inputs, with the attention's tiles); otherwise it is fetched to the
     // device for the recompute and, with refetch_inputs, dropped again for the backward.
-    const bool from_host = offloads(l) && o_.refetch_inputs && attn_tile_ > 0;
+    const bool from_host = offloads(l) && o_.refetch_inputs && g_.attn_tile > 0;
     TensorBuffer fetched;
     if (offloads(l) && !from_host) {
       fetched = TensorBuffer(alloc, t, {L, E}, Tag::kActivations, "block input (fetched)");
@@ -566,7 +516,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
 EvalSums Decoder::evaluate(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                            const SequenceMask& mask, double* row_losses, float* logits) {
   use_mask(mask);
-  const int64_t L = rows_, E = m_.hidden, V = m_.vocab;
+  const int64_t L = g_.L, E = m_.hidden, V = m_.vocab;
   const int N = static_cast<int>(m_.layers);
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();

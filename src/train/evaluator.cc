@@ -81,7 +81,8 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
   if (ds.ok() && lo != hi)
     ds = Status::invalid_argument("the ranks see data files of different lengths: give every rank the same file");
   // The logits of --dump-logits: (Sp, V) floats gathered on every rank.
-  const int64_t logit_bytes = padded_config(attention_config(o.model, o.decoder), comm.size()).seq * o.model.vocab * 4;
+  const RunGeometry g = run_geometry(o.model, o.decoder, comm.size(), /*offload=*/false);
+  const int64_t logit_bytes = g.Sp * g.V * 4;
   if (ds.ok() && !o.logits_path.empty() && logit_bytes > (int64_t{1} << 30))
     ds = Status::invalid_argument("--dump-logits gathers S x V floats (" + format_bytes(logit_bytes) +
                                   ") on every rank; it is for comparisons at small --seq (at most 1 GiB)");
@@ -94,9 +95,8 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
   Status ws = load_weights(o, comm, dev, params, &r.checkpoint_step);
   if (!ws.ok()) return ws;
   Decoder decoder(dev, dev_comm, o.model, o.decoder);
-  const int64_t Sp = decoder.padded_seq(), L = Sp / comm.size(), V = o.model.vocab;
-  const TokenLayout layout = token_layout(padded_config(attention_config(o.model, o.decoder), comm.size()), comm.size());
-  const std::vector<TokenSegment> segments = layout.rank_segments(comm.rank());
+  const int64_t Sp = g.Sp, L = g.L, V = g.V;
+  const std::vector<TokenSegment> segments = g.layout.rank_segments(comm.rank());
   const SampleShape shape{.seq = S, .padded_seq = Sp, .window = o.window, .doc_mask = o.doc_mask};
 
   // Buckets: B equal ranges of [0, S).
@@ -148,7 +148,7 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
       Status st;
       if (comm.rank() == 0) {
         for (int rk = 0; rk < comm.size(); ++rk)
-          for (const TokenSegment& seg : layout.rank_segments(rk))
+          for (const TokenSegment& seg : g.layout.rank_segments(rk))
             std::copy_n(gathered.begin() + (static_cast<int64_t>(rk) * L + seg.first_row) * V, seg.length * V,
                         all.begin() + seg.first_position * V);
         st = write_npy(o.logits_path, {S, V}, all.data());

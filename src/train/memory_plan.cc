@@ -13,6 +13,10 @@
 
 namespace untied {
 
+std::vector<std::string> counted_buffers(const PlanItem& item) {
+  return item.buffers.empty() ? std::vector<std::string>{item.what} : item.buffers;
+}
+
 int64_t PlanMoment::total() const {
   int64_t t = 0;
   for (const PlanItem& i : items) t += i.bytes;
@@ -33,6 +37,24 @@ std::vector<PlanItem> assumed_cuda_fixed_costs(int communicators) {
            communicators * channels * 2 * nccl_buffsize}};
 }
 
+int64_t HostMemory::total() const { return inputs + dh + kept_outputs + std::max(grad_stash, attn_out); }
+
+HostMemory host_memory(const RunGeometry& g) {
+  HostMemory h;
+  if (!g.offload) return h;
+  h.inputs = g.offloaded_blocks * g.L * g.E * g.es;
+  if (g.host.grads && g.attention.strategy != Strategy::kLocal) {
+    const int64_t rounds = g.sched.stages / g.sched.stages_per_round;
+    h.grad_stash = g.Sg * (g.sched.stages * g.sched.q_per_rank + 2 * rounds * g.sched.kv_per_rank) * g.D * g.es;
+  }
+  if (g.host.dh) h.dh = g.L * g.E * g.es;
+  if (g.host.attn_out) h.attn_out = g.L * g.H * g.D * g.es;
+  if (g.selective) h.kept_outputs = (g.N - 1) * h.attn_out;
+  return h;
+}
+
+HostMemory host_memory(const TrainOptions& o, int ranks) { return host_memory(run_geometry(o, ranks)); }
+
 Status validate_plan(const TrainOptions& o, int ranks) {
   Status s = validate(o, ranks);
   if (!s.ok()) return s;
@@ -44,50 +66,22 @@ Status validate_plan(const TrainOptions& o, int ranks) {
 
 namespace {
 
-// The shapes every moment is written in.
-struct Dims {
-  int64_t P = 0;       // ranks
-  int64_t C = 0;       // Ulysses degree (ranks per ring group)
-  int64_t R = 0;       // ring degree
-  int64_t L = 0;       // tokens per rank (padded S / P)
-  int64_t Sg = 0;      // tokens per ring group (C * L): the head-sharded buffers' rows
-  int64_t E = 0, H = 0, G = 0, D = 0, N = 0, V = 0;
-  int64_t es = 0;      // bytes per element of the block dtype
-  DType t = DType::kF32;
-  HeadSchedule sched;  // u = q_per_rank, w = kv_per_rank per stage
-  int64_t mlp_tile = 0, attn_tile = 0;  // as the Decoder chooses them (0: attention input whole)
-  HostParts host;  // what waits in host memory in a block's backward (decoder.h host_parts)
-  bool keep_last = false;  // upipe's recompute keeps its last stage (resolved: no kAuto)
-  bool selective = false;  // Recompute::kSelective: every block's attention output and LSE kept
-};
-
-Dims dims_of(const TrainOptions& o, int ranks) {
-  const AttentionConfig ac = padded_config(attention_config(o.model, o.decoder), ranks);
-  const TokenLayout layout = token_layout(ac, ranks);
-  Dims d;
-  d.P = ranks;
-  d.R = layout.ring();
-  d.C = layout.group();
-  d.L = layout.local_tokens();
-  d.Sg = layout.group_tokens();
-  d.E = o.model.hidden, d.H = o.model.heads, d.G = o.model.kv_heads, d.D = o.model.head_dim;
-  d.N = o.model.layers, d.V = o.model.vocab;
-  d.t = o.decoder.dtype;
-  d.es = dtype_size(d.t);
-  d.sched = make_head_schedule(ac.heads, ac.kv_heads, d.C, stage_heads_of(ac, ranks)).value();
-  const DecoderTiles tiles = decoder_tiles(o.model, o.decoder, d.L);
-  d.mlp_tile = tiles.mlp;
-  d.attn_tile = tiles.attn;
-  d.selective = o.decoder.recompute == Recompute::kSelective;
-  d.keep_last = o.decoder.strategy == Strategy::kUPipe && o.decoder.keep_last_stage == KeepLastStage::kOn &&
-                !d.selective;
-  d.host = host_parts(o.model, o.decoder, d.L, o.offload_inputs);
-  return d;
+// The schedule's buffers an item counts, by the allocator's names (head_pipeline.cc, block_ops.cc,
+// ring_attention.cc; PlanItem::buffers). With qk_norm a projection's send buffer is the normed one.
+const std::vector<std::string> kKvResident = {"k all-to-all receive (resident)", "v all-to-all receive (resident)"};
+const std::vector<std::string> kQNormInput = {"q projection (send layout)", "q/k norm rstd"};
+const std::vector<std::string> kKNormInput = {"k projection (send layout)", "q/k norm rstd"};
+const std::vector<std::string> kQkNormInputs = {"q projection (send layout)", "k projection (send layout)",
+                                                "q/k norm rstd"};
+// A stage's returned gradient (dq, dk or dv) kept for dx: the all-to-all's receive, or with the
+// q/k norm undone the norm's gradient.
+std::vector<std::string> kept_grad(const std::string& which, bool qk_norm) {
+  return {qk_norm ? "d pre-norm q/k" : which + " all-to-all receive"};
 }
 
 // The ZeRO-3 state: each parameter's fp32 master, gradient, and AdamW m and v, ceil(n / P)
 // elements of each per rank (sharded_params.cc).
-void add_state(const std::vector<ParamDesc>& descs, const Dims& d, std::vector<PlanItem>& out) {
+void add_state(const std::vector<ParamDesc>& descs, const RunGeometry& d, std::vector<PlanItem>& out) {
   int64_t shard = 0;
   for (const ParamDesc& p : descs) shard += (p.shape.numel() + d.P - 1) / d.P;
   out.push_back({"parameter shards (fp32 master)", Tag::kParameters, shard * 4});
@@ -97,7 +91,7 @@ void add_state(const std::vector<ParamDesc>& descs, const Dims& d, std::vector<P
 
 // A group's weights gathered in the block dtype and its full-size fp32 gradients, each padded to
 // P shards.
-void add_group(const std::vector<ParamDesc>& descs, int group, const Dims& d, const char* name,
+void add_group(const std::vector<ParamDesc>& descs, int group, const RunGeometry& d, const char* name,
                std::vector<PlanItem>& out, bool grads = true) {
   int64_t padded = 0;
   for (const ParamDesc& p : descs)
@@ -108,15 +102,15 @@ void add_group(const std::vector<ParamDesc>& descs, int group, const Dims& d, co
 
 // Block inputs saved on the device: every block's that is not offloaded (all N while the last
 // block runs).
-void add_saved_inputs(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& out) {
-  const int64_t on_device = d.N - (o.offload_inputs ? offloaded_inputs(o.model, o.decoder) : 0);
+void add_saved_inputs(const TrainOptions& o, const RunGeometry& d, std::vector<PlanItem>& out) {
+  const int64_t on_device = d.N - d.offloaded_blocks;
   if (on_device > 0)
     out.push_back({std::to_string(on_device) + " block inputs (saved)", Tag::kActivations, on_device * d.L * d.E * d.es});
 }
 
 // Recompute::kSelective: `blocks` blocks' attention outputs (on the device unless they wait in
 // host memory) and every stage's LSE, kept from the forward pass for their recompute.
-void add_kept_outputs(const Dims& d, int64_t blocks, std::vector<PlanItem>& out) {
+void add_kept_outputs(const RunGeometry& d, int64_t blocks, std::vector<PlanItem>& out) {
   if (!d.selective || blocks == 0) return;
   const std::string n = std::to_string(blocks);
   if (!d.host.attn_out)
@@ -131,7 +125,7 @@ void add_kept_outputs(const Dims& d, int64_t blocks, std::vector<PlanItem>& out)
 // (refetch_inputs off) or, with `input_tile`, the tile of it read from the host, attn_norm(x)
 // when whole, its rstd and dhm (in the buffer the last block's output was made in: decoder.cc
 // kDhName), unless `dh` is false (dhm in host memory through the attention's backward).
-void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, bool input_tile,
+void add_block_backward(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs, bool input_tile,
                         std::vector<PlanItem>& it, bool dh = true) {
   const int64_t L = d.L, E = d.E, es = d.es;
   add_state(descs, d, it);
@@ -151,8 +145,8 @@ void add_block_backward(const TrainOptions& o, const Dims& d, const std::vector<
 
 // A bf16 block's attention weight gradients in the compute dtype, added into the fp32 ones after
 // the attention's backward (decoder.cc block_backward).
-void add_attention_weight_grads(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
-  if (d.t == DType::kF32) return;
+void add_attention_weight_grads(const TrainOptions& o, const RunGeometry& d, std::vector<PlanItem>& it) {
+  if (d.dtype == DType::kF32) return;
   it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
                 (2 * d.H * d.D * d.E + 2 * d.G * d.D * d.E + (o.model.qk_norm ? 2 * d.D : 0)) * d.es});
 }
@@ -160,19 +154,19 @@ void add_attention_weight_grads(const TrainOptions& o, const Dims& d, std::vecto
 // What the attention's forward saved for its backward, before the backward frees any of it: the
 // output (sequence layout), every stage's LSE, and (ulysses, ring) every stage's q, k and v, or
 // (upipe) the last stage's.
-void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it);
+void add_attention_saved(const TrainOptions& o, const RunGeometry& d, std::vector<PlanItem>& it);
 
 // What ulysses and ring keep of every stage and round from the forward to its backward
 // (head_pipeline.cc, Saving::kKeepStages): q after norm and RoPE, k and v, and with qk_norm the
 // norms' inputs and rstd.
-void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
+void add_kept_stages(const TrainOptions& o, const RunGeometry& d, std::vector<PlanItem>& it) {
   const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
   const int64_t stages = d.sched.stages, rounds = stages / d.sched.stages_per_round;
-  it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es});
-  it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es});
+  it.push_back({"q all-to-all receive (all stages)", Tag::kCommunication, stages * Sg * u * D * es, {"q all-to-all receive"}});
+  it.push_back({"k and v all-to-all receives (resident, all rounds)", Tag::kCommunication, rounds * 2 * Sg * w * D * es, kKvResident});
   if (o.model.qk_norm)
     it.push_back({"q/k norm inputs and rstd (all stages)", Tag::kAttnWorkspace,
-                  stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4)});
+                  stages * Sg * u * (D * es + 4) + rounds * Sg * w * (D * es + 4), kQkNormInputs});
 }
 
 // What upipe's recompute keeps of its last stage for the backward, which starts with that stage
@@ -180,21 +174,21 @@ void add_kept_stages(const TrainOptions& o, const Dims& d, std::vector<PlanItem>
 // qk_norm the norms' inputs and rstd. `q` and `kv`: which of them exist yet (the forward's stages
 // make them).
 // The norms' part alone (qk_norm; nothing otherwise).
-void add_kept_norms(const TrainOptions& o, const Dims& d, bool q, bool kv, std::vector<PlanItem>& it) {
+void add_kept_norms(const TrainOptions& o, const RunGeometry& d, bool q, bool kv, std::vector<PlanItem>& it) {
   const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
   if (!o.model.qk_norm) return;
-  if (q) it.push_back({"q norm input and rstd (last stage, kept)", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
-  if (kv) it.push_back({"k norm input and rstd (last round, kept)", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+  if (q) it.push_back({"q norm input and rstd (last stage, kept)", Tag::kAttnWorkspace, Sg * u * (D * es + 4), kQNormInput});
+  if (kv) it.push_back({"k norm input and rstd (last round, kept)", Tag::kAttnWorkspace, Sg * w * (D * es + 4), kKNormInput});
 }
 
-void add_kept_last_stage(const TrainOptions& o, const Dims& d, bool q, bool kv, std::vector<PlanItem>& it) {
+void add_kept_last_stage(const TrainOptions& o, const RunGeometry& d, bool q, bool kv, std::vector<PlanItem>& it) {
   const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
-  if (q) it.push_back({"q all-to-all receive (last stage, kept)", Tag::kCommunication, Sg * u * D * es});
-  if (kv) it.push_back({"k and v all-to-all receives (last round, kept)", Tag::kCommunication, 2 * Sg * w * D * es});
+  if (q) it.push_back({"q all-to-all receive (last stage, kept)", Tag::kCommunication, Sg * u * D * es, {"q all-to-all receive"}});
+  if (kv) it.push_back({"k and v all-to-all receives (last round, kept)", Tag::kCommunication, 2 * Sg * w * D * es, kKvResident});
   add_kept_norms(o, d, q, kv, it);
 }
 
-void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanItem>& it) {
+void add_attention_saved(const TrainOptions& o, const RunGeometry& d, std::vector<PlanItem>& it) {
   if (!d.host.attn_out) it.push_back({"attention output (saved)", Tag::kActivations, d.L * d.H * d.D * d.es});
   it.push_back({"attention LSE (saved)", Tag::kActivations, d.sched.stages * d.sched.q_per_rank * d.Sg * 4});
   if (o.decoder.strategy != Strategy::kUPipe) add_kept_stages(o, d, it);
@@ -204,9 +198,9 @@ void add_attention_saved(const TrainOptions& o, const Dims& d, std::vector<PlanI
 // The CPU attention backward kernel's scratch (cpu_attention_backward_scratch_bytes) for a call
 // of sq query rows and u heads, D given: dQ accumulators, one per thread but the first, plus the
 // first's when dq is not fp32; and each thread's tiles.
-void add_attention_backward_scratch(int64_t sq, int64_t u, const Dims& d, bool dq_f32, int threads,
+void add_attention_backward_scratch(int64_t sq, int64_t u, const RunGeometry& d, bool dq_f32, int threads,
                                     std::vector<PlanItem>& out) {
-  const AttentionShape s{.seq_q = sq, .seq_k = sq, .heads = u, .kv_heads = 1, .head_dim = d.D, .dtype = d.t,
+  const AttentionShape s{.seq_q = sq, .seq_k = sq, .heads = u, .kv_heads = 1, .head_dim = d.D, .dtype = d.dtype,
                          .f32_results = dq_f32};
   const CpuAttentionBackwardScratch b = cpu_attention_backward_scratch_bytes(s, /*delta_from_out=*/false, threads);
   if (b.dq_accumulators > 0) out.push_back({"attention backward dQ accumulators", Tag::kAttnWorkspace, b.dq_accumulators});
@@ -216,30 +210,36 @@ void add_attention_backward_scratch(int64_t sq, int64_t u, const Dims& d, bool d
 // What one projection of a stage's heads (q of stage s, or its dO) for every rank at once holds
 // while it runs (block_ops.cc project_blocks), `rows` the run of input rows it reads: its output
 // rows (at most kProjectionRows, with more than one rank) and, where the stage's heads are not
-// consecutive, the copy of their weight rows (or wo's columns).
-void add_projection_scratch(const Dims& d, int64_t s, int64_t rows, std::vector<PlanItem>& it) {
+// consecutive, their weight rows (or wo's columns) gathered: a copy where D is not a multiple of
+// 32, else read by the GEMM as it packs them (no copy; fp32 weights are gathered into the CPU
+// gemm's fp32 scratch).
+void add_projection_scratch(const RunGeometry& d, int64_t s, int64_t rows, std::vector<PlanItem>& it) {
   if (d.C == 1) return;
   const int64_t U = d.sched.stage_heads;
   it.push_back({"projection of every block's heads (rows)", Tag::kAttnWorkspace,
                 std::min(rows, kProjectionRows) * U * d.D * d.es});
-  if (!consecutive_heads(d.sched.stage_q_heads(s))) it.push_back({"weights of the stage's heads (copy)", Tag::kAttnWorkspace, U * d.D * d.E * d.es});
+  if (consecutive_heads(d.sched.stage_q_heads(s))) return;
+  if (d.D % 32 != 0)
+    it.push_back({"weights of the stage's heads (copy)", Tag::kAttnWorkspace, U * d.D * d.E * d.es, {"weight rows of a block of heads", "wo columns of a block of heads"}});
+  else if (d.es == 4)
+    it.push_back({"gemm B in fp32 (the stage's heads gathered)", Tag::kOther, U * d.D * d.E * 4});
 }
 
 // The inputs of UPipe's next stage s1, sent off during this stage's attention with --overlap
 // (head_pipeline.cc send_inputs): its recomputed q (send and receive), at a round's first stage
 // its k and v, and its dO with D; with qk_norm the norms' inputs and rstd kept for the backward.
-void add_next_stage(const TrainOptions& o, const Dims& d, int64_t s1, bool backward, std::vector<PlanItem>& it) {
+void add_next_stage(const TrainOptions& o, const RunGeometry& d, int64_t s1, bool backward, std::vector<PlanItem>& it) {
   const int64_t Sg = d.Sg, D = d.D, es = d.es, u = d.sched.q_per_rank, w = d.sched.kv_per_rank;
   const bool qk = o.model.qk_norm;
-  it.push_back({"next stage: q projection and receive", Tag::kCommunication, 2 * Sg * u * D * es});
-  if (qk && backward) it.push_back({"next stage: q norm input and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
+  it.push_back({"next stage: q projection and receive", Tag::kCommunication, 2 * Sg * u * D * es, {"q projection (send layout)", "q/k normed (send layout)", "q all-to-all receive"}});
+  if (qk && backward) it.push_back({"next stage: q norm input and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4), kQNormInput});
   if (d.sched.first_of_round(s1)) {
-    it.push_back({"next round: k, v projections and receives", Tag::kCommunication, 4 * Sg * w * D * es});
-    if (qk && backward) it.push_back({"next round: k norm input and rstd", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+    it.push_back({"next round: k, v projections and receives", Tag::kCommunication, 4 * Sg * w * D * es, {"k projection (send layout)", "q/k normed (send layout)", "v projection (send layout)", "k all-to-all receive (resident)", "v all-to-all receive (resident)"}});
+    if (qk && backward) it.push_back({"next round: k norm input and rstd", Tag::kAttnWorkspace, Sg * w * (D * es + 4), kKNormInput});
   }
   if (backward)
     it.push_back({"next stage: dO projection and receive, D (send, receive, head-sharded)", Tag::kCommunication,
-                  2 * Sg * u * D * es + 3 * u * Sg * 4});
+                  2 * Sg * u * D * es + 3 * u * Sg * 4, {"dO projection (send layout)", "dO all-to-all receive", "attention D (send layout)", "attention D receive", "attention D (head-sharded)"}});
 }
 
 // The last block's attention backward inside the attention kernel of the stage it runs s-th
@@ -255,7 +255,7 @@ void add_next_stage(const TrainOptions& o, const Dims& d, int64_t s1, bool backw
 // empty where the schedule has no such moment.
 enum class BwdMoment { kKernel, kReturning, kSending };
 
-PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs, int64_t s,
+PlanMoment attention_backward(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs, int64_t s,
                               BwdMoment at = BwdMoment::kKernel) {
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es;
   const int64_t u = d.sched.q_per_rank, w = d.sched.kv_per_rank, stages = d.sched.stages;
@@ -276,21 +276,21 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
   // returns) and the k/v gradients of the rounds done, kept for dx.
   const int64_t done_stages = returning ? s - 1 : s, done_rounds = d.sched.round(returning ? s - 1 : s);
   if (returning) {
-    it.push_back({"previous stage: dq send and receive", Tag::kCommunication, 2 * Sg * u * D * es});
+    it.push_back({"previous stage: dq send and receive", Tag::kCommunication, 2 * Sg * u * D * es, {"dq (head-sharded)", "dq all-to-all receive"}});
     if (qk) {
-      it.push_back({"previous stage: q norm input and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4)});
+      it.push_back({"previous stage: q norm input and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4), kQNormInput});
       if (d.sched.first_of_round(s))
-        it.push_back({"previous round: k norm input and rstd", Tag::kAttnWorkspace, Sg * w * (D * es + 4)});
+        it.push_back({"previous round: k norm input and rstd", Tag::kAttnWorkspace, Sg * w * (D * es + 4), kKNormInput});
     }
   }
   if (o.decoder.tiled_dx && !d.host.grads) {
     if (done_stages > 0)
       it.push_back({"dq of the earlier stages (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
-                    done_stages * Sg * u * D * es});
+                    done_stages * Sg * u * D * es, kept_grad("dq", qk)});
     if (done_rounds > 0) {
       it.push_back({"dk of the earlier rounds (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
-                    done_rounds * Sg * w * D * es});
-      it.push_back({"dv of the earlier rounds (kept for dx)", Tag::kCommunication, done_rounds * Sg * w * D * es});
+                    done_rounds * Sg * w * D * es, kept_grad("dk", qk)});
+      it.push_back({"dv of the earlier rounds (kept for dx)", Tag::kCommunication, done_rounds * Sg * w * D * es, kept_grad("dv", false)});
     }
   }
   // What the attention's forward saved (kept through its backward).
@@ -301,18 +301,18 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
     add_kept_stages(o, d, it);
   } else {  // upipe recomputes this stage's q and its round's k and v
     it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
-    it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
-    if (qk) it.push_back({"q/k norm inputs and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4) + Sg * w * (D * es + 4)});
+    it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es, kKvResident});
+    if (qk) it.push_back({"q/k norm inputs and rstd", Tag::kAttnWorkspace, Sg * u * (D * es + 4) + Sg * w * (D * es + 4), kQkNormInputs});
   }
   it.push_back({"dO all-to-all receive", Tag::kCommunication, Sg * u * D * es});
   it.push_back({"attention D (head-sharded)", Tag::kAttnWorkspace, u * Sg * 4});
   if (!(sending && d.sched.first_of_round(s)))
-    it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
+    it.push_back({"dk and dv accumulators (round, fp32)", Tag::kAttnWorkspace, 2 * Sg * w * D * 4, {"dk accumulator (round)", "dv accumulator (round)"}});
   if (recompute && o.decoder.overlap && s + 1 < stages) add_next_stage(o, d, s + 1, /*backward=*/true, it);
   const int64_t dy_rows = d.host.dh ? d.attn_tile : L;  // the runs of dy's rows the dO projection reads
   if (sending) {  // (at its height as the dO is projected, from a tile of dhm fetched with dh_on_host)
     it.push_back({"dO projection (send layout)", Tag::kAttnWorkspace, Sg * u * D * es});
-    it.push_back({"attention D (send layout and receive)", Tag::kAttnWorkspace, 2 * u * Sg * 4});
+    it.push_back({"attention D (send layout and receive)", Tag::kAttnWorkspace, 2 * u * Sg * 4, {"attention D (send layout)", "attention D receive"}});
     if (d.host.dh) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * es});
     add_projection_scratch(d, s, dy_rows, it);
     return m;
@@ -330,12 +330,12 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
     // ring_attention.cc backward: two K/V blocks in flight, fp32 dq and dk/dv sums
     it.push_back({"dq (head-sharded)", Tag::kAttnWorkspace, Sg * u * D * es});
     const int64_t lc = Sg / 2;  // a zig-zag chunk
-    it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es});
-    it.push_back({"ring D and LSE (chunks)", Tag::kAttnWorkspace, 4 * u * lc * 4});
+    it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es, {"ring K/V block", "ring K/V block (receive)"}});
+    it.push_back({"ring D and LSE (chunks)", Tag::kAttnWorkspace, 4 * u * lc * 4, {"ring D (chunk)", "ring LSE (chunk)"}});
     it.push_back({"ring dq (fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
-    it.push_back({"ring dk/dv sums (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * 4});
+    it.push_back({"ring dk/dv sums (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * 4, {"ring dk/dv sums", "ring dk/dv sums (receive)"}});
     it.push_back({"ring dk/dv of one step", Tag::kAttnWorkspace, 2 * Sg * w * D * 4});
-    it.push_back({"ring partial dq, dk, dv", Tag::kAttnWorkspace, lc * (u + 2 * w) * D * 4});
+    it.push_back({"ring partial dq, dk, dv", Tag::kAttnWorkspace, lc * (u + 2 * w) * D * 4, {"ring partial dq", "ring partial dk", "ring partial dv"}});
     add_attention_backward_scratch(lc, u, d, /*dq_f32=*/true, o.threads, it);
   }
   return m;
@@ -345,7 +345,7 @@ PlanMoment attention_backward(const TrainOptions& o, const Dims& d, const std::v
 // rows at a time with dh written over the last block's output: inside the kernel, with a chunk of
 // logits; or after it, as the head's gradient is reduce-scattered
 // (a receive of its largest shard) with the loss's buffers still live.
-std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+std::vector<PlanMoment> loss(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "loss (LM head kernel)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, es = d.es;
@@ -359,7 +359,7 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
   it.push_back({"last block output, then dh", Tag::kActivations, L * E * es});
   it.push_back({"predictions, labels", Tag::kOther, 2 * L * 4});
   const LmHeadLossShape ce{.tokens = L, .dim = E, .vocab = d.V, .chunk_tokens = o.decoder.loss_chunk,
-                           .dtype = d.t, .weight_dtype = d.t};
+                           .dtype = d.dtype, .weight_dtype = d.dtype};
   const int64_t chunk = std::max<int64_t>(lm_head_loss_chunk(ce), 1);
   it.push_back({"final_norm output (then dh) and its gradient (chunk)", Tag::kOther, 2 * chunk * E * es});
   it.push_back({"final_norm rstd (chunk)", Tag::kOther, chunk * 4});
@@ -370,7 +370,7 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
   for (const ParamDesc& p : descs)
     if (p.group == head_group || (o.model.tied_embeddings && p.group == 0))
       shard = std::max(shard, (p.shape.numel() + d.P - 1) / d.P);
-  reduce.items.push_back({"gradient shard receive (the largest)", Tag::kCommunication, shard * 4});
+  reduce.items.push_back({"gradient shard receive (the largest)", Tag::kCommunication, shard * 4, {"<parameter> (grad shard recv)"}});
   return {m, reduce};
 }
 
@@ -380,7 +380,7 @@ std::vector<PlanMoment> loss(const TrainOptions& o, const Dims& d, const std::ve
 // sent back, its receive beside it (ulysses and ring, which keep the stage's q, k and v, and upipe's
 // recompute keeping its last stage); the output projection after the stages; and (upipe with
 // overlap) the next stage's projection.
-std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs,
+std::vector<PlanMoment> attention_forward(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs,
                                           int64_t s, bool in_backward) {
   const std::string pass = in_backward ? "recompute" : "forward pass";
   PlanMoment m{.name = "attention forward (last block, " + pass + ")"};
@@ -425,7 +425,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     add_kept_stages(o, d, it);
   } else {
     it.push_back({"q all-to-all receive", Tag::kCommunication, Sg * u * D * es});
-    it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es});
+    it.push_back({"k and v all-to-all receives (resident)", Tag::kCommunication, 2 * Sg * w * D * es, kKvResident});
     // The recompute keeps the norms' inputs of the last stage and of its round once projected
     // (with overlap stage s+1 is projected by now).
     const int64_t projected = o.decoder.overlap && s + 1 < stages ? s + 1 : s;
@@ -452,8 +452,8 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
     if (out_host)
       projection.items.push_back({"attention output rows (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * d.H * D * es});
   }
-  const GemmParams wo{.trans_b = true, .m = d.attn_tile > 0 ? d.attn_tile : L, .n = E, .k = d.H * D, .a_dtype = d.t,
-                      .b_dtype = d.t, .c_dtype = d.t};
+  const GemmParams wo{.trans_b = true, .m = d.attn_tile > 0 ? d.attn_tile : L, .n = E, .k = d.H * D, .a_dtype = d.dtype,
+                      .b_dtype = d.dtype, .c_dtype = d.dtype};
   if (const int64_t b = cpu_gemm_scratch_bytes(wo, o.threads); b > 0)
     projection.items.push_back({"gemm scratch", Tag::kOther, b});
   PlanMoment exchange = m;
@@ -461,16 +461,16 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
   exchange.items.push_back({"attention output all-to-all receive", Tag::kCommunication, Sg * u * D * es});
   // The CPU attention forward kernel's tiles per thread (cpu_attention_forward_scratch_bytes).
   auto forward_tiles = [&](int64_t rows) {
-    const AttentionShape s{.seq_q = rows, .seq_k = rows, .heads = u, .kv_heads = 1, .head_dim = D, .dtype = d.t};
+    const AttentionShape s{.seq_q = rows, .seq_k = rows, .heads = u, .kv_heads = 1, .head_dim = D, .dtype = d.dtype};
     return cpu_attention_forward_scratch_bytes(s, o.threads);
   };
   if (d.R == 1) {
     it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(Sg)});
   } else {  // ring_attention.cc forward: two K/V blocks in flight, fp32 output, chunk LSEs
     const int64_t lc = Sg / 2;
-    it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es});
+    it.push_back({"ring K/V blocks (two)", Tag::kCommunication, 2 * 2 * Sg * w * D * es, {"ring K/V block", "ring K/V block (receive)"}});
     it.push_back({"ring attention output (fp32)", Tag::kAttnWorkspace, Sg * u * D * 4});
-    it.push_back({"ring LSE (chunks) and partial LSE", Tag::kAttnWorkspace, 3 * u * lc * 4});
+    it.push_back({"ring LSE (chunks) and partial LSE", Tag::kAttnWorkspace, 3 * u * lc * 4, {"ring LSE (chunk 0)", "ring LSE (chunk 1)", "ring partial LSE"}});
     it.push_back({"ring partial output (fp32)", Tag::kAttnWorkspace, lc * u * D * 4});
     it.push_back({"attention forward tiles", Tag::kAttnWorkspace, forward_tiles(lc)});
   }
@@ -510,7 +510,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const Dims& d, 
 // scratch for bf16 operands (cpu_gemm_scratch_bytes), the saved output and every saved stage
 // still there. The largest moment
 // only for small models, where those blocks are whole.
-PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+PlanMoment dwo_gemm(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "attention backward (dwo gemm)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, HD = d.H * d.D;
@@ -524,9 +524,9 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
   const bool out_host = d.host.attn_out, by_tiles = dh_host || out_host;
   if (out_host) it.push_back({"attention output rows (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * HD * d.es});
   if (dh_host) it.push_back({"d block output (tile, fetched)", Tag::kAttnWorkspace, d.attn_tile * E * d.es});
-  if (by_tiles && d.t != DType::kF32) it.push_back({"dwo fp32 sums (tiles)", Tag::kAttnWorkspace, E * HD * 4});
-  const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = by_tiles ? d.attn_tile : L, .a_dtype = d.t,
-                       .b_dtype = d.t, .c_dtype = by_tiles && d.t != DType::kF32 ? DType::kF32 : d.t};
+  if (by_tiles && d.dtype != DType::kF32) it.push_back({"dwo fp32 sums (tiles)", Tag::kAttnWorkspace, E * HD * 4});
+  const GemmParams dwo{.trans_a = true, .m = E, .n = HD, .k = by_tiles ? d.attn_tile : L, .a_dtype = d.dtype,
+                       .b_dtype = d.dtype, .c_dtype = by_tiles && d.dtype != DType::kF32 ? DType::kF32 : d.dtype};
   if (const int64_t b = cpu_gemm_scratch_bytes(dwo, o.threads); b > 0) it.push_back({"gemm scratch", Tag::kOther, b});
   return m;
 }
@@ -536,7 +536,7 @@ PlanMoment dwo_gemm(const TrainOptions& o, const Dims& d, const std::vector<Para
 // gemm's buffers, with D of every head, the dO of U heads for a run of rows (a tile of them when
 // dhm or the saved output is in host memory) and that projection's gemm scratch. Empty without
 // early_delta.
-PlanMoment early_delta(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+PlanMoment early_delta(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m = dwo_gemm(o, d, descs);
   m.name = "attention backward (D of every head)";
   if (!o.decoder.early_delta) {
@@ -549,7 +549,7 @@ PlanMoment early_delta(const TrainOptions& o, const Dims& d, const std::vector<P
   const int64_t rows = by_tiles ? std::min(d.attn_tile, d.L) : d.L, U = d.sched.stage_heads;
   m.items.push_back({"attention D (every head)", Tag::kAttnWorkspace, d.H * d.L * 4});
   m.items.push_back({"dO projection (U heads)", Tag::kAttnWorkspace, rows * U * d.D * d.es});
-  const GemmParams proj{.m = rows, .n = U * d.D, .k = d.E, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  const GemmParams proj{.m = rows, .n = U * d.D, .k = d.E, .a_dtype = d.dtype, .b_dtype = d.dtype, .c_dtype = d.dtype};
   if (const int64_t b = cpu_gemm_scratch_bytes(proj, o.threads); b > 0) m.items.push_back({"gemm scratch", Tag::kOther, b});
   return m;
 }
@@ -557,7 +557,7 @@ PlanMoment early_delta(const TrainOptions& o, const Dims& d, const std::vector<P
 // The last block's MLP backward, in a tile (decoder.cc mlp_backward): its gate, up, SwiGLU and
 // their gradient per tile, beside the block's output gradient (turned into dhm in place), the
 // residual hm and what the attention saved.
-PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+PlanMoment mlp_backward(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "MLP backward (last block)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, es = d.es, T = d.mlp_tile, F = o.model.ffn;
@@ -569,8 +569,8 @@ PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<
   it.push_back({"mlp_norm rstd (tile)", Tag::kOther, T * 4});
   // The CPU gemm's scratch (cpu_gemm_scratch_bytes) of the products made while the tile's SwiGLU
   // and its gradient are live: dw_down += dy_t^T s and ds = dy_t w_down.
-  const GemmParams dw_down{.trans_a = true, .m = E, .n = F, .k = T, .a_dtype = d.t, .b_dtype = d.t},
-      ds{.m = T, .n = F, .k = E, .a_dtype = d.t, .b_dtype = d.t, .c_dtype = d.t};
+  const GemmParams dw_down{.trans_a = true, .m = E, .n = F, .k = T, .a_dtype = d.dtype, .b_dtype = d.dtype},
+      ds{.m = T, .n = F, .k = E, .a_dtype = d.dtype, .b_dtype = d.dtype, .c_dtype = d.dtype};
   if (const int64_t b = std::max(cpu_gemm_scratch_bytes(dw_down, o.threads), cpu_gemm_scratch_bytes(ds, o.threads));
       b > 0)
     it.push_back({"gemm scratch", Tag::kOther, b});
@@ -580,7 +580,7 @@ PlanMoment mlp_backward(const TrainOptions& o, const Dims& d, const std::vector<
 // The last block's dx handed out by tiles (head_pipeline.cc hand_out_dx, with tiled_dx): every
 // stage's dq and every round's dk and dv kept, an fp32 dx tile, and the decoder's tiles for the
 // norm backward.
-PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<ParamDesc>& descs) {
+PlanMoment dx_tiles(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs) {
   PlanMoment m{.name = "attention backward (dx by tiles)"};
   auto& it = m.items;
   const int64_t L = d.L, E = d.E, Sg = d.Sg, D = d.D, es = d.es, T = d.mlp_tile;
@@ -596,22 +596,22 @@ PlanMoment dx_tiles(const TrainOptions& o, const Dims& d, const std::vector<Para
     it.push_back({"dk or dv rows (tile, fetched)", Tag::kOther, d.C * std::min(T, L) * w * D * es});
   } else {
     it.push_back({"dq of every stage (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
-                  stages * Sg * u * D * es});
+                  stages * Sg * u * D * es, kept_grad("dq", qk)});
     it.push_back({"dk of every round (kept for dx)", qk ? Tag::kAttnWorkspace : Tag::kCommunication,
-                  rounds * Sg * w * D * es});
-    it.push_back({"dv of every round (kept for dx)", Tag::kCommunication, rounds * Sg * w * D * es});
+                  rounds * Sg * w * D * es, kept_grad("dk", qk)});
+    it.push_back({"dv of every round (kept for dx)", Tag::kCommunication, rounds * Sg * w * D * es, kept_grad("dv", false)});
   }
   it.push_back({"dx (tile, fp32)", Tag::kOther, std::min(T, L) * E * 4});
   const bool x_on_host = offloaded && o.decoder.refetch_inputs;
   it.push_back({"d block input and d attn_norm output (tiles)", Tag::kOther,
-                (d.t != DType::kF32 ? 2 : 1) * std::min(T, L) * E * es});
+                (d.dtype != DType::kF32 ? 2 : 1) * std::min(T, L) * E * es});
   if (x_on_host) it.push_back({"block input (tile, fetched for the norm)", Tag::kOther, std::min(T, L) * E * es});
   return m;
 }
 
 // plan_memory with keep_last_stage resolved (kOn or kOff).
 MemoryPlan plan_resolved(const TrainOptions& o, int ranks) {
-  const Dims d = dims_of(o, ranks);
+  const RunGeometry d = run_geometry(o, ranks);
   const std::vector<ParamDesc> descs = parameter_descriptors(o.model);
   MemoryPlan p;
   p.rows = d.L;
@@ -645,7 +645,7 @@ MemoryPlan plan_resolved(const TrainOptions& o, int ranks) {
   std::erase_if(p.moments, [](const PlanMoment& m) { return m.items.empty(); });  // moments this run lacks
   for (size_t i = 1; i < p.moments.size(); ++i)
     if (p.moments[i].total() > p.moments[p.peak].total()) p.peak = i;
-  p.host_per_rank = host_bytes(o, ranks);
+  p.host_per_rank = host_memory(d).total();
   p.keeps_last_stage = d.keep_last;
   return p;
 }

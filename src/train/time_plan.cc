@@ -17,15 +17,11 @@ DeviceRates assumed_h100_rates() {
 }
 
 std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceRates& rates) {
-  const AttentionConfig ac = padded_config(attention_config(o.model, o.decoder), ranks);
-  const TokenLayout layout = token_layout(ac, ranks);
-  const HeadSchedule sched = make_head_schedule(ac.heads, ac.kv_heads, layout.group(), stage_heads_of(ac, ranks)).value();
-  const double P = ranks, C = layout.group(), R = layout.ring(), L = static_cast<double>(layout.local_tokens());
-  const double Sg = static_cast<double>(layout.group_tokens());
-  const double E = o.model.hidden, H = o.model.heads, D = o.model.head_dim, F = o.model.ffn, V = o.model.vocab;
-  const double Geff = static_cast<double>(sched.kv_eff), N = static_cast<double>(o.model.layers);
-  const double es = dtype_size(o.decoder.dtype), w = static_cast<double>(sched.kv_per_rank);
-  const double stages = static_cast<double>(sched.stages);
+  const RunGeometry g = run_geometry(o, ranks);
+  const HeadSchedule& sched = g.sched;
+  const double P = ranks, C = g.C, R = g.R, L = g.L, Sg = g.Sg;
+  const double E = g.E, H = g.H, D = g.D, F = g.F, V = g.V, N = g.N;
+  const double Geff = sched.kv_eff, es = g.es, w = sched.kv_per_rank, stages = sched.stages;
   const bool upipe = o.decoder.strategy == Strategy::kUPipe;
   const double a2a = (C - 1) / C, shard = (P - 1) / P;  // the part of a buffer a rank sends
 
@@ -39,8 +35,7 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   const double head_params = o.model.tied_embeddings ? embed_params : final_params;
 
   // One block.
-  const BlockWork blk =
-      block_work(ac, ranks, upipe && resolved_decoder_options(o, ranks).keep_last_stage == KeepLastStage::kOn);
+  const BlockWork blk = block_work(g.attention, ranks, g.keep_last);
   const double mlp = 6 * L * E * F;
   // The ring passes each stage's K/V block R - 1 times (and in backward the fp32 dk/dv sums).
   const double ring_kv = (R - 1) * stages * 2 * Sg * w * D * es, ring_dkv = (R - 1) * stages * 2 * Sg * w * D * 4;
@@ -63,7 +58,7 @@ std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceR
   // again (full), or (selective) all but the attention and its output exchange: the output
   // projection from the kept output, the MLP, and q, k and v projected and exchanged again where
   // the strategy keeps them for its backward (not UPipe: its backward projects them).
-  const bool selective = o.decoder.recompute == Recompute::kSelective;
+  const bool selective = g.selective;
   const double re_proj = selective && upipe ? 0 : 1;
   const double re_gemm = selective ? re_proj * blk.projections + blk.output + mlp : fwd_gemm;
   const double re_attention = selective ? 0 : blk.attention;

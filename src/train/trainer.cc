@@ -1,21 +1,29 @@
-// The training loop: see trainer.h.
+// The training loop (trainer.h). train() reads as the run it makes, each line a named step below:
+//   resolve the options' autos                        resolve_run
+//   the sharded model, its weights and the Decoder    load_initial_weights
+//   where the run starts, what it writes              start_step, prepare_outputs, open_metrics
+//   per step:
+//     this rank's positions of the batch's sequences   StepBatch::load, StepBatch::labelled
+//     forward and backward, gradients added            forward_backward
+//     the global gradient norm (and the loss)          grad_norm; first_nonfinite when not finite
+//     clipping and AdamW on the shards                 adamw_update
+//     the step's figures over the ranks                agree_figures -> metrics_line, Progress
+//     a checkpoint when due                            save
+//   the model as a Hugging Face directory (--save-hf)
+// Every collective is called by every rank in the same order; a Status that the user can act on
+// is the same on every rank (first_failure).
 #include "untied/train/trainer.h"
-#include "untied/train/rank_sample.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "untied/attention/head_schedule.h"
 #include "untied/comm/watchdog.h"
 #include "untied/core/file_io.h"
 #include "untied/core/json.h"
@@ -24,6 +32,8 @@
 #include "untied/train/fault.h"
 #include "untied/train/hf_weights.h"
 #include "untied/train/memory_plan.h"
+#include "untied/train/metrics.h"
+#include "untied/train/rank_sample.h"
 #include "untied/dist/sharded_params.h"
 
 namespace untied {
@@ -66,61 +76,6 @@ void say_changed_settings(const TrainOptions& o) {
                  changes.c_str());
 }
 
-// Rewrites a metrics file keeping the lines of steps <= step (atomically: a temporary renamed
-// over it); a missing file is fine (nothing to keep).
-Status keep_metrics_through(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return Status::ok_status();
-  std::stringstream kept;
-  std::string line;
-  while (std::getline(in, line)) {
-    const Json j = Json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step) continue;
-    kept << line << "\n";
-  }
-  if (!write_file_atomically(path, kept.str())) return Status::io_error("cannot rewrite the metrics file " + path);
-  return Status::ok_status();
-}
-
-std::string format_duration(double s) {
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
-  else std::snprintf(buf, sizeof buf, "%.0fs", s);
-  return buf;
-}
-
-// One step's figures, as its metrics line gives them (times in seconds here, ms in the line).
-struct StepMetrics {
-  int64_t step = 0;
-  double loss = 0, accuracy = -1;  // accuracy < 0: the data has no answers (null)
-  double lr = 0, grad_norm = 0, tokens_per_s_per_rank = 0;
-  double step_s = 0, data_s = 0, forward_backward_s = 0, optimizer_s = 0;
-  const MemoryStats* mem = nullptr;  // peaks since the start of the run, max over ranks
-  const OpTimes* ops = nullptr;      // rank 0's kernel ops in this step; null: none timed (a GPU, rehearsal)
-};
-
-std::string metrics_line(const StepMetrics& m) {
-  Json j;
-  j["step"] = m.step;
-  j["loss"] = as_printed("%.6f", m.loss);
-  j["accuracy"] = m.accuracy >= 0 ? Json(as_printed("%f", m.accuracy)) : Json(nullptr);
-  j["lr"] = as_printed("%.6g", m.lr);
-  j["grad_norm"] = as_printed("%.6g", m.grad_norm);
-  j["tokens_per_s_per_rank"] = as_printed("%.1f", m.tokens_per_s_per_rank);
-  j["step_ms"] = as_printed("%.2f", m.step_s * 1e3);
-  j["phase_ms"] = Json{{"data", as_printed("%.2f", m.data_s * 1e3)},
-                       {"forward_backward", as_printed("%.2f", m.forward_backward_s * 1e3)},
-                       {"optimizer", as_printed("%.2f", m.optimizer_s * 1e3)}};
-  if (m.ops != nullptr) {  // rank 0's own time in each kernel op this step; the rest is communication and glue
-    Json ops = Json::object();
-    for (const auto& [name, sec] : m.ops->seconds) ops[std::string(name)] = as_printed("%.2f", sec * 1e3);
-    j["op_ms"] = ops;
-  }
-  j["peak_bytes_by_tag"] = peak_bytes_by_tag(*m.mem);
-  return json_line(j);
-}
-
 }  // namespace
 
 float learning_rate(const TrainOptions& o, int64_t s) {
@@ -150,80 +105,24 @@ Status validate(const TrainOptions& o, int ranks) {
   if (o.host_budget_bytes < 0 || o.ranks_per_node < 1)
     return Status::invalid_argument("--host-budget must be >= 0 and the ranks per node >= 1");
   if (o.host_budget_bytes > 0) {
-    const int64_t need = host_bytes(o, ranks), share = o.host_budget_bytes / o.ranks_per_node;
-    const int64_t grads = need - offloaded_input_bytes(o, ranks);
-    if (need > share)
+    const HostMemory need = host_memory(o, ranks);
+    const int64_t share = o.host_budget_bytes / o.ranks_per_node, beside = need.beside_inputs();
+    const RunGeometry g = run_geometry(o, ranks);
+    if (need.total() > share)
       return Status::invalid_argument(
           "the offloaded block inputs" +
-          (grads > 0 ? " and one block's gradients and attention output waiting there (" + format_bytes(grads) + ")" : std::string()) +
-          " need " + format_bytes(need) + " of host memory per rank (" +
-          std::to_string(offloaded_inputs(o.model, o.decoder)) + " blocks of " +
-          std::to_string(padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks) + " x " +
-          std::to_string(o.model.hidden) + " " + std::string(dtype_name(o.decoder.dtype)) + "), " +
-          format_bytes(need * o.ranks_per_node) + " per node of " + std::to_string(o.ranks_per_node) +
+          (beside > 0 ? " and one block's gradients and attention output waiting there (" + format_bytes(beside) + ")" : std::string()) +
+          " need " + format_bytes(need.total()) + " of host memory per rank (" + std::to_string(g.offloaded_blocks) +
+          " blocks of " + std::to_string(g.L) + " x " + std::to_string(g.E) + " " + std::string(dtype_name(g.dtype)) +
+          "), " + format_bytes(need.total() * o.ranks_per_node) + " per node of " + std::to_string(o.ranks_per_node) +
           " ranks, over --host-budget " + format_bytes(o.host_budget_bytes) +
           ": offload fewer blocks (--keep-inputs K, --offload-every N), shorten --seq, or raise --host-budget");
   }
   return Status::ok_status();
 }
 
-int64_t offloaded_input_bytes(const TrainOptions& o, int ranks) {
-  if (!o.offload_inputs) return 0;
-  const int64_t L = padded_config(attention_config(o.model, o.decoder), ranks).seq / ranks;
-  return offloaded_inputs(o.model, o.decoder) * L * o.model.hidden * dtype_size(o.decoder.dtype);
-}
-
-int64_t grad_stash_bytes(const TrainOptions& o, int ranks) {
-  const DecoderOptions& d = o.decoder;
-  const AttentionConfig ac = padded_config(attention_config(o.model, d), ranks);
-  if (!host_parts(o.model, d, ac.seq / ranks, o.offload_inputs).grads || d.strategy == Strategy::kLocal) return 0;
-  const TokenLayout layout = token_layout(ac, ranks);
-  const HeadSchedule sched =
-      make_head_schedule(ac.heads, ac.kv_heads, layout.group(), stage_heads_of(ac, ranks)).value();
-  const int64_t rounds = sched.stages / sched.stages_per_round;
-  return layout.group_tokens() * (sched.stages * sched.q_per_rank + 2 * rounds * sched.kv_per_rank) *
-         o.model.head_dim * dtype_size(d.dtype);
-}
-
-int64_t dh_host_bytes(const TrainOptions& o, int ranks) {
-  const DecoderOptions& d = o.decoder;
-  const int64_t L = padded_config(attention_config(o.model, d), ranks).seq / ranks;
-  if (!host_parts(o.model, d, L, o.offload_inputs).dh) return 0;
-  return L * o.model.hidden * dtype_size(d.dtype);
-}
-
-int64_t attn_out_host_bytes(const TrainOptions& o, int ranks) {
-  const DecoderOptions& d = o.decoder;
-  const int64_t L = padded_config(attention_config(o.model, d), ranks).seq / ranks;
-  if (!host_parts(o.model, d, L, o.offload_inputs).attn_out) return 0;
-  return L * o.model.heads * o.model.head_dim * dtype_size(d.dtype);
-}
-
-int64_t host_bytes(const TrainOptions& o, int ranks) {
-  // A block's saved output is freed as its backward begins (D computed), the kept gradients come
-  // after: they overlap only with dhm.
-  // With Recompute::kSelective every block's output waits there from its forward on: the other
-  // N - 1 blocks' are beside the one in use.
-  const int64_t a = attn_out_host_bytes(o, ranks);
-  return offloaded_input_bytes(o, ranks) + dh_host_bytes(o, ranks) + kept_outputs_host_bytes(o, ranks) +
-         std::max(grad_stash_bytes(o, ranks), a);
-}
-
-int64_t kept_outputs_host_bytes(const TrainOptions& o, int ranks) {
-  if (o.decoder.recompute != Recompute::kSelective) return 0;
-  return (o.model.layers - 1) * attn_out_host_bytes(o, ranks);
-}
-
-DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks) {
-  DecoderOptions d = o.decoder;
-  // A selective recompute projects none of upipe's stages: there is no last stage to keep.
-  if (d.recompute == Recompute::kSelective) d.keep_last_stage = KeepLastStage::kOff;
-  if (d.strategy == Strategy::kUPipe && d.keep_last_stage == KeepLastStage::kAuto) {
-    // Where the closed forms do not cover the run (a window), memory first: not kept.
-    const bool keep = validate_plan(o, ranks).ok() && plan_memory(o, ranks).keeps_last_stage;
-    d.keep_last_stage = keep ? KeepLastStage::kOn : KeepLastStage::kOff;
-  }
-  return d;
+RunGeometry run_geometry(const TrainOptions& o, int ranks) {
+  return run_geometry(o.model, o.decoder, ranks, o.offload_inputs);
 }
 
 RecomputeChoice choose_recompute(const TrainOptions& o, int ranks, const MachineMemory& machine) {
@@ -236,7 +135,7 @@ RecomputeChoice choose_recompute(const TrainOptions& o, int ranks, const Machine
   sel.host_budget_bytes = 0;  // (weighed below, beside the other limits)
   if (!validate_plan(sel, ranks).ok())
     return full("the memory plan does not cover this run, and nothing is kept that it has not counted");
-  const int64_t device = plan_memory(sel, ranks).peak_total(), host = host_bytes(sel, ranks);
+  const int64_t device = plan_memory(sel, ranks).peak_total(), host = host_memory(sel, ranks).total();
   struct Limit {
     int64_t need, have;
     std::string what;
@@ -264,6 +163,30 @@ RecomputeChoice choose_recompute(const TrainOptions& o, int ranks, const Machine
                                      tight.what + ", " + format_bytes(tight.have) + ")"};
 }
 
+StatusOr<ResolvedRun> resolve_run(const TrainOptions& asked, int ranks, const MachineMemory& machine) {
+  ResolvedRun r;
+  r.o = asked;
+  TrainOptions& o = r.o;
+  if (o.decoder.recompute == Recompute::kAuto) {  // a real error first, as itself
+    TrainOptions full = o;
+    full.decoder.recompute = Recompute::kFull;
+    if (Status s = validate(full, ranks); !s.ok()) return s;
+    const RecomputeChoice c = choose_recompute(o, ranks, machine);
+    o.decoder.recompute = c.recompute;
+    r.recompute_why = c.why;
+  }
+  if (Status s = validate(o, ranks); !s.ok()) return s;
+  // A selective recompute projects none of upipe's stages: there is no last stage to keep.
+  if (o.decoder.recompute == Recompute::kSelective) o.decoder.keep_last_stage = KeepLastStage::kOff;
+  if (o.decoder.strategy == Strategy::kUPipe && o.decoder.keep_last_stage == KeepLastStage::kAuto) {
+    // Where the closed forms do not cover the run (a window), memory first: not kept.
+    const bool keep = validate_plan(o, ranks).ok() && plan_memory(o, ranks).keeps_last_stage;
+    o.decoder.keep_last_stage = keep ? KeepLastStage::kOn : KeepLastStage::kOff;
+  }
+  r.g = run_geometry(o, ranks);
+  return r;
+}
+
 StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const TrainOptions& o) {
   Status vs = validate(o, comm.size());  // before the device takes o.threads
   if (!vs.ok()) return vs;
@@ -272,93 +195,263 @@ StatusOr<TrainSummary> train(Communicator& comm, const DataSource& data, const T
   return train(*dev, comm, comm, data, o);
 }
 
+namespace {
+
+// ---- the steps of a run, in the order train() takes them ----------------------------------------
+
+// The initial weights: the Hugging Face model's, when one is given and the run does not resume
+// (every rank opens and checks the files, then reads its own shards); else the initialisation.
+Status load_initial_weights(const TrainOptions& o, Device& dev, Communicator& comm, ShardedParams& params) {
+  params.init(parameter_init(o.model, o.seed));
+  if (o.hf_model.empty() || o.resume) return Status::ok_status();
+  auto w = HfWeights::open(o.hf_model);
+  Status s = w.ok() ? w.value().check(o.model) : w.status();
+  if (s.ok() && dev.backed()) s = load_hf_weights(w.value(), params);
+  return first_failure(comm, s);
+}
+
+// The step the run starts after: the resumed checkpoint's (its state loaded into params), or 0. A
+// new run refuses a directory that holds a checkpoint, on every rank if any sees one (ranks may
+// see different filesystems).
+StatusOr<int64_t> start_step(const TrainOptions& o, Communicator& comm, const std::string& id, ShardedParams& params) {
+  if (o.resume) {
+    auto step = load_checkpoint(comm, o.checkpoint_dir, id, params);
+    if (step.ok() && comm.rank() == 0) say_changed_settings(o);
+    return step;
+  }
+  if (o.checkpoint_dir.empty()) return int64_t{0};
+  const Status s = checkpoint_exists(o.checkpoint_dir)
+                       ? Status::invalid_argument("--checkpoint-dir " + o.checkpoint_dir +
+                                                  " already holds a checkpoint: pass --resume to continue it, or "
+                                                  "choose a new directory")
+                       : Status::ok_status();
+  if (Status all = first_failure(comm, s); !all.ok()) return all;
+  return int64_t{0};
+}
+
+// Before any step: the model's config.json beside the checkpoints (for `untied eval` and `untied
+// export`), and a --save-hf directory that holds no model yet (its old shards would otherwise be
+// read in place of the new file).
+Status prepare_outputs(const TrainOptions& o, Communicator& comm) {
+  Status s;
+  if (comm.rank() == 0 && !o.checkpoint_dir.empty() && !o.rehearsal)
+    s = write_hf_config(o.checkpoint_dir, o.model,
+                        SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
+                                      .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json"});
+  if (s.ok() && comm.rank() == 0 && !o.save_hf.empty()) s = check_hf_output_dir(o.save_hf, "--save-hf");
+  return first_failure(comm, s);
+}
+
+// Rank 0's metrics file (none elsewhere, or without --metrics); the open's error on every rank.
+StatusOr<MetricsFile> open_metrics(const TrainOptions& o, Communicator& comm, int64_t start) {
+  StatusOr<MetricsFile> m = MetricsFile();
+  if (comm.rank() == 0 && !o.metrics_path.empty()) m = MetricsFile::open(o.metrics_path, start);
+  if (Status all = first_failure(comm, m.ok() ? Status::ok_status() : m.status()); !all.ok()) return all;
+  return m;
+}
+
+// This rank's share of one step's sequences, on the host (the decoder copies ids and labels to
+// the device): its L positions of each of the batch's B sequences, and each sequence's mask.
+struct StepBatch {
+  StepBatch(const TrainOptions& o, const RunGeometry& g, int rank)
+      : B(o.batch), L(g.L), positions(g.layout.rank_segments(rank)),
+        shape{.seq = g.S, .padded_seq = g.Sp, .window = o.window, .doc_mask = o.doc_mask},
+        tokens(static_cast<size_t>(B * L)), labels(tokens.size()), answer(tokens.size()) {}
+
+  // Samples step*B .. step*B + B - 1 of the data (nothing in a rehearsal: no data is read).
+  Status load(const DataSource& data, int64_t step, bool backed) {
+    masks.assign(static_cast<size_t>(B), SequenceMask(shape.seq, shape.window).padded_to(shape.padded_seq));
+    for (int64_t b = 0; b < B && backed; ++b)
+      if (Status s = fill_rank_sample(data, step * B + b, shape, positions, token(b), label(b), answers(b), &masks[b]);
+          !s.ok())
+        return s;
+    return Status::ok_status();
+  }
+  // The labelled tokens of the step over all ranks (collective); any positive count in a
+  // rehearsal.
+  int64_t labelled(Communicator& comm, bool backed) const {
+    int64_t count = backed ? 0 : B * L;
+    for (int64_t i = 0; i < B * L && backed; ++i) count += labels[i] != kIgnoreIndex;
+    comm.all_reduce(&count, &count, 1, DType::kI64, ReduceOp::kSum);
+    return count;
+  }
+  int32_t* token(int64_t b) { return tokens.data() + b * L; }
+  int32_t* label(int64_t b) { return labels.data() + b * L; }
+  uint8_t* answers(int64_t b) { return answer.data() + b * L; }
+
+  const int64_t B, L;
+  const std::vector<TokenSegment> positions;  // the rank's rows: one run, or two with a ring
+  const SampleShape shape;
+  std::vector<int32_t> tokens, labels;
+  std::vector<uint8_t> answer;
+  std::vector<SequenceMask> masks;
+};
+
+// The step's sums over its sequences on this rank, and the first sequence whose loss is not
+// finite here (-1: none).
+struct BatchSums {
+  StepSums sums;
+  int64_t nonfinite_sample = -1;
+};
+
+// Forward and backward of every sequence of the batch, their gradients added into params.
+BatchSums forward_backward(Decoder& decoder, ShardedParams& params, StepBatch& batch, int64_t count) {
+  BatchSums r;
+  for (int64_t b = 0; b < batch.B; ++b) {
+    const StepSums one = decoder.forward_backward(params, batch.token(b), batch.label(b), batch.answers(b), count,
+                                                  batch.masks[static_cast<size_t>(b)]);
+    if (!std::isfinite(one.loss_sum) && r.nonfinite_sample < 0) r.nonfinite_sample = b;
+    r.sums.loss_sum += one.loss_sum;
+    r.sums.answers += one.answers;
+    r.sums.correct += one.correct;
+  }
+  return r;
+}
+
+// The global gradient norm and the step's loss sum over all ranks (one all-reduce), and this
+// rank's sum of squares of each parameter's gradient shard (to name a non-finite one).
+struct GradNorm {
+  double sum_squares = 0, norm = 0, loss_sum = 0;  // over all ranks
+  std::vector<double> squares;                     // per parameter, this rank's
+  bool finite() const { return std::isfinite(sum_squares) && std::isfinite(loss_sum); }
+};
+
+GradNorm grad_norm(Device& dev, Communicator& comm, const ShardedParams& params, double loss_sum) {
+  GradNorm g;
+  g.squares.resize(static_cast<size_t>(params.num_params()));
+  double sums[2] = {0, loss_sum};
+  for (int i = 0; i < params.num_params(); ++i) {
+    g.squares[i] = grad_sum_squares(dev, params.grad(i), params.owned_elems(i));
+    sums[0] += g.squares[i];
+  }
+  comm.all_reduce(sums, sums, 2, DType::kF64, ReduceOp::kSum);
+  g.sum_squares = sums[0];
+  g.norm = std::sqrt(sums[0]);
+  g.loss_sum = sums[1];
+  return g;
+}
+
+// For a step whose loss or gradient norm is not finite (collective): the first non-finite tensor
+// over all ranks, as the messages name it: the loss (with the first activation that went), else
+// a parameter's gradient.
+std::string first_nonfinite(Communicator& comm, ShardedParams& params, Decoder& decoder, StepBatch& batch,
+                            const GradNorm& g, int64_t nonfinite_sample) {
+  int64_t first = params.num_params();
+  for (int i = 0; i < params.num_params() && first == params.num_params(); ++i)
+    if (!std::isfinite(g.squares[i])) first = i;
+  comm.all_reduce(&first, &first, 1, DType::kI64, ReduceOp::kMin);
+  if (std::isfinite(g.loss_sum))
+    return first < params.num_params() ? "the gradient of " + params.desc(static_cast<int>(first)).name
+                                       : "the gradient norm (it overflowed)";
+  int64_t b = nonfinite_sample < 0 ? batch.B : nonfinite_sample;  // the forward: which activation went first
+  comm.all_reduce(&b, &b, 1, DType::kI64, ReduceOp::kMin);
+  const std::string act =
+      b < batch.B ? decoder.first_nonfinite_activation(params, batch.token(b), batch.masks[static_cast<size_t>(b)])
+                  : std::string();
+  return act.empty() ? "the loss" : "the loss (the first non-finite activation: " + act + ")";
+}
+
+// Clipping to o.clip and one AdamW step (1-based `step`) on this rank's shards.
+void adamw_update(Device& dev, const ShardedParams& params, const TrainOptions& o, float lr, int64_t step,
+                  double norm) {
+  const float scale = o.clip > 0 && norm > o.clip ? static_cast<float>(o.clip / norm) : 1.0f;
+  for (int i = 0; i < params.num_params(); ++i) {
+    if (scale != 1.0f) scale_in_place(dev, params.grad(i), params.owned_elems(i), scale);
+    adamw_step(dev, params.master(i), params.moment1(i), params.moment2(i), params.grad(i), params.owned_elems(i),
+               AdamWParams{.lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+                           .step = step, .decay = params.desc(i).decay});
+  }
+}
+
+// A step's figures agreed over the ranks (collective): its mean loss and answer accuracy, the
+// memory peaks since the start (max over ranks), the slowest rank's time.
+struct StepFigures {
+  double loss = 0, accuracy = -1, step_s = 0;
+  MemoryStats mem;
+  int64_t host_peak = 0;
+};
+
+StepFigures agree_figures(Communicator& comm, const Allocator& alloc, const Allocator& host, const StepSums& st,
+                          int64_t count, double step_s) {
+  StepFigures f;
+  double vals[3] = {st.loss_sum, static_cast<double>(st.answers), static_cast<double>(st.correct)};
+  comm.all_reduce(vals, vals, 3, DType::kF64, ReduceOp::kSum);
+  f.loss = count > 0 ? vals[0] / count : 0.0;
+  f.accuracy = vals[1] > 0 ? vals[2] / vals[1] : -1.0;
+  f.mem = alloc.stats();
+  for (auto& p : f.mem.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
+  comm.all_reduce(&f.mem.peak_total, &f.mem.peak_total, 1, DType::kI64, ReduceOp::kMax);
+  f.host_peak = host.stats().peak_total;
+  comm.all_reduce(&f.host_peak, &f.host_peak, 1, DType::kI64, ReduceOp::kMax);
+  f.step_s = step_s;
+  comm.all_reduce(&f.step_s, &f.step_s, 1, DType::kF64, ReduceOp::kMax);
+  return f;
+}
+
+// The state at `step` (1-based) into the checkpoint directory, with the schedule's settings
+// beside it (for a resume to compare with) and only the newest o.keep kept; the same Status on
+// every rank.
+Status save(const TrainOptions& o, Communicator& comm, int64_t step, const std::string& id, ShardedParams& params) {
+  watchdog_note(1, "checkpoint save");
+  Status s = save_checkpoint(comm, o.checkpoint_dir, step, id, params);
+  if (s.ok() && comm.rank() == 0) {
+    const std::string run = o.checkpoint_dir + "/run.json";
+    if (!write_file_atomically(run, run_settings(o).dump(2) + "\n")) s = Status::io_error("cannot write " + run);
+  }
+  if (s.ok() && o.keep > 0 && comm.rank() == 0) s = remove_old_checkpoints(o.checkpoint_dir, o.keep);
+  return first_failure(comm, s);
+}
+
+// ---- fault injection (tests only: fault.h) ------------------------------------------------------
+
+// A NaN in the fault's parameter's master shard (kNanWeight) or gradient shard (kNanGradient), at
+// its step, where this rank owns elements of it.
+void inject_nan(const Fault& f, FaultKind kind, int64_t step, Device& dev, const ShardedParams& params) {
+  if (f.kind != kind || f.step != step || !dev.backed()) return;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int i = std::min(f.param, params.num_params() - 1);
+  if (params.owned_elems(i) > 0)
+    dev.copy(kind == FaultKind::kNanWeight ? params.master(i) : params.grad(i), &nan, sizeof nan);
+}
+
+}  // namespace
+
 StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& comm, const DataSource& data,
-                             const TrainOptions& o) {
+                             const TrainOptions& asked) {
   UNTIED_CHECK(dev_comm.size() == comm.size() && dev_comm.rank() == comm.rank(),
                "train: the device communicator must have the ranks of the host one");
-  Status vs = validate(o, comm.size());
-  if (!vs.ok()) return vs;
+  if (Status s = validate(asked, comm.size()); !s.ok()) return s;
+  auto resolved = resolve_run(asked, comm.size(), MachineMemory{});
+  if (!resolved.ok()) return resolved.status();
+  const TrainOptions& o = resolved.value().o;
+  const RunGeometry& g = resolved.value().g;
   if (data.vocab_size() > o.model.vocab)
     return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
                                     ") is larger than the model's (" + std::to_string(o.model.vocab) + ")");
+
+  // The model: its sharded state, and the Decoder. Offloaded block inputs live in host memory
+  // (page-locked on a GPU), counted apart from the device budget.
   Allocator& alloc = dev.allocator();
   ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype);
-  params.init(parameter_init(o.model, o.seed));
-  if (!o.hf_model.empty() && !o.resume) {  // every rank opens and checks the files, then reads its shards
-    auto w = HfWeights::open(o.hf_model);
-    Status ws = w.ok() ? w.value().check(o.model) : w.status();
-    if (ws.ok() && dev.backed()) ws = load_hf_weights(w.value(), params);
-    ws = first_failure(comm, ws);
-    if (!ws.ok()) return ws;
-  }
-  // Offloaded block inputs live in host memory (page-locked on a GPU): counted apart from the
-  // device budget.
+  if (Status s = load_initial_weights(o, dev, comm, params); !s.ok()) return s;
   Allocator host(o.rehearsal || !dev.backed() ? make_counting_memory() : dev.host_memory(),
                  Allocator::Options{.budget_bytes = o.host_budget_bytes / o.ranks_per_node, .name = "host"});
-  Decoder decoder(dev, dev_comm, o.model, resolved_decoder_options(o, comm.size()), o.offload_inputs ? &host : nullptr);
+  Decoder decoder(dev, dev_comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
+
+  // Where the run starts and what it writes.
   const std::string id = identity(o, comm.size(), data);
+  auto started = start_step(o, comm, id, params);
+  if (!started.ok()) return started.status();
+  const int64_t start = started.value();
+  if (Status s = prepare_outputs(o, comm); !s.ok()) return s;
+  auto opened = open_metrics(o, comm, start);
+  if (!opened.ok()) return opened.status();
+  MetricsFile metrics = std::move(opened).value();
 
-  int64_t start = 0;
-  if (o.resume) {
-    auto step = load_checkpoint(comm, o.checkpoint_dir, id, params);
-    if (!step.ok()) return step.status();
-    start = step.value();
-    if (comm.rank() == 0) say_changed_settings(o);
-  } else if (!o.checkpoint_dir.empty()) {
-    // Any rank seeing a checkpoint there refuses for all (ranks may see different filesystems).
-    const Status es = checkpoint_exists(o.checkpoint_dir)
-                          ? Status::invalid_argument("--checkpoint-dir " + o.checkpoint_dir +
-                                                     " already holds a checkpoint: pass --resume to continue it, or "
-                                                     "choose a new directory")
-                          : Status::ok_status();
-    const Status all = first_failure(comm, es);
-    if (!all.ok()) return all;
-  }
-
-  // Before any step: the model's config.json beside the checkpoints (for `untied eval` and
-  // `untied export`), and a --save-hf directory that holds no model yet (its old shards would
-  // otherwise be read in place of the new file).
-  {
-    Status cs;
-    if (comm.rank() == 0 && !o.checkpoint_dir.empty() && !o.rehearsal)
-      cs = write_hf_config(o.checkpoint_dir, o.model,
-                           SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
-                                         .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json"});
-    if (cs.ok() && comm.rank() == 0 && !o.save_hf.empty()) cs = check_hf_output_dir(o.save_hf, "--save-hf");
-    cs = first_failure(comm, cs);
-    if (!cs.ok()) return cs;
-  }
-
-  // A resumed run's metrics continue the file from the checkpoint's step: the lines of later
-  // steps (written before an interruption) are dropped first, so no step appears twice.
-  FILE* metrics = nullptr;
-  Status ms;
-  if (comm.rank() == 0 && !o.metrics_path.empty()) {
-    if (start > 0) ms = keep_metrics_through(o.metrics_path, start);
-    if (ms.ok()) metrics = std::fopen(o.metrics_path.c_str(), start > 0 ? "a" : "w");
-    if (ms.ok() && metrics == nullptr) ms = Status::io_error("cannot write the metrics file " + o.metrics_path);
-  }
-  ms = first_failure(comm, ms);
-  if (!ms.ok()) return ms;
   const Fault fault = fault_from_environment(comm.rank());
   int64_t skipped = 0;  // non-finite steps skipped (skip_nonfinite)
-
-  // S real tokens per sequence, run as Sp (padded to what the ranks divide: the padding is one
-  // more document, with no labels).
-  const int64_t S = o.decoder.seq, Sp = decoder.padded_seq(), L = Sp / comm.size();
-  const int64_t B = o.batch;
-  // The positions this rank holds: one run, or two with a ring (token_layout.h).
-  const std::vector<TokenSegment> positions =
-      token_layout(padded_config(attention_config(o.model, o.decoder), comm.size()), comm.size())
-          .rank_segments(comm.rank());
-  // This rank's positions of the step's sequences, on the host (the decoder copies ids and labels
-  // to the device).
-  std::vector<int32_t> tokens(static_cast<size_t>(B * L)), labels(tokens.size());
-  std::vector<uint8_t> answer(tokens.size());
-  const SampleShape shape{.seq = S, .padded_seq = Sp, .window = o.window, .doc_mask = o.doc_mask};
-
-  // Each kernel op's time per step, for the metrics (CPU ranks); unset when train returns.
-  OpTimes op_times;
+  StepBatch batch(o, g, comm.rank());
+  OpTimes op_times;  // each kernel op's time per step, for the metrics (CPU ranks); unset on return
   struct OpTimesGuard {
     Device& dev;
     ~OpTimesGuard() { dev.op_times = nullptr; }
@@ -368,182 +461,78 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   TrainSummary sum;
   sum.first_step = start;
   const int64_t end = o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
-  const double t_begin = now_s();
+  Progress progress(start, end, o.steps, comm.rank() == 0 && o.progress);
   for (int64_t s = start; s < end; ++s) {
-    watchdog_note(0, "step " + std::to_string(s + 1));
+    const int64_t step = s + 1;
+    watchdog_note(0, "step " + std::to_string(step));
     watchdog_note(1, "data");
-    fault_at_step_start(fault, s + 1, comm);  // tests only
-    if (fault.kind == FaultKind::kNanWeight && fault.step == s + 1 && dev.backed()) {  // tests only
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      const int i = std::min(fault.param, params.num_params() - 1);
-      if (params.owned_elems(i) > 0) dev.copy(params.master(i), &nan, sizeof nan);
-    }
+    fault_at_step_start(fault, step, comm);
+    inject_nan(fault, FaultKind::kNanWeight, step, dev, params);
     op_times.seconds.clear();
     const double t0 = now_s();
-    Status ds;
-    std::vector<SequenceMask> masks(static_cast<size_t>(B), SequenceMask(S, o.window).padded_to(Sp));
-    for (int64_t b = 0; b < B && ds.ok() && dev.backed(); ++b)
-      ds = fill_rank_sample(data, s * B + b, shape, positions, tokens.data() + b * L, labels.data() + b * L,
-                            answer.data() + b * L, &masks[b]);
-    ds = first_failure(comm, ds);
-    if (!ds.ok()) {
-      if (metrics) std::fclose(metrics);
-      return ds;
-    }
-    int64_t count = dev.backed() ? 0 : B * L;  // rehearsal: no data, any positive count
-    for (int64_t i = 0; i < B * L && dev.backed(); ++i) count += labels[i] != kIgnoreIndex;
-    comm.all_reduce(&count, &count, 1, DType::kI64, ReduceOp::kSum);
+    if (Status ds = first_failure(comm, batch.load(data, s, dev.backed())); !ds.ok()) return ds;
+    const int64_t count = batch.labelled(comm, dev.backed());
     const double t1 = now_s();
 
-    StepSums st;
-    int64_t nan_sample = -1;  // the first micro-batch whose loss is not finite on this rank
     watchdog_note(1, "forward and backward");
-    fault_before_forward(fault, s + 1, dev_comm);  // tests only
-    for (int64_t b = 0; b < B; ++b) {
-      const StepSums one =
-          decoder.forward_backward(params, tokens.data() + b * L, labels.data() + b * L, answer.data() + b * L, count,
-                                   masks[b]);
-      if (!std::isfinite(one.loss_sum) && nan_sample < 0) nan_sample = b;
-      st.loss_sum += one.loss_sum;
-      st.answers += one.answers;
-      st.correct += one.correct;
-    }
+    fault_before_forward(fault, step, dev_comm);
+    BatchSums st = forward_backward(decoder, params, batch, count);
     const double t2 = now_s();
+    inject_nan(fault, FaultKind::kNanGradient, step, dev, params);
+    if (fault.kind == FaultKind::kNanLoss && fault.step == step) st.sums.loss_sum = std::numeric_limits<double>::quiet_NaN();
 
-    if (fault.kind == FaultKind::kNanGradient && fault.step == s + 1 && dev.backed()) {  // tests only
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      const int i = std::min(fault.param, params.num_params() - 1);
-      if (params.owned_elems(i) > 0) dev.copy(params.grad(i), &nan, sizeof nan);
-    }
-    if (fault.kind == FaultKind::kNanLoss && fault.step == s + 1) st.loss_sum = std::numeric_limits<double>::quiet_NaN();
-
-    // Global gradient norm, clipping, AdamW.
     watchdog_note(1, "optimizer");
     alloc.set_phase(Phase::kOptimizer);
-    std::vector<double> sq_of(static_cast<size_t>(params.num_params()));
-    double sq = 0;
-    for (int i = 0; i < params.num_params(); ++i) {
-      sq_of[i] = grad_sum_squares(dev, params.grad(i), params.owned_elems(i));
-      sq += sq_of[i];
-    }
-    double checks[2] = {sq, st.loss_sum};
-    comm.all_reduce(checks, checks, 2, DType::kF64, ReduceOp::kSum);
-    sq = checks[0];
-    const double norm = std::sqrt(sq);
-    if (!std::isfinite(checks[0]) || !std::isfinite(checks[1])) {
-      // The first non-finite tensor over all ranks: the loss, else a parameter's gradient.
-      int64_t first = params.num_params();
-      for (int i = 0; i < params.num_params() && first == params.num_params(); ++i)
-        if (!std::isfinite(sq_of[i])) first = i;
-      comm.all_reduce(&first, &first, 1, DType::kI64, ReduceOp::kMin);
-      std::string what = first < params.num_params() ? "the gradient of " + params.desc(static_cast<int>(first)).name
-                                                     : "the gradient norm (it overflowed)";
-      if (!std::isfinite(checks[1])) {  // the forward: which activation went first
-        int64_t b = nan_sample < 0 ? B : nan_sample;
-        comm.all_reduce(&b, &b, 1, DType::kI64, ReduceOp::kMin);
-        const std::string act =
-            b < B ? decoder.first_nonfinite_activation(params, tokens.data() + b * L, masks[static_cast<size_t>(b)])
-                  : std::string();
-        what = act.empty() ? "the loss" : "the loss (the first non-finite activation: " + act + ")";
-      }
+    const GradNorm norm = grad_norm(dev, comm, params, st.sums.loss_sum);
+    if (!norm.finite()) {
+      const std::string what = first_nonfinite(comm, params, decoder, batch, norm, st.nonfinite_sample);
       params.zero_grads();
       alloc.set_phase(Phase::kSetup);
-      if (skipped < o.skip_nonfinite) {
-        ++skipped;
-        if (comm.rank() == 0)
-          std::fprintf(stderr, "untied train: step %lld: %s is not finite; the update is skipped (%lld of %lld "
-                               "allowed by --skip-nonfinite)\n",
-                       (long long)(s + 1), what.c_str(), (long long)skipped, (long long)o.skip_nonfinite);
-        if (metrics) {
-          Json j;
-          j["step"] = s + 1;
-          j["skipped"] = true;
-          j["loss"] = as_printed("%.6f", count > 0 ? checks[1] / count : 0.0);
-          j["grad_norm"] = as_printed("%.6g", norm);
-          j["nonfinite"] = what;
-          std::fprintf(metrics, "%s\n", json_line(j).c_str());
-          std::fflush(metrics);
-        }
-        continue;
-      }
-      if (metrics) std::fclose(metrics);
-      return Status::invalid_argument(
-          "step " + std::to_string(s + 1) + ": " + what + " is not finite (NaN or Inf); training stopped before the "
-          "update, and " + (o.checkpoint_dir.empty() ? std::string("no checkpoint was asked for")
-                                                     : "the last checkpoint in " + o.checkpoint_dir + " is kept") +
-          ". Lower --lr, raise --warmup, use --clip, or pass --skip-nonfinite N to skip up to N such steps");
+      if (skipped == o.skip_nonfinite)
+        return Status::invalid_argument(
+            "step " + std::to_string(step) + ": " + what + " is not finite (NaN or Inf); training stopped before the "
+            "update, and " + (o.checkpoint_dir.empty() ? std::string("no checkpoint was asked for")
+                                                       : "the last checkpoint in " + o.checkpoint_dir + " is kept") +
+            ". Lower --lr, raise --warmup, use --clip, or pass --skip-nonfinite N to skip up to N such steps");
+      ++skipped;
+      if (comm.rank() == 0)
+        std::fprintf(stderr, "untied train: step %lld: %s is not finite; the update is skipped (%lld of %lld "
+                             "allowed by --skip-nonfinite)\n",
+                     (long long)step, what.c_str(), (long long)skipped, (long long)o.skip_nonfinite);
+      Status ms = metrics.write(Json{{"step", step}, {"skipped", true},
+                                     {"loss", as_printed("%.6f", count > 0 ? norm.loss_sum / count : 0.0)},
+                                     {"grad_norm", as_printed("%.6g", norm.norm)}, {"nonfinite", what}});
+      if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok()) return ms;
+      continue;
     }
-    const float scale = o.clip > 0 && norm > o.clip ? static_cast<float>(o.clip / norm) : 1.0f;
     const float lr = learning_rate(o, s);
-    for (int i = 0; i < params.num_params(); ++i) {
-      if (scale != 1.0f) scale_in_place(dev, params.grad(i), params.owned_elems(i), scale);
-      adamw_step(dev, params.master(i), params.moment1(i), params.moment2(i), params.grad(i), params.owned_elems(i),
-                 AdamWParams{.lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
-                             .weight_decay = o.weight_decay, .step = s + 1, .decay = params.desc(i).decay});
-    }
+    adamw_update(dev, params, o, lr, step, norm.norm);
     params.zero_grads();
     alloc.set_phase(Phase::kSetup);
     const double t3 = now_s();
 
-    double vals[4] = {st.loss_sum, static_cast<double>(st.answers), static_cast<double>(st.correct), 0};
-    comm.all_reduce(vals, vals, 3, DType::kF64, ReduceOp::kSum);
-    const double loss = count > 0 ? vals[0] / count : 0.0;
-    const double acc = vals[1] > 0 ? vals[2] / vals[1] : -1.0;
-    MemoryStats mem = alloc.stats();  // peaks since the start of the run
-    for (auto& p : mem.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
-    comm.all_reduce(&mem.peak_total, &mem.peak_total, 1, DType::kI64, ReduceOp::kMax);
-    sum.peak = mem;
+    const StepFigures f = agree_figures(comm, alloc, host, st.sums, count, t3 - t0);
+    sum.peak = f.mem;
     sum.live_at_peak = alloc.live_at_peak();
-    sum.host_peak = host.stats().peak_total;
-    comm.all_reduce(&sum.host_peak, &sum.host_peak, 1, DType::kI64, ReduceOp::kMax);
-    double step_s = t3 - t0;
-    comm.all_reduce(&step_s, &step_s, 1, DType::kF64, ReduceOp::kMax);
-    sum.losses.push_back(loss);
-    if (s == start) sum.first_loss = loss;
-    sum.last_loss = loss;
-    sum.last_accuracy = acc;
-    sum.last_step = s + 1;
+    sum.host_peak = f.host_peak;
+    sum.losses.push_back(f.loss);
+    if (s == start) sum.first_loss = f.loss;
+    sum.last_loss = f.loss;
+    sum.last_accuracy = f.accuracy;
+    sum.last_step = step;
 
-    if (comm.rank() == 0) {
-      const double tps = static_cast<double>(S * B) / (step_s * comm.size());
-      if (metrics) {
-        const std::string line = metrics_line(StepMetrics{
-            .step = s + 1, .loss = loss, .accuracy = acc, .lr = lr, .grad_norm = norm, .tokens_per_s_per_rank = tps,
-            .step_s = step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1, .optimizer_s = t3 - t2, .mem = &mem,
-            .ops = op_times.seconds.empty() ? nullptr : &op_times});
-        std::fprintf(metrics, "%s\n", line.c_str());
-        std::fflush(metrics);
-      }
-      // Progress: a bar redrawn in place on a terminal; otherwise about 20 plain lines per run.
-      const int64_t done = s + 1 - start, total = end - start;
-      const bool tty = ::isatty(2) != 0;
-      if (o.progress && (tty || done == total || done % std::max<int64_t>(1, total / 20) == 0)) {
-        const double eta = (now_s() - t_begin) / done * (total - done);
-        const int width = 24, fill = static_cast<int>(width * (s + 1) / o.steps);
-        std::fprintf(stderr, "%sstep %lld/%lld [%s%s] loss %.4f%s | %.0f tok/s/rank | ETA %s%s", tty ? "\r" : "",
-                     (long long)(s + 1), (long long)o.steps, std::string(fill, '=').c_str(),
-                     std::string(width - fill, ' ').c_str(), loss,
-                     acc >= 0 ? (" | answer acc " + std::to_string(acc).substr(0, 5)).c_str() : "", tps,
-                     format_duration(eta).c_str(), tty && done != total ? "   " : "\n");
-      }
-    }
-    const bool last = s + 1 == end;
-    if (!o.checkpoint_dir.empty() && (last || (o.save_every > 0 && (s + 1) % o.save_every == 0))) {
-      watchdog_note(1, "checkpoint save");
-      Status cs = save_checkpoint(comm, o.checkpoint_dir, s + 1, id, params);
-      if (cs.ok() && comm.rank() == 0) {  // the schedule's settings, for a resume to compare with
-        const std::string run = o.checkpoint_dir + "/run.json";
-        if (!write_file_atomically(run, run_settings(o).dump(2) + "\n")) cs = Status::io_error("cannot write " + run);
-      }
-      if (cs.ok() && o.keep > 0 && comm.rank() == 0) cs = remove_old_checkpoints(o.checkpoint_dir, o.keep);
-      cs = first_failure(comm, cs);
-      if (!cs.ok()) {
-        if (metrics) std::fclose(metrics);
-        return cs;
-      }
-    }
+    const double tps = static_cast<double>(g.S * o.batch) / (f.step_s * comm.size());
+    Status ms = metrics.write(metrics_line(StepMetrics{
+        .step = step, .loss = f.loss, .accuracy = f.accuracy, .lr = lr, .grad_norm = norm.norm,
+        .tokens_per_s_per_rank = tps, .step_s = f.step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1,
+        .optimizer_s = t3 - t2, .mem = &f.mem, .ops = op_times.seconds.empty() ? nullptr : &op_times}));
+    if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok()) return ms;
+    if (comm.rank() == 0) progress.step_done(step, f.loss, f.accuracy, tps);
+
+    if (!o.checkpoint_dir.empty() && (step == end || (o.save_every > 0 && step % o.save_every == 0)))
+      if (Status cs = save(o, comm, step, id, params); !cs.ok()) return cs;
   }
-  if (metrics) std::fclose(metrics);
+  if (Status ms = first_failure(comm, metrics.close()); !ms.ok()) return ms;
   if (!o.save_hf.empty() && dev.backed()) {  // the trained model as a Hugging Face directory
     dev.synchronize();
     const Status hs = save_hf_model(o.save_hf, params, comm, o.model,

@@ -23,10 +23,9 @@ DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int 
     Decoder dec(*dev, comm, m, o);
     // This rank's positions (token_layout.h: one run, or two under a ring), gathered in row order;
     // positions past S are padding (token 0, no label).
-    const int64_t Sp = dec.padded_seq(), L = Sp / ranks;
+    const int64_t Sp = dec.geometry().Sp, L = dec.geometry().L;
     std::vector<int32_t> my_tokens(static_cast<size_t>(L), 0), my_labels(static_cast<size_t>(L), -100);
-    for (const TokenSegment& seg :
-         token_layout(padded_config(attention_config(m, o), ranks), ranks).rank_segments(comm.rank()))
+    for (const TokenSegment& seg : dec.geometry().layout.rank_segments(comm.rank()))
       for (int64_t i = 0; i < seg.length && seg.first_position + i < o.seq; ++i) {
         my_tokens[seg.first_row + i] = tokens[seg.first_position + i];
         my_labels[seg.first_row + i] = labels[seg.first_position + i];

@@ -210,6 +210,57 @@ TEST(Gemm, Bf16ScratchUsesTheGivenTagAndIsReleased) {
   EXPECT_EQ(st.peak[static_cast<int>(Tag::kOther)], 0) << "scratch went to a different tag";
 }
 
+// op(B)'s columns gathered from groups of a larger matrix as the GEMM reads them
+// (GemmParams::b_group_offsets: a stage's heads, read from the projection's weights) against the
+// same GEMM on a copy of those columns: the same values in the same places, the same shapes, so
+// the same bits, for every operand type, with and without trans_b, on every CPU path (the bf16
+// kernels' packing, and fp32 widening for BLAS). Wrong offsets would put another head's values in
+// whole groups of columns.
+TEST(Gemm, GatheredBColumnsEqualACopyOfThem) {
+  auto dev = cpu();
+  const int64_t heads = 7, d = 32, e = 70, m = 45;
+  const std::vector<int64_t> picked = {4, 1, 6, 3};  // not consecutive
+  const int64_t n = static_cast<int64_t>(picked.size()) * d;
+  for (DType t : {DType::kF32, DType::kBF16})
+    for (DType ct : {DType::kF32, DType::kBF16})
+      for (bool trans_b : {true, false}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " operands, " + std::string(dtype_name(ct)) + " C, " +
+                     (trans_b ? "B = w (heads d, e): rows" : "B = w (e, heads d): columns"));
+        test::Rng rng(5);
+        // w (heads d, e) with trans_b (a projection's weights), else (e, heads d) (wo).
+        const int64_t w_rows = trans_b ? heads * d : e, w_cols = trans_b ? e : heads * d;
+        Stored w(t, w_rows, w_cols, w_cols, Stored::Pad::kNaN), x(t, m, e, e, Stored::Pad::kNaN);
+        const std::vector<double> w_dense = test::random_values(rng, w_rows * w_cols, t);
+        w.set(w_dense);
+        x.set(test::random_values(rng, m * e, t));
+        // The copy: op(B) (e, n) as B (n, e) with trans_b, else B (e, n).
+        const int64_t c_rows = trans_b ? n : e, c_cols = trans_b ? e : n;
+        std::vector<double> copy_dense(static_cast<size_t>(c_rows * c_cols));
+        std::vector<int64_t> offsets;
+        for (size_t g = 0; g < picked.size(); ++g) {
+          offsets.push_back(trans_b ? picked[g] * d * e : picked[g] * d);
+          for (int64_t j = 0; j < d; ++j)
+            for (int64_t r = 0; r < e; ++r) {
+              const int64_t col = static_cast<int64_t>(g) * d + j, src_col = picked[g] * d + j;
+              if (trans_b) copy_dense[col * e + r] = w_dense[src_col * e + r];
+              else copy_dense[r * n + col] = w_dense[r * heads * d + src_col];
+            }
+        }
+        Stored copy(t, c_rows, c_cols, c_cols, Stored::Pad::kNaN), c_gathered(ct, m, n, n, Stored::Pad::kSentinel),
+            c_copied(ct, m, n, n, Stored::Pad::kSentinel);
+        copy.set(copy_dense);
+        const GemmParams base{.trans_b = trans_b, .m = m, .n = n, .k = e, .a = x.data(), .lda = e, .a_dtype = t,
+                              .b_dtype = t, .c_dtype = ct};
+        GemmParams gathered = base, copied = base;
+        gathered.b = w.data(), gathered.ldb = w_cols, gathered.c = c_gathered.data(), gathered.ldc = n;
+        gathered.b_group_offsets = offsets.data(), gathered.b_group = d;
+        copied.b = copy.data(), copied.ldb = c_cols, copied.c = c_copied.data(), copied.ldc = n;
+        gemm(*dev, gathered);
+        gemm(*dev, copied);
+        EXPECT_TRUE(test::expect_same_values("gathered against copied", c_gathered.get(), c_copied.get()));
+      }
+}
+
 // ---- bad input ----------------------------------------------------------------------------
 
 void expect_invalid(Device& dev, const GemmParams& p, const std::string& field) {
@@ -242,6 +293,8 @@ TEST(GemmValidate, RejectsBadParamsNamingTheField) {
   expect_invalid(*dev, with([](GemmParams& p) { p.trans_a = true; p.lda = 3; }), "lda");  // (6, 4)
   expect_invalid(*dev, with([](GemmParams& p) { p.ldb = 4; }), "ldb");          // B (6, 5)
   expect_invalid(*dev, with([](GemmParams& p) { p.ldc = 4; }), "ldc");          // C (4, 5)
+  static const int64_t offsets[1] = {0};  // op(B) gathered in groups that are not 32 columns
+  expect_invalid(*dev, with([](GemmParams& p) { p.b_group_offsets = offsets, p.b_group = 5; }), "b_group");
   // A bad operand type: only the kind is checked (the message names the type, "f64").
   try {
     gemm(*dev, with([](GemmParams& p) { p.c_dtype = DType::kF64; }));

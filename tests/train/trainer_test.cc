@@ -182,9 +182,9 @@ TEST(Trainer, GradsOnHostKeepTheBitsAndLowerThePeak) {
     auto r_host = run(o, 2);
     ASSERT_TRUE(r_device.ok() && r_host.ok());
     EXPECT_EQ(r_host.value().peak.peak_total, plan_memory(o, 2).peak_total()) << strategy_name(st);
-    EXPECT_EQ(r_host.value().host_peak, host_bytes(o, 2)) << strategy_name(st);
+    EXPECT_EQ(r_host.value().host_peak, host_memory(o, 2).total()) << strategy_name(st);
     o.decoder.grads_on_host = false;
-    EXPECT_EQ(r_device.value().host_peak, host_bytes(o, 2)) << strategy_name(st);
+    EXPECT_EQ(r_device.value().host_peak, host_memory(o, 2).total()) << strategy_name(st);
     if (st == Strategy::kUPipe) EXPECT_LT(r_host.value().peak.peak_total, r_device.value().peak.peak_total);
     else EXPECT_LE(r_host.value().peak.peak_total, r_device.value().peak.peak_total);
   }
@@ -194,7 +194,7 @@ TEST(Trainer, GradsOnHostKeepTheBitsAndLowerThePeak) {
 // (DecoderOptions::dh_on_host, attn_out_on_host, the defaults with offload) or on the device: the
 // attention reads them a tile at a time, so dwo's sums over rows change order (fp32 summation
 // order only: the same losses to far below a step's change); the saved output's copies alone
-// change no bit. The rehearsed peak falls, equals the closed form's, and the host's is host_bytes.
+// change no bit. The rehearsed peak falls, equals the closed form's, and the host's is host_memory's.
 TEST(Trainer, ResidualGradAndSavedOutputOnHost) {
   for (Strategy st : {Strategy::kUPipe, Strategy::kUlysses}) {
     for (DType t : {DType::kF32, DType::kBF16}) {
@@ -224,10 +224,10 @@ TEST(Trainer, ResidualGradAndSavedOutputOnHost) {
       EXPECT_LE(r_both.value().peak.peak_total, r_device.value().peak.peak_total) << strategy_name(st);
       o.decoder.dh_on_host = true, o.decoder.attn_out_on_host = true;
       EXPECT_EQ(r_both.value().peak.peak_total, plan_memory(o, 2).peak_total()) << strategy_name(st);
-      EXPECT_EQ(r_both.value().host_peak, host_bytes(o, 2)) << strategy_name(st);
+      EXPECT_EQ(r_both.value().host_peak, host_memory(o, 2).total()) << strategy_name(st);
       const int64_t L = o.decoder.seq / 2;
-      EXPECT_EQ(dh_host_bytes(o, 2), L * o.model.hidden * dtype_size(t));
-      EXPECT_EQ(attn_out_host_bytes(o, 2), L * o.model.heads * o.model.head_dim * dtype_size(t));
+      EXPECT_EQ(host_memory(o, 2).dh, L * o.model.hidden * dtype_size(t));
+      EXPECT_EQ(host_memory(o, 2).attn_out, L * o.model.heads * o.model.head_dim * dtype_size(t));
     }
   }
 }
@@ -261,10 +261,10 @@ TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
     // kept for dx, (L, H + 2 G_eff, D) (small: G = 2 KV heads on 2 ranks, none replicated; more
     // than the saved attention output (L, H D), gone before they come).
     const int64_t stash = L * (o.model.heads + 2 * o.model.kv_heads) * o.model.head_dim * 4;
-    EXPECT_EQ(grad_stash_bytes(o, 2), stash);
+    EXPECT_EQ(host_memory(o, 2).grad_stash, stash);
     EXPECT_EQ(r.value().host_peak, offloaded * input + input + stash) << "keep " << keep << " every " << every;
-    EXPECT_EQ(offloaded_input_bytes(o, 2), offloaded * input);
-    EXPECT_EQ(host_bytes(o, 2), offloaded * input + input + stash);
+    EXPECT_EQ(host_memory(o, 2).inputs, offloaded * input);
+    EXPECT_EQ(host_memory(o, 2).total(), offloaded * input + input + stash);
     // The device's peak: exactly what the closed forms of memory_plan.h give, and each kept
     // input raises it by at most one (L, E) buffer.
     EXPECT_EQ(r.value().peak.peak_total, plan_memory(o, 2).peak_total()) << "keep " << keep << " every " << every;
@@ -279,12 +279,12 @@ TEST(Trainer, PartialOffloadKeepsResultsAndMovesExactlyItsInputs) {
   // A host budget too small for them is refused before any step, naming what to change.
   o.decoder.offload_keep_first = 0, o.decoder.offload_every = 1;
   o.ranks_per_node = 2;
-  o.host_budget_bytes = 2 * host_bytes(o, 2) - 1;
+  o.host_budget_bytes = 2 * host_memory(o, 2).total() - 1;
   auto refused = run(o, 2);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("--host-budget"), std::string::npos) << refused.status().message();
   EXPECT_NE(refused.status().message().find("--keep-inputs"), std::string::npos) << refused.status().message();
-  o.host_budget_bytes = 2 * host_bytes(o, 2);  // exactly enough for the node's two ranks
+  o.host_budget_bytes = 2 * host_memory(o, 2).total();  // exactly enough for the node's two ranks
   EXPECT_TRUE(run(o, 2).ok());
   o.decoder.offload_keep_first = N + 1;
   EXPECT_FALSE(validate(o, 2).ok());
@@ -416,7 +416,7 @@ TEST(Trainer, RefetchedInputsChangeThePeakNotResults) {
 
 // The selective recompute (DecoderOptions::recompute) over a run of steps: the losses of the full
 // one, bit for bit, with and without offloaded inputs. Its memory, rehearsed: every block's
-// attention output waits in host memory with offload (host_bytes counts them: N blocks' at once)
+// attention output waits in host memory with offload (host_memory counts them: N blocks' at once)
 // and on the device without (more activations at the peak than the full recompute's), and the
 // step's peak is the closed forms'.
 TEST(Trainer, SelectiveRecomputeKeepsTheLossesAndCountsItsMemory) {
@@ -443,7 +443,7 @@ TEST(Trainer, SelectiveRecomputeKeepsTheLossesAndCountsItsMemory) {
       const int act = static_cast<int>(Tag::kActivations);
       const int64_t out_bytes = int64_t{(1 << 14) / 2} * o.model.heads * o.model.head_dim * 4;  // (L, H*D) f32
       if (offload) {
-        EXPECT_EQ(r_sel.value().host_peak, host_bytes(o, 2)) << what;
+        EXPECT_EQ(r_sel.value().host_peak, host_memory(o, 2).total()) << what;
         EXPECT_EQ(r_sel.value().host_peak - r_full.value().host_peak, (o.model.layers - 1) * out_bytes) << what;
       } else {
         EXPECT_EQ(r_sel.value().host_peak, 0) << what;
@@ -468,10 +468,10 @@ TEST(Trainer, AutoRecomputeIsSelectiveExactlyWhereItFits) {
     TrainOptions sel = o, full = o;
     sel.decoder.recompute = Recompute::kSelective;
     full.decoder.recompute = Recompute::kFull;
-    const int64_t dev = plan_memory(sel, 2).peak_total(), host = host_bytes(sel, 2);
+    const int64_t dev = plan_memory(sel, 2).peak_total(), host = host_memory(sel, 2).total();
     // The kept outputs raise the device's peak without offload, the host's with it.
     if (offload) {
-      EXPECT_GT(host, host_bytes(full, 2));
+      EXPECT_GT(host, host_memory(full, 2).total());
     } else {
       EXPECT_GT(dev, plan_memory(full, 2).peak_total());
     }

@@ -13,15 +13,20 @@
 // Strategies (Strategy):
 //   kLocal    one rank, no exchange: the reference.
 //   kUlysses  all heads at once: project, all-to-all sequence->heads, attention on H/C heads
-//             over the whole sequence, all-to-all back, output projection. Saves the
-//             head-sharded q, k, v, attention output and LSE for backward.
+//             over the whole sequence, all-to-all back, output projection. Saves the attention
+//             output (sequence layout), the LSE and the head-sharded q, k and v for backward.
 //   kUPipe    H/U stages of U heads (U a multiple of C dividing H, see head_schedule.h for the
 //             GQA condition; U = C by default). Each stage
 //             projects only its heads, exchanges them, runs attention and writes its output
 //             back into a preallocated (L, H, D) buffer. Stage buffers are reused; K/V heads are
 //             exchanged once and stay resident while their query heads are processed (the GQA
-//             schedule, head_schedule.h). Saves only that output and the per-stage LSE;
-//             backward recomputes each stage's projections.
+//             schedule, head_schedule.h). Saves that output and the per-stage LSE (and, when
+//             AttentionSaved::keep_last_stage asks, the last stage's q, k and v); backward
+//             recomputes the other stages' projections.
+//   kRing     zig-zag ring attention over all ranks (C = 1): K/V blocks passed around the ring,
+//             partial results merged with an fp32 log-sum-exp rule (ring_attention.h).
+//   ring > 1  (kUlysses, kUPipe) the hybrid: the all-to-all inside R groups of C = ranks / R
+//             consecutive ranks, ring attention across the groups, per stage.
 //   When G < C, each KV head is replicated for the exchange (requires C % G == 0) and the
 //   gradients of its replicas are summed.
 //
@@ -31,7 +36,7 @@
 //
 // Memory: every buffer comes from the device allocator. Tags: the attention output and the LSE
 // kept for backward kActivations; projections (send buffers), per-stage buffers and kernel
-// scratch kAttnWorkspace; all-to-all receive buffers kCommunication (ulysses keeps its q/k/v/out
+// scratch kAttnWorkspace; all-to-all receive buffers kCommunication (ulysses keeps its q/k/v
 // stage buffers, under those tags, until backward). The fp32 dx accumulator of bf16 runs is kOther.
 //
 // Storage: f32 or bf16 for x, weights, y and all gradients (the same dtype); compute in fp32.

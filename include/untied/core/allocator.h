@@ -21,6 +21,7 @@
 #include <initializer_list>
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -37,7 +38,7 @@ enum class Tag : uint8_t {
   kOptimizer,
   kActivations,    // saved for backward (block inputs, attention outputs, LSE)
   kAttnWorkspace,  // attention intermediates: projections, per-stage buffers, kernel scratch
-  kCommunication,  // all-to-all send/receive buffers
+  kCommunication,  // all-to-all and ring receive buffers (send buffers are kAttnWorkspace)
   kOther,
 };
 inline constexpr int kNumTags = 7;
@@ -161,6 +162,9 @@ class Allocator {
   // With Options::track_buffers, what was live when the total last peaked (since construction
   // or reset_peaks), grouped by (name, tag), largest first; empty without.
   std::vector<LiveBuffers> live_at_peak() const;
+  // With Options::track_buffers, every (name, tag) allocated since construction, its bytes the
+  // largest of one buffer of it and count the allocations, by name; empty without.
+  std::vector<LiveBuffers> buffers_seen() const;
 
  private:
   friend class Buffer;
@@ -179,6 +183,7 @@ class Allocator {
   int64_t next_id_ = 0;
   std::unordered_map<int64_t, LiveBuffers> live_buffers_;  // by Buffer id, while tracking
   std::vector<LiveBuffers> at_peak_;                        // grouped, when the total peaked
+  std::map<std::pair<std::string, Tag>, LiveBuffers> seen_; // every (name, tag), while tracking
   std::array<bool, kNumTags> watched_{};
 };
 

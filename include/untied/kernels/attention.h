@@ -20,7 +20,8 @@
 // the result deterministic for a given T (no atomics; a fixed summation order). All are
 // linear in seq.
 // CUDA: a tensor-core path (bf16, D = 64 or 128, sm_80+, row strides multiples of 8, 16-byte
-// aligned tensors) and a portable fp32 path for everything else (all f32 storage); D <= 256
+// aligned tensors; on Hopper also the wgmma kernels, chosen with UNTIED_CUDA_ATTENTION=wgmma) and a
+// portable fp32 path for everything else (all f32 storage); D <= 256
 // (larger D is Error(kUnsupported) there); block_q/block_k are ignored. Workspace: delta
 // (H, seq_q) fp32 when not given, and for bf16 dq an fp32 (seq_q, H, D) accumulator; the
 // forward none. out, lse, dk and dv are run-to-run deterministic; dq is accumulated with fp32

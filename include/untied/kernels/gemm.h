@@ -4,9 +4,11 @@
 // the stored matrices (A stored (m, k), or (k, m) when trans_a). beta = 0 overwrites C (its old
 // contents are ignored, NaN included); beta = 1 accumulates.
 // A and B may be f32 or bf16; C may be f32 or bf16 (bf16 C is computed in f32 and rounded once).
-// On the CPU, bf16 operands are widened to f32 for BLAS in scratch from the device allocator (tag
-// `scratch_tag`), or, when both are bf16 and the CPU has AVX512-BF16, multiplied as they are by
-// our own kernel (scratch: its packing space, and bf16 C's rows in fp32).
+// On the CPU, when both operands are bf16, our own packed kernels multiply them where the CPU has
+// AVX-512 (AMX tiles, else the AVX512-BF16 dot products where they run at full rate, else fp32
+// FMAs on operands widened as they are packed: bf16_gemm.h; UNTIED_BF16_GEMM chooses; scratch:
+// the packing space, and bf16 C's rows in fp32); otherwise bf16 operands are widened to f32 for
+// BLAS in scratch from the device allocator (tag `scratch_tag`).
 // REQUIRES: m, n, k >= 0; ld* >= the stored row length.
 #pragma once
 
@@ -35,6 +37,12 @@ struct GemmParams {
   int64_t ldc = 0;
   DType c_dtype = DType::kF32;
   Tag scratch_tag = Tag::kOther;
+  // Optional, without trans_a: op(B)'s columns gathered in groups of b_group (a multiple of 32)
+  // columns, group g's first column at element offset b_group_offsets[g] of b (with trans_b, the
+  // first of its rows of B, ldb apart; else the first of its columns, each ldb apart along k):
+  // the heads of a projection read from the weights as they are packed, without a copy of them.
+  const int64_t* b_group_offsets = nullptr;
+  int64_t b_group = 0;
 };
 
 void gemm(Device& dev, const GemmParams& p);

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "untied/core/allocator.h"
+#include "untied/model/run_geometry.h"
 #include "untied/train/trainer.h"
 
 namespace untied {
@@ -39,7 +40,14 @@ struct PlanItem {
   std::string what;
   Tag tag = Tag::kOther;
   int64_t bytes = 0;
+  // The allocator's names of the buffers the item counts, where they are not `what` itself (an
+  // item that sums several buffers, or names one by its place in the schedule): the schedule
+  // (head_pipeline.cc) and the plan name each buffer alike, and a test holds them to it
+  // (tests/train/memory_plan_test.cc).
+  std::vector<std::string> buffers = {};
 };
+// The allocator names a plan item counts: its `buffers`, or `what`.
+std::vector<std::string> counted_buffers(const PlanItem& item);
 
 struct PlanMoment {
   std::string name;
@@ -48,10 +56,28 @@ struct PlanMoment {
   std::array<int64_t, kNumTags> by_tag() const;
 };
 
+// What one rank keeps in host memory at most, with offloaded block inputs (all 0 without): the
+// decoder's host allocator holds these (decoder_options.h says when each applies).
+struct HostMemory {
+  int64_t inputs = 0;        // the offloaded block inputs: offloaded_blocks x (L, E) in the dtype
+  int64_t grad_stash = 0;    // a block's q/k/v gradients kept for dx (grads_on_host): every stage's
+                             // dq and every round's dk and dv, (Sg, stages u + 2 rounds w, D)
+  int64_t dh = 0;            // a block's d residual after attention (dh_on_host): (L, E)
+  int64_t attn_out = 0;      // a block's saved attention output (attn_out_on_host): (L, H*D)
+  int64_t kept_outputs = 0;  // selective recompute: the other N - 1 blocks' attention outputs
+  // inputs + dh + kept_outputs + the larger of grad_stash and attn_out (a block's saved output is
+  // freed before its kept gradients come).
+  int64_t total() const;
+  // What is there beside the inputs: one block's gradients and output, the kept outputs.
+  int64_t beside_inputs() const { return total() - inputs; }
+};
+HostMemory host_memory(const RunGeometry& g);
+HostMemory host_memory(const TrainOptions& o, int ranks);  // of run_geometry(o, ranks)
+
 struct MemoryPlan {
   std::vector<PlanMoment> moments;  // the candidates
   size_t peak = 0;                  // the index of the largest
-  int64_t host_per_rank = 0;        // offloaded block inputs and kept gradients (host_bytes)
+  int64_t host_per_rank = 0;        // what waits in host memory (host_memory(...).total())
   int64_t rows = 0;                 // L, tokens per rank (S padded)
   // upipe: whether the plan's recompute keeps its last stage (DecoderOptions::keep_last_stage;
   // kAuto resolved: kept unless that raises the peak).

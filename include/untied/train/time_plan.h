@@ -45,7 +45,8 @@ struct PhaseWork {
   double ms = 0;  // at the rates given
 };
 
-// REQUIRES: validate(o, ranks).ok(). One sequence's step, per rank.
+// REQUIRES: validate(o, ranks).ok(), and upipe's keep_last_stage resolved (resolve_run: kAuto
+// is read as the Decoder reads it, kept). One sequence's step, per rank.
 std::vector<PhaseWork> plan_time(const TrainOptions& o, int ranks, const DeviceRates& rates);
 
 }  // namespace untied

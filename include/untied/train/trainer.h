@@ -19,6 +19,7 @@
 
 #include "untied/comm/communicator.h"
 #include "untied/model/decoder.h"
+#include "untied/model/run_geometry.h"
 #include "untied/train/data.h"
 
 namespace untied {
@@ -79,32 +80,11 @@ struct TrainSummary {
 };
 
 // Checks the options for `ranks` ranks (model, decoder, optimizer settings, the host budget); the
-// message says which flag to change.
+// message says which flag to change. REQUIRES nothing: any options.
 Status validate(const TrainOptions& o, int ranks);
-// The host memory one rank's offloaded block inputs take: offloaded_inputs(model, decoder) blocks
-// of (L, E) in decoder.dtype, L = the padded S / ranks; 0 without offload.
-int64_t offloaded_input_bytes(const TrainOptions& o, int ranks);
-// The host memory one rank's kept attention gradients take in a block's backward (with offload,
-// tiled_dx and grads_on_host; ulysses, upipe and ring): every stage's dq and every round's dk and
-// dv, (L, H + 2 G_eff, D) in decoder.dtype; 0 otherwise.
-int64_t grad_stash_bytes(const TrainOptions& o, int ranks);
-// The host memory of one rank's d residual after attention in a block's backward (with offload,
-// tiled_dx, the attention's tiles and dh_on_host): (L, E) in decoder.dtype; 0 otherwise.
-int64_t dh_host_bytes(const TrainOptions& o, int ranks);
-// The host memory of one rank's saved attention output in a block (with offload, the attention's
-// tiles, early_delta and attn_out_on_host): (L, H*D) in decoder.dtype; 0 otherwise.
-int64_t attn_out_host_bytes(const TrainOptions& o, int ranks);
-// With Recompute::kSelective, the host memory of the other N - 1 blocks' attention outputs kept
-// from the forward beside the one in use ((N - 1) attn_out_host_bytes); 0 otherwise.
-int64_t kept_outputs_host_bytes(const TrainOptions& o, int ranks);
-// All the host memory one rank takes at most: offloaded_input_bytes + dh_host_bytes + the larger
-// of grad_stash_bytes and attn_out_host_bytes (a block's saved output is freed before its kept
-// gradients come); with Recompute::kSelective, kept_outputs_host_bytes besides.
-int64_t host_bytes(const TrainOptions& o, int ranks);
 
-// o.decoder with upipe's KeepLastStage::kAuto resolved as plan_memory resolves it (kOff where the
-// closed forms do not cover the run): what the trainer builds its Decoder with.
-DecoderOptions resolved_decoder_options(const TrainOptions& o, int ranks);
+// The run's shapes (run_geometry.h) for `ranks` ranks. REQUIRES: validate(o, ranks).ok().
+RunGeometry run_geometry(const TrainOptions& o, int ranks);
 
 // What an automatic choice may plan one rank to use where no budget says: the free memory of its
 // device and its share of its host's, 0 where not known (no limit). On the CPU backend the
@@ -122,7 +102,7 @@ struct RecomputeChoice {
 
 // o.decoder.recompute with Recompute::kAuto resolved for `ranks` ranks: kSelective where the step
 // with it fits every limit there is, kFull where one is exceeded. The limits: its planned device
-// peak (plan_memory) within --mem-budget (o.budget_bytes), its host memory (host_bytes) within the
+// peak (plan_memory) within --mem-budget (o.budget_bytes), its host memory (host_memory) within the
 // rank's share of --host-budget, and both within `machine`. kFull also where there is no limit at
 // all (memory first: a plan for an unnamed machine), where the memory plan does not cover the run
 // (nothing is kept that the plan has not counted) and with upipe's
@@ -130,12 +110,28 @@ struct RecomputeChoice {
 // is. A function of its arguments: the same on every rank given the same `machine`.
 RecomputeChoice choose_recompute(const TrainOptions& o, int ranks, const MachineMemory& machine);
 
+// o with every `auto` resolved for `ranks` ranks on `machine`, the one place they are: the
+// recompute (choose_recompute) and upipe's kept last stage (KeepLastStage::kAuto: kept where that
+// does not raise the step's planned peak, plan_memory; not kept where the closed forms do not
+// cover the run). With the run's shapes. The options are checked first as a full recompute, so a
+// real error is reported as itself; the message says which flag to change. A function of its
+// arguments: the same on every rank given the same `machine`. Resolved options resolve to
+// themselves.
+struct ResolvedRun {
+  TrainOptions o;              // decoder.recompute and decoder.keep_last_stage resolved
+  RunGeometry g;               // run_geometry(o, ranks)
+  std::string recompute_why;   // what decided Recompute::kAuto ("" when it was not asked)
+};
+StatusOr<ResolvedRun> resolve_run(const TrainOptions& o, int ranks, const MachineMemory& machine);
+
 // Runs training. Errors the user can fix (bad data file, mismatched checkpoint) come back as
 // a Status that is the same on every rank; budget overruns and bugs throw untied::Error.
 //
 // On `dev` (a CPU or CUDA device of this rank, or a counting device for a rehearsal): its
 // buffers move over dev_comm (the NCCL or device-bound communicator), host figures over comm;
 // the two have the same ranks. o.threads and o.budget_bytes are the device's business here.
+// upipe's KeepLastStage::kAuto is resolved as resolve_run resolves it; the recompute must be
+// resolved already (validate refuses Recompute::kAuto: resolve_run first).
 StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& comm, const DataSource& data,
                              const TrainOptions& o);
 // On a CPU device made from o.threads, o.budget_bytes and o.rehearsal; comm moves everything.

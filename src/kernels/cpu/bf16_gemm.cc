@@ -120,9 +120,24 @@ void transpose_pairs_f32(uint32_t* out, int64_t stride, __mmask16 store_lanes, c
 }
 #endif
 
+// op(B) as the packing reads it: B, or its columns gathered in groups of `group` (a multiple of
+// 32, so that a panel lies in one group), group g's first at b + offsets[g].
+struct BCols {
+  const uint16_t* b = nullptr;
+  const int64_t* offsets = nullptr;
+  int64_t group = 0;
+  // op(B)'s column j at k = 0 (its k run ldb apart without trans_b, adjacent with it).
+  const uint16_t* col(int64_t j, bool trans_b, int64_t ldb) const {
+    const int64_t stride = trans_b ? ldb : 1;
+    if (offsets == nullptr) return b + j * stride;
+    const int64_t g = j / group;
+    return b + offsets[g] + (j - g * group) * stride;
+  }
+};
+
 // Packs panel `panel` (32 columns from j0 + 32 panel) of k [p0, p0 + kc) of op(B) at dst. A
 // panel spans `kp_stride` pairs (at least ceil(kc / 2)); the pairs past kc are zero.
-void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t n, int64_t p0, int64_t kc,
+void pack_b(uint16_t* dst, bool trans_b, const BCols& b, int64_t ldb, int64_t n, int64_t p0, int64_t kc,
             int64_t j0, int64_t panel, int64_t kp_stride) {
   const int64_t kp = (kc + 1) / 2, full = kc / 2;  // pairs; pairs with both halves in k
   uint32_t* out = reinterpret_cast<uint32_t*>(dst + panel * kp_stride * kNr * 2);
@@ -132,7 +147,7 @@ void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t
   if (!trans_b) {  // B is (k, n): interleave two rows
     const __mmask32 cm = first_bits32(cols);
     for (int64_t p = 0; p < kp; ++p) {
-      const uint16_t* r0 = b + (p0 + 2 * p) * ldb + jb;
+      const uint16_t* r0 = b.col(jb, false, ldb) + (p0 + 2 * p) * ldb;
       const __m512i x0 = _mm512_maskz_loadu_epi16(cm, r0);
       const __m512i x1 = p < full ? _mm512_maskz_loadu_epi16(cm, r0 + ldb) : _mm512_setzero_si512();
       _mm512_storeu_si512(out + p * kNr, _mm512_permutex2var_epi16(x0, kLoPairs, x1));
@@ -142,7 +157,8 @@ void pack_b(uint16_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t
   }
   // B is (n, k): each column's pairs are adjacent; 16 columns at a time.
   for (int64_t c0 = 0; c0 < kNr; c0 += 16)
-    transpose_pairs(out + c0, kNr, 0xFFFF, b + (jb + c0) * ldb + p0, ldb, std::clamp<int64_t>(cols - c0, 0, 16), kc);
+    transpose_pairs(out + c0, kNr, 0xFFFF, b.col(jb + c0, true, ldb) + p0, ldb, std::clamp<int64_t>(cols - c0, 0, 16),
+                    kc);
 }
 
 // Packs rows [i0, i0 + mc) and k [p0, p0 + kc) of op(A) into 12-row panels at dst.
@@ -386,7 +402,7 @@ inline void micro_f32(int64_t k, const float* ap, const float* bp, float* c, int
 }
 
 void fma_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-              int64_t lda, const uint16_t* b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
+              int64_t lda, const BCols& b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
   const PackSizes ps = fma_pack_sizes(m, n, k, threads, out.c16 != nullptr);
   float* const bpack = static_cast<float*>(pack);
   auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
@@ -482,7 +498,7 @@ void amx_pack_a_block(uint32_t* dst, bool trans_a, const uint16_t* a, int64_t ld
 }
 
 void amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-              int64_t lda, const uint16_t* b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
+              int64_t lda, const BCols& b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
   const PackSizes ps = amx_pack_sizes(m, n, k, threads, out.c16 != nullptr);
   uint16_t* const bpack = static_cast<uint16_t*>(pack);
   auto chunks_of = [](int64_t kc) { return (kc + 31) / 32; };
@@ -523,7 +539,7 @@ namespace {
 #if defined(UNTIED_HAVE_DOT_GEMM)
 // The AVX512-BF16 dot-product kernel.
 void dot_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-              int64_t lda, const uint16_t* b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
+              int64_t lda, const BCols& b, int64_t ldb, float beta, const COut& out, int threads, void* pack) {
   const PackSizes ps = pack_sizes(m, n, k, threads, out.c16 != nullptr);
   uint16_t* const bpack = static_cast<uint16_t*>(pack);
   auto pack_panel = [&](int64_t jp, int64_t j0, int64_t p0, int64_t kc) {
@@ -564,7 +580,7 @@ PackSizes chosen_pack_sizes(int64_t m, int64_t n, int64_t k, int threads, bool c
 
 // The kernel into C as `out` says (with bf16 C, out.cbuf is set here, after the packs).
 void run_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-              int64_t lda, const uint16_t* b, int64_t ldb, float beta, COut out, int threads, void* pack) {
+              int64_t lda, const BCols& b, int64_t ldb, float beta, COut out, int threads, void* pack) {
   if (m <= 0 || n <= 0) return;
   UNTIED_CHECK(k > 0, "bf16_gemm needs k > 0 (the caller defines C = beta C for k = 0)");
   if (out.c16 != nullptr) {
@@ -594,14 +610,16 @@ int64_t bf16_gemm_c_block_cols(int64_t n) { return chosen_pack_sizes(1, n, 1, 1,
 
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
-               void* pack) {
-  run_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, COut{.c = c, .ldc = ldc}, threads, pack);
+               void* pack, const int64_t* b_group_offsets, int64_t b_group) {
+  run_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, BCols{b, b_group_offsets, b_group}, ldb, beta,
+           COut{.c = c, .ldc = ldc}, threads, pack);
 }
 
 void bf16_gemm_bf16c(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                      int64_t lda, const uint16_t* b, int64_t ldb, float beta, uint16_t* c, int64_t ldc, int threads,
-                     void* pack) {
-  run_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, COut{.c16 = c, .ldc = ldc}, threads, pack);
+                     void* pack, const int64_t* b_group_offsets, int64_t b_group) {
+  run_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, BCols{b, b_group_offsets, b_group}, ldb, beta,
+           COut{.c16 = c, .ldc = ldc}, threads, pack);
 }
 
 int64_t bf16_packed_a_words(int64_t m, int64_t k) { return (m + kMr - 1) / kMr * kMr * ((k + 1) / 2); }
@@ -616,7 +634,7 @@ namespace {
 void pack_tile_b(uint32_t* dst, bool trans_b, const uint16_t* b, int64_t ldb, int64_t n, int64_t k) {
   const int64_t panels = (n + kNr - 1) / kNr;
   for (int64_t jp = 0; jp < panels; ++jp)
-    pack_b(reinterpret_cast<uint16_t*>(dst), trans_b, b, ldb, n, 0, k, 0, jp, (k + 1) / 2);
+    pack_b(reinterpret_cast<uint16_t*>(dst), trans_b, BCols{b}, ldb, n, 0, k, 0, jp, (k + 1) / 2);
 }
 }  // namespace
 
@@ -699,11 +717,11 @@ bool bf16_dot_compiled() { return false; }
 int64_t bf16_gemm_pack_bytes(int64_t, int64_t, int64_t, int, bool) { return 0; }
 int64_t bf16_gemm_c_block_cols(int64_t n) { return n; }
 void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
-               float, float*, int64_t, int, void*) {
+               float, float*, int64_t, int, void*, const int64_t*, int64_t) {
   UNTIED_CHECK(false, "bf16_gemm: this build has no AVX-512 kernel (check bf16_gemm_available())");
 }
 void bf16_gemm_bf16c(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
-                     float, uint16_t*, int64_t, int, void*) {
+                     float, uint16_t*, int64_t, int, void*, const int64_t*, int64_t) {
   UNTIED_CHECK(false, "bf16_gemm_bf16c: this build has no AVX-512 kernel (check bf16_gemm_available())");
 }
 int64_t bf16_packed_a_words(int64_t, int64_t) { return 0; }

@@ -74,16 +74,18 @@ int64_t bf16_gemm_c_block_cols(int64_t n);
 
 // Requires bf16_gemm_compiled(). `pack`: bf16_gemm_pack_bytes(m, n, k, threads) bytes, 64-byte
 // aligned.
+// With b_group_offsets, op(B)'s columns are gathered in groups of b_group (a multiple of 32), as
+// GemmParams (gemm.h) says.
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads,
-               void* pack);
+               void* pack, const int64_t* b_group_offsets = nullptr, int64_t b_group = 0);
 // The same with C stored in bf16: each value is the fp32 result bf16_gemm gives, rounded once
 // (float_to_bf16: to nearest even); beta applies to C widened. The sums of a block of columns of
 // C are kept in fp32 in the packing space while the k blocks add to them, so op(B) is packed once,
 // as for fp32 C. `pack`: bf16_gemm_pack_bytes(m, n, k, threads, true) bytes, 64-byte aligned.
 void bf16_gemm_bf16c(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                      int64_t lda, const uint16_t* b, int64_t ldb, float beta, uint16_t* c, int64_t ldc, int threads,
-                     void* pack);
+                     void* pack, const int64_t* b_group_offsets = nullptr, int64_t b_group = 0);
 
 // ---- the attention's tile products on the same kernel ----
 // A tile product C (m, n) fp32 = alpha A B^T (+ C with accumulate) of two bf16 tiles stored with

@@ -35,6 +35,20 @@ void narrow_rows(void* dst, DType t, const float* src, int64_t r0, int64_t rows,
   for (int64_t r = 0; r < rows; ++r) store_f32(static_cast<char*>(dst) + (r0 + r) * ld * es, t, src + r * cols, cols);
 }
 
+// op(B) gathered (GemmParams::b_group_offsets) into contiguous fp32: B (n, k) with trans_b, else
+// B (k, n).
+void widen_gathered_b(float* dst, const GemmParams& p) {
+  const int64_t es = dtype_size(p.b_dtype), g = p.b_group, groups = p.n / g;
+  const char* b = static_cast<const char*>(p.b);
+  for (int64_t i = 0; i < groups; ++i) {
+    const char* src = b + p.b_group_offsets[i] * es;
+    if (p.trans_b)
+      for (int64_t r = 0; r < g; ++r) load_f32(dst + (i * g + r) * p.k, src + r * p.ldb * es, p.b_dtype, p.k);
+    else
+      for (int64_t r = 0; r < p.k; ++r) load_f32(dst + r * p.n + i * g, src + r * p.ldb * es, p.b_dtype, g);
+  }
+}
+
 int64_t tile_rows(int64_t total, int64_t row_elems) {
   return std::clamp<int64_t>(kTileBytes / (4 * std::max<int64_t>(row_elems, 1)), 1, std::max<int64_t>(total, 1));
 }
@@ -52,7 +66,8 @@ enum GemmScratch { kGemmA, kGemmB, kGemmC, kGemmPack };
 namespace {
 ScratchRequest gemm_scratch_for(int threads, const GemmParams& p) {
   ScratchRequest r;
-  const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
+  const bool gathered = p.b_group_offsets != nullptr;
+  const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32 || gathered, wc = p.c_dtype != DType::kF32;
   if (p.m == 0 || p.n == 0 || p.k == 0 || (!wa && !wb && !wc)) return r;
   if (bf16_kernel(p)) {  // packing space; with bf16 C, a block of its columns' sums for a block of rows
     const int64_t rows = wc ? tile_rows(p.m, bf16_gemm_c_block_cols(p.n)) : p.m;
@@ -103,7 +118,7 @@ void gemm_bf16_operands(const Device& dev, const GemmParams& p, const Scratch& w
   void* const pack = ws.data(kGemmPack);
   if (p.c_dtype == DType::kF32) {
     bf16_gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a, p.lda, b, p.ldb, p.beta, static_cast<float*>(p.c),
-              p.ldc, dev.threads(), pack);
+              p.ldc, dev.threads(), pack, p.b_group_offsets, p.b_group);
     return;
   }
   auto* const c = static_cast<uint16_t*>(p.c);
@@ -111,13 +126,14 @@ void gemm_bf16_operands(const Device& dev, const GemmParams& p, const Scratch& w
   for (int64_t m0 = 0; m0 < p.m; m0 += t) {
     const int64_t rows = std::min(t, p.m - m0);
     bf16_gemm_bf16c(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, p.trans_a ? a + m0 : a + m0 * p.lda, p.lda, b,
-                    p.ldb, p.beta, c + m0 * p.ldc, p.ldc, dev.threads(), pack);
+                    p.ldb, p.beta, c + m0 * p.ldc, p.ldc, dev.threads(), pack, p.b_group_offsets, p.b_group);
   }
 }
 
 void gemm(Device& dev, const GemmParams& p, const Scratch& ws) {
   if (p.m == 0 || p.n == 0) return;
-  const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32, wc = p.c_dtype != DType::kF32;
+  const bool gathered = p.b_group_offsets != nullptr;  // (then never trans_a: gemm.cc checks)
+  const bool wa = p.a_dtype != DType::kF32, wb = p.b_dtype != DType::kF32 || gathered, wc = p.c_dtype != DType::kF32;
   if (p.k == 0) {
     // BLAS may skip C when k = 0; define it: C = beta * C (beta 0 clears, NaN included).
     std::vector<float> row(static_cast<size_t>(p.n));
@@ -149,7 +165,8 @@ void gemm(Device& dev, const GemmParams& p, const Scratch& ws) {
     const float* b = static_cast<const float*>(p.b);
     int64_t ldb = p.ldb;
     if (wb) {
-      widen_rows(b_buf, p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);
+      if (gathered) widen_gathered_b(b_buf, p);
+      else widen_rows(b_buf, p.b, p.b_dtype, 0, b_rows, b_cols, p.ldb);
       b = b_buf, ldb = b_cols;
     }
     const int64_t t = tile_rows(p.m, std::max(p.k, p.n));

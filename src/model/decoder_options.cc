@@ -1,0 +1,61 @@
+// The decoder's options and the rules over them (decoder_options.h).
+#include "untied/model/decoder_options.h"
+
+#include <algorithm>
+#include <string>
+
+namespace untied {
+
+AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) {
+  return AttentionConfig{.seq = o.seq, .hidden = m.hidden, .heads = m.heads, .kv_heads = m.kv_heads,
+                         .head_dim = m.head_dim, .rope_theta = m.rope_theta, .rope_scaling = m.rope_scaling,
+                         .dtype = o.dtype,
+                         .strategy = o.strategy, .upipe_heads = o.upipe_heads, .ring = o.ring,
+                         .overlap = o.overlap, .early_delta = o.early_delta, .qk_norm = m.qk_norm, .norm_eps = m.norm_eps};
+}
+
+Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
+  Status s = validate(m);
+  if (!s.ok()) return s;
+  s = validate(padded_config(attention_config(m, o), ranks), ranks);
+  if (!s.ok()) return s;
+  if (o.mlp_tile < 0 || o.loss_chunk < 0) return Status::invalid_argument("mlp_tile and loss_chunk must be >= 0");
+  if (o.recompute == Recompute::kAuto)
+    return Status::invalid_argument(
+        "recompute auto is chosen before a Decoder is built (choose_recompute, trainer.h): pass full or selective");
+  if (o.recompute == Recompute::kSelective && o.keep_last_stage == KeepLastStage::kOn)
+    return Status::invalid_argument(
+        "--upipe-keep-last on keeps a stage that upipe's recompute projects, and --recompute selective projects "
+        "none: drop one of the two");
+  if (o.attn_tile < -1) return Status::invalid_argument("attn_tile (--attn-tile) must be >= 0, or -1 (off: attn_norm(x) made whole)");
+  if (o.offload_keep_first < 0 || o.offload_keep_first > m.layers || o.offload_every < 1)
+    return Status::invalid_argument("--keep-inputs must be in [0, " + std::to_string(m.layers) +
+                                    "] (the model's layers) and --offload-every >= 1");
+  return Status::ok_status();
+}
+
+DecoderTiles decoder_tiles(const ModelConfig& m, const DecoderOptions& o, int64_t rows) {
+  DecoderTiles t;
+  t.mlp = o.mlp_tile > 0 ? std::min(o.mlp_tile, rows) : std::min(rows, std::max<int64_t>(m.hidden, 256));
+  t.attn = o.attn_tile < 0 ? 0 : o.attn_tile > 0 ? std::min(o.attn_tile, rows) : t.mlp;
+  return t;
+}
+
+HostParts host_parts(const ModelConfig& m, const DecoderOptions& o, int64_t rows, bool host) {
+  const bool tiles = decoder_tiles(m, o, rows).attn > 0;
+  return HostParts{.grads = host && o.tiled_dx && o.grads_on_host,
+                   .dh = host && o.tiled_dx && tiles && o.dh_on_host,
+                   .attn_out = host && o.early_delta && tiles && o.attn_out_on_host};
+}
+
+bool input_offloaded(const DecoderOptions& o, int64_t layer) {
+  return layer >= o.offload_keep_first && (layer - o.offload_keep_first) % o.offload_every == 0;
+}
+
+int64_t offloaded_inputs(const ModelConfig& m, const DecoderOptions& o) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < m.layers; ++l) n += input_offloaded(o, l);
+  return n;
+}
+
+}  // namespace untied
