@@ -1,4 +1,4 @@
-// The cuBLAS calls of the CUDA backend (src/kernels/cuda/gemm.cc, src/device/cuda/), answered on
+// The cuBLAS calls of the CUDA backend (src/backends/cuda/gemm.cc, src/backends/cuda/), answered on
 // the host for the emulator, so that the backend's own GEMM code runs there: its row-major to
 // column-major mapping is checked against cuBLAS's documented column-major semantics,
 //   C (m x n, ldc) = alpha op(A) op(B) + beta C,

@@ -1,4 +1,4 @@
-// The NCCL calls of the NCCL communicator (src/comm/nccl/), answered over MPI for the emulator,
+// The NCCL calls of the NCCL communicator (src/backends/nccl/), answered over MPI for the emulator,
 // so that the communicator itself (bootstrap, refusals, stream and event ordering, staging, split)
 // runs under mpirun on emulated GPUs, one process per GPU. Links in place of libnccl.
 //

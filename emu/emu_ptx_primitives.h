@@ -1,4 +1,4 @@
-// CPU versions of the PTX primitives of src/kernels/cuda/attention_tiles.cuh (the block between
+// CPU versions of the PTX primitives of src/backends/cuda/attention_tiles.cuh (the block between
 // its "PTX primitives" markers), for the emulator in emu_runtime.h. rewrite_kernels.py includes
 // this file in place of that block, inside namespace untied::cuda::attn, so the names and
 // signatures must stay those of the real primitives.

@@ -1,4 +1,4 @@
-// CPU versions of the wgmma primitives of src/kernels/cuda/wgmma.cuh (the block between its
+// CPU versions of the wgmma primitives of src/backends/cuda/wgmma.cuh (the block between its
 // "wgmma primitives" markers), for the emulator in emu_runtime.h. rewrite_kernels.py includes this
 // file in place of that block, inside namespace untied::cuda::attn, so the names and signatures
 // must stay those of the real primitives.

@@ -3,7 +3,7 @@
 
   rewrite_kernels.py SRC_DIR OUT_DIR
 
-SRC_DIR is src/kernels/cuda. OUT_DIR receives cuda_util.cuh, attention_tiles.cuh, wgmma.cuh and one .cc
+SRC_DIR is src/backends/cuda. OUT_DIR receives cuda_util.cuh, attention_tiles.cuh, wgmma.cuh and one .cc
 per .cu file: every kernel of the backend (its GEMMs are cuBLAS, not kernels of ours: the
 emulated build has emu_cublas.cc). These textual changes, nothing else:
   - attention_tiles.cuh: the block between the "PTX primitives" markers is replaced by

@@ -5,9 +5,9 @@
 
 Every file under ROOT/src/<layer>/ and ROOT/include/untied/<layer>/ may include headers of its own
 layer and of the layers before it in the list: "untied/<layer>/..." (public headers) or
-"<layer>/..." (the private headers under src/). The backends (src/<layer>/cuda/ and
-src/<layer>/nccl/, and includes of them) count as the layer named "backends": they implement the
-device, kernels and comm interfaces, so they sit above those layers. An include of a later layer
+"<layer>/..." (the private headers under src/). The backends (src/backends/cuda/ and
+src/backends/nccl/) are the layer named "backends": they implement the device, kernels and comm
+interfaces, so they sit above those layers. An include of a later layer
 is an error; each is printed as file:line with both layers, and the exit status is 1. The build
 runs this before it compiles anything (CMakeLists.txt), so such an include fails the build.
 """
@@ -16,13 +16,10 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
-BACKEND_DIRS = ('cuda', 'nccl')
 
 
 def layer_of(parts, rank):
-    """The layer of a path under src/ or include/untied/, as components."""
-    if len(parts) > 2 and parts[1] in BACKEND_DIRS and 'backends' in rank:
-        return 'backends'
+    """The layer of a path under src/ or include/untied/, as components: its first folder."""
     return parts[0]
 
 

@@ -1,4 +1,4 @@
-// cuBLAS is opened at its first call, not linked (src/device/cuda/cublas_loader.cc): a process
+// cuBLAS is opened at its first call, not linked (src/backends/cuda/cublas_loader.cc): a process
 // that makes no cuBLAS call does not hold libcublas and libcublasLt (about 210 MiB resident), and
 // the first call opens it and answers as cuBLAS does. Needs no GPU (cublasGetStatusString does
 // not touch one).

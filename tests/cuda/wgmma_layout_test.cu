@@ -1,4 +1,4 @@
-// The shared-memory layouts and descriptors of the Hopper attention kernels (src/kernels/cuda/
+// The shared-memory layouts and descriptors of the Hopper attention kernels (src/backends/cuda/
 // wgmma.cuh, *_sm90.cu), on the GPU against a CPU product. Two warpgroups (warpgroup w on rows
 // [64 w, 64 w + 64), as in the kernels) run every wgmma form the kernels use, with the kernels'
 // own primitives and as they call them:
@@ -14,7 +14,7 @@
 // attention op cases check the whole kernels on both.
 // Exit 0: the kernels' conventions hold; 1: they do not; 77: no compute capability 9.0 GPU
 // (skipped).
-#include "kernels/cuda/wgmma.cuh"
+#include "backends/cuda/wgmma.cuh"
 
 #include <cmath>
 #include <cstdio>

@@ -1,8 +1,8 @@
 // Whole training runs on an emulated GPU, against the same runs on the CPU: every CUDA kernel of
 // the backend (rewritten into gen_all/, see rewrite_kernels.py "all") under the emulator, with
 // the library's own trainer, decoder, sharded parameters, strategies and in-process communicator
-// bound to the device, on the backend's own CudaDevice and GEMM (src/device/cuda/cuda_device.cc,
-// src/kernels/cuda/gemm.cc) over the emulated runtime and cuBLAS (emu_cuda_api.cc,
+// bound to the device, on the backend's own CudaDevice and GEMM (src/backends/cuda/cuda_device.cc,
+// src/backends/cuda/gemm.cc) over the emulated runtime and cuBLAS (emu_cuda_api.cc,
 // emu_cublas.cc): its copies are host copies, its GEMMs OpenBLAS.
 //
 // What this adds to the kernel tests: the GPU path of the engine runs end to end, and its

@@ -15,7 +15,7 @@
 //
 // Workspace: none on the CPU. On CUDA (dev.allocator(), Tag::kOther, live during the call): 8
 // bytes for the id check; the backward also 16 * tokens bytes for its sort plus CUB's temporary
-// storage (src/kernels/cuda/embedding.cu).
+// storage (src/backends/cuda/embedding.cu).
 // REQUIRES: tokens >= 0, vocab >= 1, dim >= 1; outputs do not overlap inputs.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The CUDA backend's kernel table: every op, its scratch and its refusals (cuda_kernels.h).
-#include "kernels/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_kernels.h"
 
 #include <cstdlib>
 #include <string>

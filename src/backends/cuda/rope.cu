@@ -21,8 +21,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_util.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_util.cuh"
 #include "kernels/rope_freq.h"
 
 namespace untied::cuda {

@@ -19,8 +19,8 @@
 #include <cstdio>
 #include <mutex>
 
-#include "kernels/cuda/attention_tiles.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "backends/cuda/attention_tiles.cuh"
+#include "backends/cuda/cuda_kernels.h"
 
 namespace untied::cuda::attn {
 

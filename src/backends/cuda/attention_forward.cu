@@ -23,9 +23,9 @@
 //
 // Workspace: none (the forward allocates nothing; every intermediate is in registers or shared
 // memory).
-#include "device/cuda/cuda_device.h"
-#include "kernels/cuda/attention_tiles.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/attention_tiles.cuh"
+#include "backends/cuda/cuda_kernels.h"
 
 namespace untied::cuda {
 namespace attn {

@@ -1,9 +1,9 @@
 // UNTIED_NCCL_CHECK(stmt): runs an NCCL call and on any result other than ncclSuccess throws
 // untied::Error(kInternal) naming the statement, NCCL's error string, NCCL's last error message
 // (when it has one) and the rank:
-//   rank 1: src/comm/nccl/nccl_communicator.cc:210: ncclAllReduce(...) -> invalid argument (run
+//   rank 1: src/backends/nccl/nccl_communicator.cc:210: ncclAllReduce(...) -> invalid argument (run
 //   with NCCL_DEBUG=WARN for details): <ncclGetLastError text>
-// NCCL headers are included only under src/comm/nccl.
+// NCCL headers are included only under src/backends/nccl.
 #pragma once
 
 #include <nccl.h>

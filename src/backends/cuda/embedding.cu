@@ -29,8 +29,8 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_util.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {

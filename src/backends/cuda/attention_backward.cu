@@ -31,9 +31,9 @@
 //   dQ accumulator  seq_q * H * D * 4 bytes   only when dq is bf16 (f32 dq accumulates in place)
 #include <algorithm>
 
-#include "device/cuda/cuda_device.h"
-#include "kernels/cuda/attention_tiles.cuh"
-#include "kernels/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/attention_tiles.cuh"
+#include "backends/cuda/cuda_kernels.h"
 
 namespace untied::cuda {
 namespace attn {

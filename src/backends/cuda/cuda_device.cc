@@ -1,6 +1,6 @@
 // The CUDA Device: a caching cudaMalloc memory source under the tagged allocator, one stream,
 // and the cuBLAS handle its GEMMs use. See include/untied/device/cuda.h.
-#include "device/cuda/cuda_device.h"
+#include "backends/cuda/cuda_device.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_kernels.h"
 #include "untied/device/cuda.h"
 
 namespace untied {

@@ -24,8 +24,8 @@
 // answers false and the mma.sync kernel runs. Opt-in: UNTIED_CUDA_ATTENTION=wgmma (wgmma.cuh).
 //
 // Workspace: none beyond attention_backward()'s (delta, the dQ accumulator).
-#include "device/cuda/cuda_device.h"
-#include "kernels/cuda/wgmma.cuh"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/wgmma.cuh"
 
 namespace untied::cuda::attn {
 namespace {

@@ -1,4 +1,4 @@
-// The CUDA kernels, one file per op in src/kernels/cuda/ (built with the CUDA backend), listed in
+// The CUDA kernels, one file per op in src/backends/cuda/ (built with the CUDA backend), listed in
 // one table (cuda_backend.cc). Each takes its op's call struct (kernels/backend.h), already
 // checked by the entry point (with the refusals of the *_supports functions here), and the
 // scratch its *_scratch function asked for.

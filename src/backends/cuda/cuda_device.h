@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "device/cuda/cuda_check.h"
+#include "backends/cuda/cuda_check.h"
 #include "untied/device/device.h"
 
 namespace untied {

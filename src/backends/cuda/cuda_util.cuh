@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "device/cuda/cuda_device.h"
+#include "backends/cuda/cuda_device.h"
 
 namespace untied::cuda {
 

@@ -1,8 +1,8 @@
 // GEMM on the GPU through cuBLAS (cublasGemmEx, fp32 accumulation): f32 x f32 -> f32, or
 // bf16 x bf16 -> bf16 / f32. Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
 // so cuBLAS is called with the operands swapped.
-#include "device/cuda/cuda_device.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_kernels.h"
 
 namespace untied::cuda {
 namespace {

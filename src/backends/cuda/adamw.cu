@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_util.cuh"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_util.cuh"
 
 namespace untied::cuda {
 namespace {

@@ -1,6 +1,6 @@
 // UNTIED_CUDA_CHECK(stmt) and UNTIED_CUBLAS_CHECK(stmt): run a CUDA runtime / cuBLAS call and on
 // failure throw untied::Error naming the statement, the error and the rank:
-//   rank 2: src/kernels/cuda/gemm.cc:40: cublasGemmEx(...) -> CUBLAS_STATUS_INVALID_VALUE
+//   rank 2: src/backends/cuda/gemm.cc:40: cublasGemmEx(...) -> CUBLAS_STATUS_INVALID_VALUE
 // CUDA headers are included only under */cuda/.
 #pragma once
 

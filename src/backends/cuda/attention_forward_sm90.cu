@@ -22,8 +22,8 @@
 // against the CPU (docs/gpu.md); unset or "mma", the mma.sync kernel runs.
 //
 // Workspace: none.
-#include "device/cuda/cuda_device.h"
-#include "kernels/cuda/wgmma.cuh"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/wgmma.cuh"
 
 namespace untied::cuda::attn {
 namespace {

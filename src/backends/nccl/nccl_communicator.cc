@@ -38,8 +38,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "comm/nccl/nccl_check.h"
-#include "device/cuda/cuda_device.h"
+#include "backends/nccl/nccl_check.h"
+#include "backends/cuda/cuda_device.h"
 #include "untied/comm/nccl.h"
 #include "untied/core/check.h"
 #include "untied/device/cuda.h"

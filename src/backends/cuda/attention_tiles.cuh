@@ -19,7 +19,7 @@
 #include <map>
 #include <mutex>
 
-#include "device/cuda/cuda_check.h"
+#include "backends/cuda/cuda_check.h"
 #include "untied/core/status.h"
 #include "untied/kernels/attention.h"
 
