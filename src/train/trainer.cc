@@ -5,11 +5,13 @@
 //   per step:
 //     this rank's positions of the batch's sequences   StepBatch::load, StepBatch::labelled
 //     forward and backward, gradients added            forward_backward
-//     the global gradient norm (and the loss)          grad_norm; first_nonfinite when not finite
+//     the global gradient norm (and the loss)          grad_norm; when not finite, first_nonfinite
+//                                                      and skip_nonfinite (skipped, or stopped)
 //     clipping and AdamW on the shards                 adamw_update
-//     the step's figures over the ranks                agree_figures -> metrics_line, Progress
+//     the step's figures over the ranks                agree_figures -> record_step, metrics_line,
+//                                                      Progress
 //     a checkpoint when due                            save
-//   the model as a Hugging Face directory (--save-hf)
+//   the model as a Hugging Face directory              save_hf
 // Every collective is called by every rank in the same order; a Status that the user can act on
 // is the same on every rank (first_failure).
 #include "untied/train/trainer.h"
@@ -402,6 +404,50 @@ Status save(const TrainOptions& o, Communicator& comm, int64_t step, const std::
   return first_failure(comm, s);
 }
 
+// A step whose loss or gradient norm is not finite (`what` names the first such tensor): skipped
+// (no update; said on stderr and in the metrics line) while --skip-nonfinite allows, else the
+// error that stops training, the same on every rank.
+Status skip_nonfinite(const TrainOptions& o, Communicator& comm, MetricsFile& metrics, int64_t step,
+                      const std::string& what, const GradNorm& norm, int64_t count, int64_t* skipped) {
+  if (*skipped == o.skip_nonfinite)
+    return Status::invalid_argument(
+        "step " + std::to_string(step) + ": " + what + " is not finite (NaN or Inf); training stopped before the "
+        "update, and " + (o.checkpoint_dir.empty() ? std::string("no checkpoint was asked for")
+                                                   : "the last checkpoint in " + o.checkpoint_dir + " is kept") +
+        ". Lower --lr, raise --warmup, use --clip, or pass --skip-nonfinite N to skip up to N such steps");
+  ++*skipped;
+  if (comm.rank() == 0)
+    std::fprintf(stderr, "untied train: step %lld: %s is not finite; the update is skipped (%lld of %lld "
+                         "allowed by --skip-nonfinite)\n",
+                 (long long)step, what.c_str(), (long long)*skipped, (long long)o.skip_nonfinite);
+  const Status ms = metrics.write(Json{{"step", step}, {"skipped", true},
+                                       {"loss", as_printed("%.6f", count > 0 ? norm.loss_sum / count : 0.0)},
+                                       {"grad_norm", as_printed("%.6g", norm.norm)}, {"nonfinite", what}});
+  return o.metrics_path.empty() ? Status::ok_status() : first_failure(comm, ms);
+}
+
+// A finished step (1-based) into the run's summary.
+void record_step(TrainSummary& sum, const StepFigures& f, const Allocator& alloc, int64_t step) {
+  sum.peak = f.mem;
+  sum.live_at_peak = alloc.live_at_peak();
+  sum.host_peak = f.host_peak;
+  sum.losses.push_back(f.loss);
+  if (step == sum.first_step + 1) sum.first_loss = f.loss;
+  sum.last_loss = f.loss;
+  sum.last_accuracy = f.accuracy;
+  sum.last_step = step;
+}
+
+// With --save-hf, the trained model as a Hugging Face directory (nothing in a rehearsal).
+Status save_hf(const TrainOptions& o, Device& dev, Communicator& comm, ShardedParams& params) {
+  if (o.save_hf.empty() || !dev.backed()) return Status::ok_status();
+  dev.synchronize();
+  return save_hf_model(o.save_hf, params, comm, o.model,
+                       SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
+                                     .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json",
+                                     .dtype = o.save_hf_dtype});
+}
+
 // ---- fault injection (tests only: fault.h) ------------------------------------------------------
 
 // A NaN in the fault's parameter's master shard (kNanWeight) or gradient shard (kNanGradient), at
@@ -488,21 +534,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       const std::string what = first_nonfinite(comm, params, decoder, batch, norm, st.nonfinite_sample);
       params.zero_grads();
       alloc.set_phase(Phase::kSetup);
-      if (skipped == o.skip_nonfinite)
-        return Status::invalid_argument(
-            "step " + std::to_string(step) + ": " + what + " is not finite (NaN or Inf); training stopped before the "
-            "update, and " + (o.checkpoint_dir.empty() ? std::string("no checkpoint was asked for")
-                                                       : "the last checkpoint in " + o.checkpoint_dir + " is kept") +
-            ". Lower --lr, raise --warmup, use --clip, or pass --skip-nonfinite N to skip up to N such steps");
-      ++skipped;
-      if (comm.rank() == 0)
-        std::fprintf(stderr, "untied train: step %lld: %s is not finite; the update is skipped (%lld of %lld "
-                             "allowed by --skip-nonfinite)\n",
-                     (long long)step, what.c_str(), (long long)skipped, (long long)o.skip_nonfinite);
-      Status ms = metrics.write(Json{{"step", step}, {"skipped", true},
-                                     {"loss", as_printed("%.6f", count > 0 ? norm.loss_sum / count : 0.0)},
-                                     {"grad_norm", as_printed("%.6g", norm.norm)}, {"nonfinite", what}});
-      if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok()) return ms;
+      if (Status stop = skip_nonfinite(o, comm, metrics, step, what, norm, count, &skipped); !stop.ok()) return stop;
       continue;
     }
     const float lr = learning_rate(o, s);
@@ -512,15 +544,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const double t3 = now_s();
 
     const StepFigures f = agree_figures(comm, alloc, host, st.sums, count, t3 - t0);
-    sum.peak = f.mem;
-    sum.live_at_peak = alloc.live_at_peak();
-    sum.host_peak = f.host_peak;
-    sum.losses.push_back(f.loss);
-    if (s == start) sum.first_loss = f.loss;
-    sum.last_loss = f.loss;
-    sum.last_accuracy = f.accuracy;
-    sum.last_step = step;
-
+    record_step(sum, f, alloc, step);
     const double tps = static_cast<double>(g.S * o.batch) / (f.step_s * comm.size());
     Status ms = metrics.write(metrics_line(StepMetrics{
         .step = step, .loss = f.loss, .accuracy = f.accuracy, .lr = lr, .grad_norm = norm.norm,
@@ -533,14 +557,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       if (Status cs = save(o, comm, step, id, params); !cs.ok()) return cs;
   }
   if (Status ms = first_failure(comm, metrics.close()); !ms.ok()) return ms;
-  if (!o.save_hf.empty() && dev.backed()) {  // the trained model as a Hugging Face directory
-    dev.synchronize();
-    const Status hs = save_hf_model(o.save_hf, params, comm, o.model,
-                                    SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
-                                                  .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json",
-                                                  .dtype = o.save_hf_dtype});
-    if (!hs.ok()) return hs;
-  }
+  if (Status hs = save_hf(o, dev, comm, params); !hs.ok()) return hs;
   return sum;
 }
 
