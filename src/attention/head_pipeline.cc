@@ -284,7 +284,9 @@ void HeadPipeline::run_forward(const Tensor* y, const TiledOutput* tiled, const 
     if (ring_ != nullptr)
       ring_->forward(*mask_, st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
     else
-      attention_forward(dev_, kernel_shape(), st.o.data(), st.lse.as<float>(), st.q.data(), rd.k.data(), rd.v.data());
+      attention_forward(dev_, kernel_shape(),
+                        {.out = st.o.data(), .lse = st.lse.as<float>(), .q = st.q.data(), .k = rd.k.data(),
+                         .v = rd.v.data()});
     // upipe: only the LSE stays (and, when asked, the last stage's q, k, v); backward recomputes the rest
     if (recompute && !st.kept) st.q.reset();
     if (recompute && sched_.last_of_round(s) && !rd.kept) rd = SavedRound{};
@@ -732,8 +734,10 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
       ks.f32_results = true;
       ks.accumulate_dkv = true;
       TensorBuffer dq32(alloc, DType::kF32, {C * L, u, D}, Tag::kAttnWorkspace, "dq (head-sharded, fp32)");
-      attention_backward_with_delta(dev_, ks, dq32.data(), acc.dk.data(), acc.dv.data(), st.q.data(), rd.k.data(),
-                                    rd.v.data(), d.delta.as<float>(), st.lse.as<float>(), d.dout.data());
+      attention_backward_with_delta(dev_, ks,
+                                    {.dq = dq32.data(), .dk = acc.dk.data(), .dv = acc.dv.data(), .q = st.q.data(),
+                                     .k = rd.k.data(), .v = rd.v.data(), .delta = d.delta.as<float>(),
+                                     .lse = st.lse.as<float>(), .dout = d.dout.data()});
       d = DoutStage{};
       st.q.reset();
       st.o.reset();

@@ -61,8 +61,9 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
   if (!rerun) {
     saved.attn_out = TensorBuffer(alloc, t, {S, H, D}, Tag::kActivations, "attention output (saved)");
     st.lse = TensorBuffer(alloc, DType::kF32, {H, S}, Tag::kActivations, "attention LSE (saved)");
-    attention_forward(dev_, kernel_shape(saved.mask), saved.attn_out.data(), st.lse.as<float>(), q.data(), k.data(),
-                      v.data());
+    attention_forward(dev_, kernel_shape(saved.mask),
+                      {.out = saved.attn_out.data(), .lse = st.lse.as<float>(), .q = q.data(), .k = k.data(),
+                       .v = v.data()});
   }
   // y = attn_out wo^T
   gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = E, .k = H * D, .a = saved.attn_out.data(), .lda = H * D,
@@ -91,8 +92,9 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
   TensorBuffer dq(alloc, t, {S, H, D}, Tag::kAttnWorkspace, "dq (local)");
   TensorBuffer dk(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dk (local)");
   TensorBuffer dv(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "dv (local)");
-  attention_backward(dev_, kernel_shape(saved.mask), dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
-                     saved.attn_out.data(), st.lse.as<float>(), dout.data());
+  attention_backward(dev_, kernel_shape(saved.mask),
+                     {.dq = dq.data(), .dk = dk.data(), .dv = dv.data(), .q = q.data(), .k = k.data(), .v = v.data(),
+                      .out = saved.attn_out.data(), .lse = st.lse.as<float>(), .dout = dout.data()});
   const RowPositions pos = rope_positions(saved.mask);
   rope_blocks(dev_, dq.data(), t, 1, S, H, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kInverse);
   rope_blocks(dev_, dk.data(), t, 1, S, G, D, cfg_.rope_theta, cfg_.rope_scaling, pos, Rope::kInverse);

@@ -86,13 +86,14 @@ void RingAttention::forward(const SavedMask& mask, void* out, float* lse, const 
         const void* vc = kvp + (sg_ + ki * lc_) * w_ * d_ * es;
         float* acc = out32.as<float>() + qi * lc_ * u_ * d_;
         if (first[qi]) {  // the chunk's first result (its own block, step 0) is the accumulator
-          attention_forward(dev_, s, acc, lse_c[qi].as<float>(), qc, kc, vc);
+          attention_forward(dev_, s, {.out = acc, .lse = lse_c[qi].as<float>(), .q = qc, .k = kc, .v = vc});
           first[qi] = false;
           continue;
         }
-        attention_forward(dev_, s, part.data(), part_lse.as<float>(), qc, kc, vc);
-        attention_merge(dev_, AttentionMergeShape{.rows = lc_, .heads = u_, .head_dim = d_}, acc,
-                        lse_c[qi].as<float>(), part.as<float>(), part_lse.as<float>());
+        attention_forward(dev_, s, {.out = part.data(), .lse = part_lse.as<float>(), .q = qc, .k = kc, .v = vc});
+        attention_merge(dev_, AttentionMergeShape{.rows = lc_, .heads = u_, .head_dim = d_},
+                        {.acc = acc, .lse_acc = lse_c[qi].as<float>(), .part = part.as<float>(),
+                         .lse_part = part_lse.as<float>()});
       }
     stats_.compute_s += seconds_since(compute_start);
     wait(next);
@@ -147,8 +148,10 @@ void RingAttention::backward(const SavedMask& mask, void* dq, float* dk_acc, flo
         const void* doc = static_cast<const char*>(dout) + qi * lc_ * u_ * d_ * es;
         const void* kc = kvp + ki * lc_ * w_ * d_ * es;
         const void* vc = kvp + (sg_ + ki * lc_) * w_ * d_ * es;
-        attention_backward_with_delta(dev_, s, dq_part.data(), dk_part.data(), dv_part.data(), qc, kc, vc,
-                                      delta_c[qi].as<float>(), lse_c[qi].as<float>(), doc);
+        attention_backward_with_delta(dev_, s,
+                                      {.dq = dq_part.data(), .dk = dk_part.data(), .dv = dv_part.data(), .q = qc,
+                                       .k = kc, .v = vc, .delta = delta_c[qi].as<float>(),
+                                       .lse = lse_c[qi].as<float>(), .dout = doc});
         add_into(dev_, dq32.as<float>() + qi * lc_ * u_ * d_, DType::kF32, dq_part.data(), DType::kF32, lc_ * u_ * d_);
         add_into(dev_, into + ki * lc_ * w_ * d_, DType::kF32, dk_part.data(), DType::kF32, lc_ * w_ * d_);
         add_into(dev_, into + kvn + ki * lc_ * w_ * d_, DType::kF32, dv_part.data(), DType::kF32, lc_ * w_ * d_);

@@ -350,10 +350,13 @@ void add_attention_rows(Communicator& world, Device& dev, const KernelBenchOptio
   fill_uniform(dev, v, seed + 3, -1, 1);
   fill_uniform(dev, dout, seed + 4, -1, 1);
 
-  auto fwd = [&] { attention_forward(dev, s, out.data(), lse.as<float>(), q.data(), k.data(), v.data()); };
+  auto fwd = [&] {
+    attention_forward(dev, s, {.out = out.data(), .lse = lse.as<float>(), .q = q.data(), .k = k.data(), .v = v.data()});
+  };
   auto bwd = [&] {
-    attention_backward(dev, s, dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(), out.data(),
-                       lse.as<float>(), dout.data());
+    attention_backward(dev, s,
+                       {.dq = dq.data(), .dk = dk.data(), .dv = dv.data(), .q = q.data(), .k = k.data(), .v = v.data(),
+                        .out = out.data(), .lse = lse.as<float>(), .dout = dout.data()});
   };
   // The first call of each: its workspace, and the results that are verified.
   alloc.reset_peaks();

@@ -31,38 +31,31 @@ void validate(const AttentionShape& s) {
                "attention: storage must be f32 or bf16, got ", dtype_name(s.dtype));
 }
 
-void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse, const void* q,
-                       const void* k, const void* v) {
+void attention_forward(Device& dev, const AttentionShape& s, const AttentionForwardTensors& t) {
   validate(s);
-  run_op(dev, &KernelTable::attention_forward, "attention_forward",
-         AttentionForwardCall{.s = s, .out = out, .lse = lse, .q = q, .k = k, .v = v});
+  run_op(dev, &KernelTable::attention_forward, "attention_forward", AttentionForwardCall{.s = s, .t = t});
 }
 
-void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
-                        const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout) {
+void attention_backward(Device& dev, const AttentionShape& s, const AttentionBackwardTensors& t) {
   validate(s);
   UNTIED_CHECK(!s.f32_results || s.dtype == DType::kF32,
                "attention_backward: f32_results with bf16 storage takes D from the caller: use "
                "attention_backward_with_delta");
+  UNTIED_CHECK(t.delta == nullptr,
+               "attention_backward: computes D from out, so delta must be null: use attention_backward_with_delta");
   run_op(dev, &KernelTable::attention_backward, "attention_backward",
-         AttentionBackwardCall{.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v,
-                               .delta_source = DeltaSource::kFromOut, .out = out, .delta = nullptr, .lse = lse,
-                               .dout = dout});
+         AttentionBackwardCall{.s = s, .t = t, .delta_source = DeltaSource::kFromOut});
 }
 
-void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
-                                   const void* q, const void* k, const void* v, const float* delta,
-                                   const float* lse, const void* dout) {
+void attention_backward_with_delta(Device& dev, const AttentionShape& s, const AttentionBackwardTensors& t) {
   validate(s);
+  UNTIED_CHECK(t.out == nullptr,
+               "attention_backward_with_delta: reads D from delta, so out must be null: use attention_backward");
   run_op(dev, &KernelTable::attention_backward, "attention_backward",
-         AttentionBackwardCall{.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v,
-                               .delta_source = DeltaSource::kGiven, .out = nullptr, .delta = delta, .lse = lse,
-                               .dout = dout});
+         AttentionBackwardCall{.s = s, .t = t, .delta_source = DeltaSource::kGiven});
 }
 
-void attention_merge(Device& dev, const AttentionMergeShape& s, float* acc, float* lse_acc, const float* part,
-                     const float* lse_part) {
+void attention_merge(Device& dev, const AttentionMergeShape& s, const AttentionMergeTensors& t) {
   UNTIED_CHECK(s.rows >= 0 && s.heads >= 1 && s.head_dim >= 1, "attention_merge: rows (", s.rows, "), heads (",
                s.heads, ") and head_dim (", s.head_dim, ") must be >= 0, >= 1, >= 1");
   const int64_t hd = s.heads * s.head_dim;
@@ -80,7 +73,7 @@ void attention_merge(Device& dev, const AttentionMergeShape& s, float* acc, floa
   if (f.lse_acc_stride == 0) f.lse_acc_stride = s.rows;
   if (f.lse_part_stride == 0) f.lse_part_stride = s.rows;
   run_op(dev, &KernelTable::attention_merge, "attention_merge",
-         AttentionMergeCall{.s = f, .acc = acc, .lse_acc = lse_acc, .part = part, .lse_part = lse_part});
+         AttentionMergeCall{.s = f, .t = t});
 }
 
 double attention_forward_flops(const AttentionShape& s) {

@@ -15,7 +15,8 @@
 // point then fails with "<device> does not support <op>".
 //
 // Each op's arguments travel in one call struct: the public header's shape struct and the
-// op's pointers, by the header's names.
+// op's pointers, by the header's names; where the header has a struct of them (gemm's
+// GemmParams, attention's tensors), that struct itself.
 #pragma once
 
 #include <array>
@@ -68,21 +69,12 @@ struct Scratch {
 enum class Direction { kForward, kInverse };     // rope: the rotation or its inverse (its backward)
 enum class LossPass { kForward, kForwardBackward };
 
-struct AttentionForwardCall { AttentionShape s; void* out; float* lse; const void *q, *k, *v; };
-// Where the backward's D = rowsum(dO * O) comes from. Not inferred from the pointers, which are
-// null in rehearsal.
+struct AttentionForwardCall { AttentionShape s; AttentionForwardTensors t; };
+// Where the backward's D = rowsum(dO * O) comes from: t.out or t.delta. Not inferred from the
+// pointers, which are null in rehearsal.
 enum class DeltaSource { kFromOut, kGiven };
-struct AttentionBackwardCall {
-  AttentionShape s;
-  void *dq, *dk, *dv;
-  const void *q, *k, *v;
-  DeltaSource delta_source;
-  const void* out;     // kFromOut: read to compute D
-  const float* delta;  // kGiven: D (H, seq_q)
-  const float* lse;
-  const void* dout;
-};
-struct AttentionMergeCall { AttentionMergeShape s; float *acc, *lse_acc; const float *part, *lse_part; };
+struct AttentionBackwardCall { AttentionShape s; AttentionBackwardTensors t; DeltaSource delta_source; };
+struct AttentionMergeCall { AttentionMergeShape s; AttentionMergeTensors t; };
 struct RopeCall { RopeShape s; void* x; const int64_t* positions; Direction dir; };
 struct RmsNormForwardCall { RmsNormShape s; void* y; float* rstd; const void *x, *w; };
 struct RmsNormBackwardCall {

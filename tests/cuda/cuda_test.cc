@@ -95,7 +95,8 @@ TEST(Cuda, AttentionNanInputGivesNanOutput) {
     gpu->copy(dk.data(), kb.data(), kb.size());
     gpu->copy(dv.data(), vb.data(), vb.size());
     attention_forward(*gpu, AttentionShape{.seq_q = S, .seq_k = S, .heads = H, .kv_heads = G, .head_dim = D, .dtype = t},
-                      dout.data(), static_cast<float*>(dlse.data()), dq.data(), dk.data(), dv.data());
+                      {.out = dout.data(), .lse = static_cast<float*>(dlse.data()), .q = dq.data(), .k = dk.data(),
+                       .v = dv.data()});
     gpu->synchronize();
     gpu->copy(ob.data(), dout.data(), ob.size());
     std::vector<float> out(q.size()), lse(H * S);

@@ -153,7 +153,8 @@ ForwardResult run_forward(Device& dev, const Problem& p, const Inputs& in) {
   Stored out(p.shape.dtype, p.shape.seq_q, p.q_cols(), p.q_stride(), Stored::Pad::kSentinel);
   out.fill_view_nan();  // `=`: every element must be written
   std::vector<float> lse(static_cast<size_t>(p.shape.heads * p.shape.seq_q), kNaN);
-  attention_forward(dev, p.shape, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data());
+  attention_forward(dev, p.shape,
+                    {.out = out.data(), .lse = lse.data(), .q = in.q.data(), .k = in.k.data(), .v = in.v.data()});
   return {out.get(), to_double(lse), out.padding_changed()};
 }
 
@@ -174,8 +175,9 @@ BackwardResult run_backward(Device& dev, const Problem& p, const Inputs& in,
   dq.fill_view_nan();  // `=` (overwritten, not accumulated): NaN must not survive
   dk.fill_view_nan();
   dv.fill_view_nan();
-  attention_backward(dev, p.shape, dq.data(), dk.data(), dv.data(), in.q.data(), in.k.data(),
-                     in.v.data(), out_s.data(), lse_f.data(), in.dout.data());
+  attention_backward(dev, p.shape,
+                     {.dq = dq.data(), .dk = dk.data(), .dv = dv.data(), .q = in.q.data(), .k = in.k.data(),
+                      .v = in.v.data(), .out = out_s.data(), .lse = lse_f.data(), .dout = in.dout.data()});
   return {dq.get(), dk.get(), dv.get(),
           dq.padding_changed() + dk.padding_changed() + dv.padding_changed()};
 }
@@ -592,11 +594,12 @@ WorkspacePeaks measure_workspace(Device& dev, int64_t s, DType dtype) {
   const int tag = static_cast<int>(Tag::kAttnWorkspace);
   WorkspacePeaks w;
   dev.allocator().reset_peaks();
-  attention_forward(dev, shape, out.data(), lse.data(), q.data(), k.data(), v.data());
+  attention_forward(dev, shape, {.out = out.data(), .lse = lse.data(), .q = q.data(), .k = k.data(), .v = v.data()});
   w.forward = dev.allocator().stats().peak[tag];
   dev.allocator().reset_peaks();
-  attention_backward(dev, shape, dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
-                     out.data(), lse.data(), dout.data());
+  attention_backward(dev, shape,
+                     {.dq = dq.data(), .dk = dk.data(), .dv = dv.data(), .q = q.data(), .k = k.data(), .v = v.data(),
+                      .out = out.data(), .lse = lse.data(), .dout = dout.data()});
   w.backward = dev.allocator().stats().peak[tag];
   EXPECT_EQ(dev.allocator().stats().live[tag], 0) << "workspace still live after backward";
   return w;
@@ -721,12 +724,37 @@ TEST(AttentionValidate, KernelsValidateAtTheBoundary) {
   s.kv_heads = 4;
   auto dev = cpu();
   std::vector<float> buf(1 << 12), lse(64);
-  EXPECT_THROW(
-      attention_forward(*dev, s, buf.data(), lse.data(), buf.data(), buf.data(), buf.data()),
-      Error);
-  EXPECT_THROW(attention_backward(*dev, s, buf.data(), buf.data(), buf.data(), buf.data(),
-                                  buf.data(), buf.data(), buf.data(), lse.data(), buf.data()),
+  EXPECT_THROW(attention_forward(*dev, s,
+                                 {.out = buf.data(), .lse = lse.data(), .q = buf.data(), .k = buf.data(),
+                                  .v = buf.data()}),
                Error);
+  EXPECT_THROW(attention_backward(*dev, s,
+                                  {.dq = buf.data(), .dk = buf.data(), .dv = buf.data(), .q = buf.data(),
+                                   .k = buf.data(), .v = buf.data(), .out = buf.data(), .lse = lse.data(),
+                                   .dout = buf.data()}),
+               Error);
+}
+
+// D comes from exactly one of out and delta, as the function called says: the one it does not
+// read must be null, so that a D the caller set is never silently left unread.
+TEST(AttentionValidate, BackwardTakesDFromOneSource) {
+  const AttentionShape s = good_shape();
+  auto dev = cpu();
+  std::vector<float> buf(1 << 12), lse(64);
+  const AttentionBackwardTensors both{.dq = buf.data(), .dk = buf.data(), .dv = buf.data(), .q = buf.data(),
+                                      .k = buf.data(), .v = buf.data(), .out = buf.data(), .delta = lse.data(),
+                                      .lse = lse.data(), .dout = buf.data()};
+  auto expect_invalid_call = [](auto call, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted tensors it must refuse (" << what << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid_call([&] { attention_backward(*dev, s, both); }, "delta must be null");
+  expect_invalid_call([&] { attention_backward_with_delta(*dev, s, both); }, "out must be null");
 }
 
 }  // namespace
@@ -743,7 +771,7 @@ TEST(AttentionKernel, NanInputGivesNanOutput) {
   std::vector<float> q(S * H * D, 0.1f), k(S * G * D, 0.2f), v(S * G * D, 0.3f), out(S * H * D), lse(H * S);
   for (int64_t i = 0; i < S; ++i) q[(i * H + 0) * D] = std::numeric_limits<float>::quiet_NaN();  // head 0 only
   const AttentionShape s{.seq_q = S, .seq_k = S, .heads = H, .kv_heads = G, .head_dim = D};
-  attention_forward(*dev, s, out.data(), lse.data(), q.data(), k.data(), v.data());
+  attention_forward(*dev, s, {.out = out.data(), .lse = lse.data(), .q = q.data(), .k = k.data(), .v = v.data()});
   for (int64_t i = 0; i < S; ++i) {
     EXPECT_TRUE(std::isnan(out[(i * H + 0) * D])) << "row " << i << " of the NaN head";
     EXPECT_TRUE(std::isnan(lse[0 * S + i])) << "lse of row " << i;

@@ -278,7 +278,9 @@ OpCase attention_case(const AttnCase& c, Origin origin) {
   k.buffers.push_back(docs);
   k.prepare = [s0 = s, c](Device& cpu, std::vector<HostBuffer>& b) {
     const AttentionShape s = with_docs(s0, c, b[kDocs].as<int64_t>());
-    attention_forward(cpu, s, b[kOutSaved].data(), b[kLseSaved].as<float>(), b[kQ].data(), b[kK].data(), b[kV].data());
+    attention_forward(cpu, s,
+                      {.out = b[kOutSaved].data(), .lse = b[kLseSaved].as<float>(), .q = b[kQ].data(),
+                       .k = b[kK].data(), .v = b[kV].data()});
     // delta = rowsum(dout * out) in fp32 from the CPU's out, as a context-parallel caller has it.
     for (int64_t h = 0; h < c.heads; ++h)
       for (int64_t i = 0; i < c.seq_q; ++i) {
@@ -292,13 +294,16 @@ OpCase attention_case(const AttnCase& c, Origin origin) {
   };
   k.run = [s0 = s, c](Ctx& x) {
     const AttentionShape s = with_docs(s0, c, x.as<const int64_t>(kDocs));
-    attention_forward(x.dev, s, x[kOut], x.as<float>(kLse), x[kQ], x[kK], x[kV]);
+    attention_forward(x.dev, s, {.out = x[kOut], .lse = x.as<float>(kLse), .q = x[kQ], .k = x[kK], .v = x[kV]});
     x.step("forward");
-    attention_backward(x.dev, s, x[kDq], x[kDk], x[kDv], x[kQ], x[kK], x[kV], x[kOutSaved],
-                       x.as<const float>(kLseSaved), x[kDout]);
+    attention_backward(x.dev, s,
+                       {.dq = x[kDq], .dk = x[kDk], .dv = x[kDv], .q = x[kQ], .k = x[kK], .v = x[kV],
+                        .out = x[kOutSaved], .lse = x.as<const float>(kLseSaved), .dout = x[kDout]});
     x.step("backward (delta from out)");
-    attention_backward_with_delta(x.dev, s, x[kDq2], x[kDk2], x[kDv2], x[kQ], x[kK], x[kV], x.as<const float>(kDelta),
-                                  x.as<const float>(kLseSaved), x[kDout]);
+    attention_backward_with_delta(x.dev, s,
+                                  {.dq = x[kDq2], .dk = x[kDk2], .dv = x[kDv2], .q = x[kQ], .k = x[kK], .v = x[kV],
+                                   .delta = x.as<const float>(kDelta), .lse = x.as<const float>(kLseSaved),
+                                   .dout = x[kDout]});
     x.step("backward (delta given)");
     return std::vector<double>{};
   };
@@ -598,8 +603,9 @@ OpCase f32_results_case(const AttnCase& c) {
                output("dv_delta_given", kF, kn, 0, kr, rule)};
   const AttentionShape storage = shape_of(c);  // the saved out in the storage dtype, as the caller has it
   k.prepare = [storage, c](Device& cpu, std::vector<HostBuffer>& b) {
-    attention_forward(cpu, storage, b[kOutSaved].data(), b[kLseSaved].as<float>(), b[kQ].data(), b[kK].data(),
-                      b[kV].data());
+    attention_forward(cpu, storage,
+                      {.out = b[kOutSaved].data(), .lse = b[kLseSaved].as<float>(), .q = b[kQ].data(),
+                       .k = b[kK].data(), .v = b[kV].data()});
     for (int64_t h = 0; h < c.heads; ++h)
       for (int64_t i = 0; i < c.seq_q; ++i) {
         float acc = 0.0f;
@@ -611,11 +617,13 @@ OpCase f32_results_case(const AttnCase& c) {
       }
   };
   k.run = [s](Ctx& x) {
-    attention_forward(x.dev, s, x[kOut], x.as<float>(kLse), x[kQ], x[kK], x[kV]);
+    attention_forward(x.dev, s, {.out = x[kOut], .lse = x.as<float>(kLse), .q = x[kQ], .k = x[kK], .v = x[kV]});
     x.step("forward");
     for (int slot : {kDq, kDq2}) {
-      attention_backward_with_delta(x.dev, s, x[slot], x[slot + 1], x[slot + 2], x[kQ], x[kK], x[kV],
-                                    x.as<const float>(kDelta), x.as<const float>(kLseSaved), x[kDout]);
+      attention_backward_with_delta(x.dev, s,
+                                    {.dq = x[slot], .dk = x[slot + 1], .dv = x[slot + 2], .q = x[kQ], .k = x[kK],
+                                     .v = x[kV], .delta = x.as<const float>(kDelta),
+                                     .lse = x.as<const float>(kLseSaved), .dout = x[kDout]});
       x.step("backward (delta given)");
     }
     return std::vector<double>{};
@@ -648,17 +656,23 @@ OpCase accumulate_dkv_case(const AttnCase& c) {
   AttentionShape s = shape_of(c);
   s.f32_results = true;
   k.run = [s](Ctx& x) {
-    attention_forward(x.dev, s, x[kOut], x.as<float>(kLse), x[kQ], x[kK], x[kV]);
+    attention_forward(x.dev, s, {.out = x[kOut], .lse = x.as<float>(kLse), .q = x[kQ], .k = x[kK], .v = x[kV]});
     x.step("forward");
-    attention_backward_with_delta(x.dev, s, x[kDq2], x[kDk2], x[kDv2], x[kQ], x[kK], x[kV], x.as<const float>(kDelta),
-                                  x.as<const float>(kLseSaved), x[kDout]);
+    attention_backward_with_delta(x.dev, s,
+                                  {.dq = x[kDq2], .dk = x[kDk2], .dv = x[kDv2], .q = x[kQ], .k = x[kK], .v = x[kV],
+                                   .delta = x.as<const float>(kDelta), .lse = x.as<const float>(kLseSaved),
+                                   .dout = x[kDout]});
     AttentionShape acc = s;
     acc.accumulate_dkv = true;
-    attention_backward_with_delta(x.dev, acc, x[kDq], x[kDk2], x[kDv2], x[kQ], x[kK], x[kV],
-                                  x.as<const float>(kDeltaZero), x.as<const float>(kLseSaved), x[kDoutZero]);
+    attention_backward_with_delta(x.dev, acc,
+                                  {.dq = x[kDq], .dk = x[kDk2], .dv = x[kDv2], .q = x[kQ], .k = x[kK], .v = x[kV],
+                                   .delta = x.as<const float>(kDeltaZero), .lse = x.as<const float>(kLseSaved),
+                                   .dout = x[kDoutZero]});
     x.step("backward (dk, dv added to)");
-    attention_backward_with_delta(x.dev, s, x[kDq], x[kDk], x[kDv], x[kQ], x[kK], x[kV], x.as<const float>(kDelta),
-                                  x.as<const float>(kLseSaved), x[kDout]);
+    attention_backward_with_delta(x.dev, s,
+                                  {.dq = x[kDq], .dk = x[kDk], .dv = x[kDv], .q = x[kQ], .k = x[kK], .v = x[kV],
+                                   .delta = x.as<const float>(kDelta), .lse = x.as<const float>(kLseSaved),
+                                   .dout = x[kDout]});
     x.step("backward (delta given)");
     return std::vector<double>{};
   };
@@ -691,7 +705,9 @@ OpCase merge_case(int64_t rows, int64_t heads, int64_t d, int64_t pad) {
   k.buffers = {output("acc", kF, acc_n, 0, rows_of(rows, heads * d, s.acc_row_stride), both(close(1e-6))),
                lse_acc, input("part", kF, part_n), lse_part};
   k.run = [s](Ctx& x) {
-    attention_merge(x.dev, s, x.as<float>(0), x.as<float>(1), x.as<const float>(2), x.as<const float>(3));
+    attention_merge(x.dev, s,
+                    {.acc = x.as<float>(0), .lse_acc = x.as<float>(1), .part = x.as<const float>(2),
+                     .lse_part = x.as<const float>(3)});
     return std::vector<double>{};
   };
   // Against the rule itself, in fp64, on the initial contents.
@@ -730,9 +746,11 @@ OpCase attention_refusal(const std::string& name, const AttentionShape& s, DType
   k.buffers = {input("q", t, n), out, output("lse", kF, s.heads * s.seq_q, 0, everything(), both(bits()))};
   k.run = [s, backward](Ctx& x) {
     if (backward)
-      attention_backward(x.dev, s, x[1], x[1], x[1], x[0], x[0], x[0], x[0], x.as<const float>(2), x[0]);
+      attention_backward(x.dev, s,
+                         {.dq = x[1], .dk = x[1], .dv = x[1], .q = x[0], .k = x[0], .v = x[0], .out = x[0],
+                          .lse = x.as<const float>(2), .dout = x[0]});
     else
-      attention_forward(x.dev, s, x[1], x.as<float>(2), x[0], x[0], x[0]);
+      attention_forward(x.dev, s, {.out = x[1], .lse = x.as<float>(2), .q = x[0], .k = x[0], .v = x[0]});
     return std::vector<double>{};
   };
   k.refused_on_dut = r;

@@ -68,21 +68,44 @@ struct AttentionShape {
 // Throws Error(kInvalidArgument) naming the bad field when the shape cannot work.
 void validate(const AttentionShape& s);
 
-// out (seq_q, H, D) =, lse (H, seq_q) fp32 =.
-void attention_forward(Device& dev, const AttentionShape& s, void* out, float* lse,
-                       const void* q, const void* k, const void* v);
+// The tensors of one call, in device memory, laid out as above and stored as `dtype` unless said
+// otherwise. A field marked = is overwritten, one marked += added to; the others are read.
+// Forward:
+struct AttentionForwardTensors {
+  void* out = nullptr;      // (seq_q, H, D) =, fp32 with f32_results
+  float* lse = nullptr;     // (H, seq_q) fp32 =
+  const void* q = nullptr;  // (seq_q, H, D)
+  const void* k = nullptr;  // (seq_k, G, D)
+  const void* v = nullptr;  // (seq_k, G, D)
+};
 
-// dq (seq_q, H, D) =, dk, dv (seq_k, G, D) = (overwritten, or with accumulate_dkv added to), from
-// what the forward saved (q, k, v, out, lse) and dout.
-void attention_backward(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
-                        const void* q, const void* k, const void* v, const void* out,
-                        const float* lse, const void* dout);
+// out =, lse = from q, k, v.
+void attention_forward(Device& dev, const AttentionShape& s, const AttentionForwardTensors& t);
 
-// The same with delta (H, seq_q) fp32 = rowsum(dout * out) given by the caller instead of out
-// (context-parallel callers compute it before the exchange, where out is local).
-void attention_backward_with_delta(Device& dev, const AttentionShape& s, void* dq, void* dk, void* dv,
-                                   const void* q, const void* k, const void* v, const float* delta,
-                                   const float* lse, const void* dout);
+// Backward: the gradients it writes, then what the forward saved (by the forward's names) and
+// dout. D = rowsum(dout * out) comes from exactly one of out and delta, chosen by the function
+// called (not by the pointers, which are null in rehearsal); the other must be null.
+struct AttentionBackwardTensors {
+  void* dq = nullptr;            // (seq_q, H, D) =, fp32 with f32_results
+  void* dk = nullptr;            // (seq_k, G, D) =, or += with accumulate_dkv; fp32 with f32_results
+  void* dv = nullptr;            // (seq_k, G, D) =, or += with accumulate_dkv; fp32 with f32_results
+  const void* q = nullptr;       // (seq_q, H, D)
+  const void* k = nullptr;       // (seq_k, G, D)
+  const void* v = nullptr;       // (seq_k, G, D)
+  const void* out = nullptr;     // (seq_q, H, D): attention_backward computes D from it
+  const float* delta = nullptr;  // (H, seq_q) fp32, D itself: attention_backward_with_delta
+  const float* lse = nullptr;    // (H, seq_q) fp32
+  const void* dout = nullptr;    // (seq_q, H, D)
+};
+
+// dq =, dk, dv = (or with accumulate_dkv +=), with D computed from out.
+// REQUIRES: delta null; with f32_results, f32 storage (else use attention_backward_with_delta).
+void attention_backward(Device& dev, const AttentionShape& s, const AttentionBackwardTensors& t);
+
+// The same with D given by the caller in delta instead of out (context-parallel callers compute
+// it before the exchange, where out is local).
+// REQUIRES: out null.
+void attention_backward_with_delta(Device& dev, const AttentionShape& s, const AttentionBackwardTensors& t);
 
 // Two attention results over disjoint key sets of the same queries, merged into the first (ring
 // attention's log-sum-exp rule, all fp32), per query row i and head h:
@@ -96,8 +119,13 @@ struct AttentionMergeShape {
   int64_t acc_row_stride = 0, part_row_stride = 0;
   int64_t lse_acc_stride = 0, lse_part_stride = 0;
 };
-void attention_merge(Device& dev, const AttentionMergeShape& s, float* acc, float* lse_acc, const float* part,
-                     const float* lse_part);
+struct AttentionMergeTensors {
+  float* acc = nullptr;             // (rows, H, D) fp32 =, row stride acc_row_stride
+  float* lse_acc = nullptr;         // (H, rows) fp32 =, head stride lse_acc_stride
+  const float* part = nullptr;      // (rows, H, D) fp32, row stride part_row_stride
+  const float* lse_part = nullptr;  // (H, rows) fp32, head stride lse_part_stride
+};
+void attention_merge(Device& dev, const AttentionMergeShape& s, const AttentionMergeTensors& t);
 
 // FLOPs used in benchmarks: forward 4*Sq*Sk*D*H (halved when causal with Sq == Sk),
 // backward 2.5x forward.

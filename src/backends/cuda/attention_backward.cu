@@ -552,31 +552,32 @@ ScratchRequest attention_backward_scratch(const Device&, const AttentionBackward
 
 void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch) {
   using namespace attn;
-  const auto& [s, dq, dk, dv, q, k, v, delta_source, out, delta_given, lse, dout] = c;
+  const AttentionShape& s = c.s;
+  const AttentionBackwardTensors& t = c.t;
   const AttnGeom a = make_attn_geom(s);
   const bool dq_direct = s.dtype == DType::kF32 || s.f32_results;
   const int64_t hd = static_cast<int64_t>(a.h) * a.d;
   float* const dq_buf = scratch.as<float>(kDqAcc);
 
   cudaStream_t stream = static_cast<CudaDevice&>(dev).stream();
-  const float* delta = delta_given;
-  if (delta_source == DeltaSource::kFromOut) {
+  const float* delta = t.delta;
+  if (c.delta_source == DeltaSource::kFromOut) {
     float* const delta_buf = scratch.as<float>(kDelta);
     if (s.dtype == DType::kBF16)
-      launch_delta<bf16>(a, out, dout, delta_buf, stream);
+      launch_delta<bf16>(a, t.out, t.dout, delta_buf, stream);
     else
-      launch_delta<float>(a, out, dout, delta_buf, stream);
+      launch_delta<float>(a, t.out, t.dout, delta_buf, stream);
     delta = delta_buf;
   }
-  float* dq_acc = dq_direct ? static_cast<float*>(dq) : dq_buf;
+  float* dq_acc = dq_direct ? static_cast<float*>(t.dq) : dq_buf;
   const int64_t dq_acc_rs = dq_direct ? a.q_rs : hd;
   UNTIED_CUDA_CHECK(cudaMemset2DAsync(dq_acc, static_cast<size_t>(dq_acc_rs) * 4, 0, static_cast<size_t>(hd) * 4,
                                       static_cast<size_t>(a.sq), stream));
 
-  const BwdParams p{.a = a, .q = q, .k = k, .v = v, .dout = dout, .lse = lse, .delta = delta, .dq_acc = dq_acc,
-                    .dq_acc_rs = dq_acc_rs, .dk = dk, .dv = dv, .out_f32 = s.f32_results ? 1 : 0,
+  const BwdParams p{.a = a, .q = t.q, .k = t.k, .v = t.v, .dout = t.dout, .lse = t.lse, .delta = delta,
+                    .dq_acc = dq_acc, .dq_acc_rs = dq_acc_rs, .dk = t.dk, .dv = t.dv, .out_f32 = s.f32_results ? 1 : 0,
                     .acc_dkv = s.accumulate_dkv ? 1 : 0};
-  if (use_tensor_cores(a, s.dtype, q, k, v, dout, dk, dv)) {
+  if (use_tensor_cores(a, s.dtype, t.q, t.k, t.v, t.dout, t.dk, t.dv)) {
     if (attention_backward_sm90(p, stream)) {
       // the Hopper kernel ran (UNTIED_CUDA_ATTENTION=wgmma on compute capability 9.0, D = 128)
     } else if (a.d == 64)
@@ -592,7 +593,7 @@ void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scrat
   if (!dq_direct) {
     auto* kernel = dq_convert_kernel;
     const unsigned grid = row_kernel_blocks(a.sq * hd, kRowKernelThreads * 4);
-    kernel<<<grid, kRowKernelThreads, 0, stream>>>(dq_buf, static_cast<bf16*>(dq), a.sq, hd, a.q_rs);
+    kernel<<<grid, kRowKernelThreads, 0, stream>>>(dq_buf, static_cast<bf16*>(t.dq), a.sq, hd, a.q_rs);
     UNTIED_CUDA_CHECK(cudaGetLastError());
   }
 }

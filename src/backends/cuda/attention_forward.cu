@@ -394,21 +394,24 @@ __global__ void merge_kernel(AttentionMergeShape s, float* acc, float* lse_acc, 
 }  // namespace attn
 
 void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch&) {
-  const auto& [s, acc, lse_acc, part, lse_part] = c;
+  const AttentionMergeShape& s = c.s;
+  const AttentionMergeTensors& t = c.t;
   constexpr int kThreads = 256;
   const int64_t items = s.rows * s.heads;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 65535));
-  attn::merge_kernel<<<grid, kThreads, 0, static_cast<CudaDevice&>(dev).stream()>>>(s, acc, lse_acc, part, lse_part);
+  cudaStream_t stream = static_cast<CudaDevice&>(dev).stream();
+  attn::merge_kernel<<<grid, kThreads, 0, stream>>>(s, t.acc, t.lse_acc, t.part, t.lse_part);
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 
 void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch&) {
   using namespace attn;
-  const auto& [s, out, lse, q, k, v] = c;
+  const AttentionShape& s = c.s;
+  const AttentionForwardTensors& t = c.t;
   const AttnGeom a = make_attn_geom(s);
-  const FwdParams p{.a = a, .q = q, .k = k, .v = v, .out = out, .lse = lse, .out_f32 = s.f32_results ? 1 : 0};
+  const FwdParams p{.a = a, .q = t.q, .k = t.k, .v = t.v, .out = t.out, .lse = t.lse, .out_f32 = s.f32_results ? 1 : 0};
   cudaStream_t stream = static_cast<CudaDevice&>(dev).stream();
-  if (use_tensor_cores(a, s.dtype, q, k, v, out)) {
+  if (use_tensor_cores(a, s.dtype, t.q, t.k, t.v, t.out)) {
     if (attention_forward_sm90(p, stream)) return;
     if (a.d == 64) return launch_fwd_mma<64>(p, stream);
     return launch_fwd_mma<128>(p, stream);

@@ -108,17 +108,17 @@ namespace untied::cpu {
 void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch) {
   // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
   const auto& shape = c.s;
-  const auto& dq = c.dq;
-  const auto& dk = c.dk;
-  const auto& dv = c.dv;
-  const auto& q = c.q;
-  const auto& k = c.k;
-  const auto& v = c.v;
+  const auto& dq = c.t.dq;
+  const auto& dk = c.t.dk;
+  const auto& dv = c.t.dv;
+  const auto& q = c.t.q;
+  const auto& k = c.t.k;
+  const auto& v = c.t.v;
   const auto& delta_source = c.delta_source;
-  const auto& out = c.out;
-  const auto& delta_given = c.delta;
-  const auto& lse = c.lse;
-  const auto& dout = c.dout;
+  const auto& out = c.t.out;
+  const auto& delta_given = c.t.delta;
+  const auto& lse = c.t.lse;
+  const auto& dout = c.t.dout;
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
   const int64_t hd = a.h * a.d;  // elements of one token row of dQ accumulators

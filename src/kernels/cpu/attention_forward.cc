@@ -87,11 +87,11 @@ namespace untied::cpu {
 void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch& scratch) {
   // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
   const auto& shape = c.s;
-  const auto& out = c.out;
-  const auto& lse = c.lse;
-  const auto& q = c.q;
-  const auto& k = c.k;
-  const auto& v = c.v;
+  const auto& out = c.t.out;
+  const auto& lse = c.t.lse;
+  const auto& q = c.t.q;
+  const auto& k = c.t.k;
+  const auto& v = c.t.v;
   const AttnGeom a = make_geom(shape);
   const int threads = dev.threads();
   const int64_t per_thread = forward_tile_floats(a);
@@ -275,10 +275,10 @@ namespace untied::cpu {
 void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch&) {
   // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
   const auto& s = c.s;
-  const auto& acc = c.acc;
-  const auto& lse_acc = c.lse_acc;
-  const auto& part = c.part;
-  const auto& lse_part = c.lse_part;
+  const auto& acc = c.t.acc;
+  const auto& lse_acc = c.t.lse_acc;
+  const auto& part = c.t.part;
+  const auto& lse_part = c.t.lse_part;
   const int64_t items = s.rows * s.heads;
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t item = 0; item < items; ++item) {
