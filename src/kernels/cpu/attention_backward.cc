@@ -38,8 +38,6 @@ namespace {
 
 // Per thread: k, v tiles; K^T, V^T; dk, dv accumulators; q, dO tiles; S/P, dP. Rounded up to
 // 64 bytes, so that threads share no cache line.
-bool use_amx(const AttnGeom& a) { return a.dtype == DType::kBF16 && bf16_tile_products_on_amx(); }
-
 // With AMX, after those: K^T and V^T packed as B (of P and dP), K as B (of dQ), one A pack (Q,
 // dO, P^T, dS^T or dS) and one B pack (dO or Q), each from a 64-byte boundary.
 int64_t amx_kt_elems(const AttnGeom& a) { return amx_packed_b_elems(a.d, a.bk); }
@@ -48,7 +46,6 @@ int64_t amx_a_elems(const AttnGeom& a) {
   return std::max({amx_packed_a_elems(a.bq, a.d), amx_packed_a_elems(a.bk, a.bq), amx_packed_a_elems(a.bq, a.bk)});
 }
 int64_t amx_b_elems(const AttnGeom& a) { return amx_packed_b_elems(a.bq, a.d); }
-int64_t floats_of(int64_t bf16_elems) { return (bf16_elems + 31) / 32 * 16; }
 
 // bf16 storage on a CPU with AVX512-BF16: all five products on the bf16 dot-product kernel
 // (bf16_gemm.h). The packed K and V tiles (B of P and dP) live in the K^T and V^T tiles' space,
@@ -58,7 +55,6 @@ bool use_bf16_dot(const AttnGeom& a) {
   return a.dtype == DType::kBF16 && bf16_tile_products_available() && bf16_packed_b_words(a.bk, a.d) <= a.bk * a.d &&
          bf16_packed_a_words(a.bq, a.d) <= a.bk * a.d;
 }
-int64_t words_rounded(int64_t words) { return (words + 15) / 16 * 16; }
 int64_t dot_k_words(const AttnGeom& a) { return words_rounded(bf16_packed_b_words(a.d, a.bk)); }
 int64_t dot_a_words(const AttnGeom& a) {
   return words_rounded(std::max(bf16_packed_a_words(a.bk, a.bq), bf16_packed_a_words(a.bq, a.bk)));

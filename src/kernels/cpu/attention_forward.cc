@@ -34,8 +34,6 @@ namespace {
 // they are aligned), Q^T tile, k and v tiles (bf16 widening; the q tile's widening reuses
 // acc), S^T, accumulator, and per query row m, l, the new max, the rescale factor and what
 // exp2 subtracts. Rounded up to 64 bytes, so that threads share no cache line.
-bool use_amx(const AttnGeom& a) { return a.dtype == DType::kBF16 && bf16_tile_products_on_amx(); }
-
 // With AMX, after those: the packed Q^T (B of S^T), K or P (A of either product), V (B of P V),
 // each from a 64-byte boundary.
 int64_t amx_q_elems(const AttnGeom& a) { return amx_packed_b_elems(a.d, a.bq); }
@@ -43,7 +41,6 @@ int64_t amx_a_elems(const AttnGeom& a) {
   return std::max(amx_packed_a_elems(a.bk, a.d), amx_packed_a_elems(a.bq, a.bk));
 }
 int64_t amx_v_elems(const AttnGeom& a) { return amx_packed_b_elems(a.bk, a.d); }
-int64_t floats_of(int64_t bf16_elems) { return (bf16_elems + 31) / 32 * 16; }
 
 // bf16 storage on a CPU with AVX512-BF16: both products on the bf16 dot-product kernel
 // (bf16_gemm.h). The packed Q tile lives in the Q^T tile's space and the packed K tile in the K
@@ -53,7 +50,6 @@ bool use_bf16_dot(const AttnGeom& a) {
   return a.dtype == DType::kBF16 && bf16_tile_products_available() && bf16_packed_b_words(a.bq, a.d) <= a.d * a.bq &&
          bf16_packed_a_words(a.bk, a.d) <= a.bk * a.d;
 }
-int64_t words_rounded(int64_t words) { return (words + 15) / 16 * 16; }
 
 int64_t forward_tile_floats(const AttnGeom& a) {
   int64_t n = (4 * a.bq + a.d * a.bq + 2 * a.bk * a.d + a.bk * a.bq + a.bq * a.d + 5 * a.bq + 15) / 16 * 16;

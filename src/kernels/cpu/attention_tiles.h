@@ -1,6 +1,6 @@
-// Shared pieces of the CPU flash-attention forward and backward: tile geometry, fp32 views of
-// f32/bf16 storage, and the causal limit of each query row and
-// the first key of its document and window.
+// Shared pieces of the CPU flash-attention forward and backward: tile geometry, the sizes of
+// the per-thread scratch's packs, fp32 views of f32/bf16 storage, and the causal limit of each
+// query row and the first key of its document and window.
 #pragma once
 
 #include <algorithm>
@@ -61,6 +61,15 @@ inline AttnGeom make_geom(const AttentionShape& s) {
   a.acc_dkv = s.accumulate_dkv;
   return a;
 }
+
+// Whether the tile products run on AMX (amx.h): bf16 storage where bf16 GEMMs run there.
+inline bool use_amx(const AttnGeom& a) { return a.dtype == DType::kBF16 && bf16_tile_products_on_amx(); }
+
+// The per-thread scratch's packs, each from a 64-byte boundary: `bf16_elems` bf16 elements (an
+// AMX pack) in floats, and `words` uint32 words (a pack of the bf16 dot-product kernel) in words,
+// both rounded up to 64 bytes.
+inline int64_t floats_of(int64_t bf16_elems) { return (bf16_elems + 31) / 32 * 16; }
+inline int64_t words_rounded(int64_t words) { return (words + 15) / 16 * 16; }
 
 // Number of keys (from key row 0) that query row i may see: all of them when not causal.
 inline int64_t visible_keys(const AttnGeom& a, int64_t i) {
