@@ -19,6 +19,7 @@
 #include "cli/common_flags.h"
 #include "cli/launch.h"
 #include "cli/rank_device.h"
+#include "cli/stop_signal.h"
 #include "cli/train_flags.h"
 #include "untied/train/hf_weights.h"
 #include "untied/train/memory_plan.h"
@@ -365,7 +366,13 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   }
 
   apply_watchdog_flags(flags);
-  return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
+  // SIGTERM, SIGINT and SIGUSR1 end the run after the step in progress, with a checkpoint.
+  if (!opts.rehearsal) {
+    install_stop_signals(/*announce=*/root);
+    opts.stop_request = stop_request();
+  }
+  int stopped_exit = 0;  // the exit status of a run a signal ended (every rank sets the same)
+  const int rc = run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
     // This rank's options, every auto resolved (--recompute from the step's memory plan and the
     // limits: every rank alike, the machine's figures agreed), once the rest is known to be valid.
     const RankDeviceOptions rdo{.device = device, .threads = opts.threads, .budget_bytes = opts.budget_bytes,
@@ -399,8 +406,16 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     if (comm.rank() == 0 && o.progress && !why.empty()) std::fprintf(stderr, "recompute: %s\n", why.c_str());
     auto r = train(rd.dev(), rd.comm(), comm, *data.value(), o);
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
-    if (comm.rank() != 0) return;
     const TrainSummary& s = r.value();
+    if (s.stopped_by != 0) stopped_exit = s.saved_at_stop ? kExitPreempted : 128 + s.stopped_by;
+    if (comm.rank() != 0) return;
+    if (s.stopped_by != 0) {
+      std::fprintf(stderr, "untied train: stopped by %s after step %lld of %lld: %s\n", stop_signal_name(s.stopped_by),
+                   (long long)s.last_step, (long long)o.steps,
+                   s.saved_at_stop ? ("checkpoint saved in " + o.checkpoint_dir + "; the same command with --resume "
+                                      "continues it (exit status 75: preempted, resumable)").c_str()
+                                   : "no --checkpoint-dir was given, so nothing was saved");
+    }
     if (o.rehearsal) {
       print_peaks(o, comm.size(), s.peak, s.host_peak, s.live_at_peak);
       if (!why.empty()) std::printf("recompute: %s\n", why.c_str());
@@ -411,6 +426,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     if (s.last_accuracy >= 0) std::printf(", answer accuracy %.1f%%", 100.0 * s.last_accuracy);
     std::printf("\n");
   });
+  return rc != 0 ? rc : stopped_exit;
 }
 
 }  // namespace untied::cli

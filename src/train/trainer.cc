@@ -10,8 +10,9 @@
 //     clipping and AdamW on the shards                 adamw_update
 //     the step's figures over the ranks                agree_figures -> record_step, metrics_line,
 //                                                      Progress
-//     a checkpoint when due                            save
-//   the model as a Hugging Face directory              save_hf
+//     a stop asked for (a signal) on any rank           agree_stop: this step is the last
+//     a checkpoint when due (or stopping)              save
+//   the model as a Hugging Face directory              save_hf (not when stopped early)
 // Every collective is called by every rank in the same order; a Status that the user can act on
 // is the same on every rank (first_failure).
 #include "untied/train/trainer.h"
@@ -426,6 +427,15 @@ Status skip_nonfinite(const TrainOptions& o, Communicator& comm, MetricsFile& me
   return o.metrics_path.empty() ? Status::ok_status() : first_failure(comm, ms);
 }
 
+// The stop asked for on any rank (TrainOptions::stop_request: the largest signal number), agreed
+// at the end of a step (collective, where a request can come at all); 0: go on.
+int agree_stop(Communicator& comm, const std::atomic<int>* request) {
+  if (request == nullptr) return 0;
+  int64_t stop = request->load();
+  comm.all_reduce(&stop, &stop, 1, DType::kI64, ReduceOp::kMax);
+  return static_cast<int>(stop);
+}
+
 // A finished step (1-based) into the run's summary.
 void record_step(TrainSummary& sum, const StepFigures& f, const Allocator& alloc, int64_t step) {
   sum.peak = f.mem;
@@ -553,11 +563,18 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok()) return ms;
     if (comm.rank() == 0) progress.step_done(step, f.loss, f.accuracy, tps);
 
-    if (!o.checkpoint_dir.empty() && (step == end || (o.save_every > 0 && step % o.save_every == 0)))
+    const int stop = agree_stop(comm, o.stop_request);  // a signal on any rank: this step is the last
+    if (!o.checkpoint_dir.empty() && (step == end || (o.save_every > 0 && step % o.save_every == 0) || stop != 0))
       if (Status cs = save(o, comm, step, id, params); !cs.ok()) return cs;
+    if (stop != 0) {
+      sum.stopped_by = stop;
+      sum.saved_at_stop = !o.checkpoint_dir.empty();
+      break;
+    }
   }
   if (Status ms = first_failure(comm, metrics.close()); !ms.ok()) return ms;
-  if (Status hs = save_hf(o, dev, comm, params); !hs.ok()) return hs;
+  if (sum.stopped_by == 0)
+    if (Status hs = save_hf(o, dev, comm, params); !hs.ok()) return hs;
   return sum;
 }
 

@@ -14,6 +14,7 @@
 // the arithmetic are deterministic).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -67,6 +68,10 @@ struct TrainOptions {
   int64_t skip_nonfinite = 0;
   // > 0: after each save, only the newest `keep` step directories stay.
   int64_t keep = 0;
+  // Where a stop is asked for (the process's SIGTERM, SIGINT or SIGUSR1: stop_signal.h), read at
+  // the end of every step: any rank's nonzero value ends the run there on every rank, with a
+  // checkpoint when a checkpoint directory is set (TrainSummary::stopped_by). Null: never.
+  const std::atomic<int>* stop_request = nullptr;
 };
 
 struct TrainSummary {
@@ -77,6 +82,8 @@ struct TrainSummary {
   MemoryStats peak;                        // peaks over the run, max over ranks (per tag, total)
   int64_t host_peak = 0;                   // offloaded block inputs, max over ranks
   std::vector<LiveBuffers> live_at_peak;   // this rank's buffers when its total peaked (rehearsal)
+  int stopped_by = 0;                      // the signal that ended the run early (stop_request), or 0
+  bool saved_at_stop = false;              // a checkpoint of last_step was written as it stopped
 };
 
 // Checks the options for `ranks` ranks (model, decoder, optimizer settings, the host budget); the
