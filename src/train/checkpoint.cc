@@ -78,23 +78,35 @@ class Writer {
   Fnv fnv_;
 };
 
-class Reader {
+// The typed fields of a file, read through the reader's own get(void*, size_t): a fixed-size value,
+// or a string stored as its uint64_t length (at most `max`, else false) then its bytes. Shared by
+// the stream Reader and the pread Cursor, which differ only in how bytes arrive.
+template <typename Source>
+class FieldReads {
+ public:
+  template <typename T>
+  bool get(T* v) { return source().get(static_cast<void*>(v), sizeof *v); }
+  bool get_str(std::string* s, uint64_t max) {
+    uint64_t n;
+    if (!get(&n) || n > max) return false;
+    s->resize(n);
+    return source().get(static_cast<void*>(s->data()), n);
+  }
+
+ private:
+  Source& source() { return static_cast<Source&>(*this); }
+};
+
+class Reader : public FieldReads<Reader> {
  public:
   explicit Reader(const std::string& path) : f_(path, std::ios::binary) {}
   bool open() const { return f_.is_open(); }
+  using FieldReads<Reader>::get;
   bool get(void* p, size_t n) {
     f_.read(static_cast<char*>(p), static_cast<std::streamsize>(n));
     if (!f_) return false;
     fnv_.add(p, n);
     return true;
-  }
-  template <typename T>
-  bool get(T* v) { return get(v, sizeof *v); }
-  bool get_str(std::string* s, uint64_t max) {
-    uint64_t n;
-    if (!get(&n) || n > max) return false;
-    s->resize(n);
-    return get(s->data(), n);
   }
   // Skips n bytes (not added to the checksum: for a file whose checksum is already verified).
   bool skip(int64_t n) {
@@ -337,21 +349,15 @@ int CheckpointWeights::world() const { return impl_->world; }
 const std::string& CheckpointWeights::identity() const { return impl_->identity; }
 
 // Reads fields of a file at increasing offsets with pread.
-struct Cursor {
+struct Cursor : FieldReads<Cursor> {
+  explicit Cursor(int file) : fd(file) {}
   int fd;
   int64_t at = 0;
+  using FieldReads<Cursor>::get;
   bool get(void* p, size_t n) {
     if (pread_all(fd, p, n, at) != 0) return false;
     at += static_cast<int64_t>(n);
     return true;
-  }
-  template <typename T>
-  bool get(T* v) { return get(v, sizeof *v); }
-  bool get_str(std::string* s, uint64_t max) {
-    uint64_t n;
-    if (!get(&n) || n > max) return false;
-    s->resize(n);
-    return get(s->data(), n);
   }
 };
 
