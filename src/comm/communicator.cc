@@ -5,69 +5,32 @@
 #include <cstdint>
 #include <string>
 
+#include "comm/deferred_exchange.h"
+
 namespace untied {
 
-namespace {
-// The default in-flight exchange: the blocking sendrecv, run when it is waited for.
-class DeferredExchange final : public PendingExchange {
- public:
-  DeferredExchange(Communicator& c, const void* send, int64_t send_bytes, int dest, void* recv, int64_t recv_bytes,
-                   int src)
-      : c_(c), send_(send), recv_(recv), send_bytes_(send_bytes), recv_bytes_(recv_bytes), dest_(dest), src_(src) {}
-  ~DeferredExchange() override {
-    try {
-      wait();
-    } catch (...) {  // dropped: a caller that wants the error calls wait()
-    }
+DeferredExchange::~DeferredExchange() {
+  try {
+    wait();
+  } catch (...) {  // dropped: a caller that wants the error calls wait()
   }
-  void wait() override {
-    if (done_) return;
-    done_ = true;
-    c_.sendrecv(send_, send_bytes_, dest_, recv_, recv_bytes_, src_);
-  }
+}
 
- private:
-  Communicator& c_;
-  const void* send_;
-  void* recv_;
-  int64_t send_bytes_, recv_bytes_;
-  int dest_, src_;
-  bool done_ = false;
-};
+void DeferredExchange::wait() {
+  if (done_) return;
+  done_ = true;
+  finish_();
+}
 
-// The default all_to_all in flight: the blocking call, run when it is waited for.
-class DeferredAllToAll final : public PendingExchange {
- public:
-  DeferredAllToAll(Communicator& c, const void* send, void* recv, int64_t block_bytes)
-      : c_(c), send_(send), recv_(recv), block_bytes_(block_bytes) {}
-  ~DeferredAllToAll() override {
-    try {
-      wait();
-    } catch (...) {  // dropped: a caller that wants the error calls wait()
-    }
-  }
-  void wait() override {
-    if (done_) return;
-    done_ = true;
-    c_.all_to_all(send_, recv_, block_bytes_);
-  }
-
- private:
-  Communicator& c_;
-  const void* send_;
-  void* recv_;
-  int64_t block_bytes_;
-  bool done_ = false;
-};
-}  // namespace
-
+// The defaults in flight: the blocking call, run when the exchange is waited for.
 std::unique_ptr<PendingExchange> Communicator::sendrecv_start(const void* send, int64_t send_bytes, int dest,
                                                               void* recv, int64_t recv_bytes, int src) {
-  return std::make_unique<DeferredExchange>(*this, send, send_bytes, dest, recv, recv_bytes, src);
+  return std::make_unique<DeferredExchange>(
+      [=, this] { sendrecv(send, send_bytes, dest, recv, recv_bytes, src); });
 }
 
 std::unique_ptr<PendingExchange> Communicator::all_to_all_start(const void* send, void* recv, int64_t block_bytes) {
-  return std::make_unique<DeferredAllToAll>(*this, send, recv, block_bytes);
+  return std::make_unique<DeferredExchange>([=, this] { all_to_all(send, recv, block_bytes); });
 }
 
 // One int64 min-reduction: 1 survives only if every rank passed 1.

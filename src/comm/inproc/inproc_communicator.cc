@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/deferred_exchange.h"
 #include "untied/comm/inproc.h"
 #include "untied/core/check.h"
 
@@ -386,35 +387,11 @@ class InprocCommunicator final : public Communicator {
     receive(recv, recv_bytes, src);
   }
 
-  // The message is posted (copied into the mailbox) at once; wait() takes the peer's.
-  class InprocExchange final : public PendingExchange {
-   public:
-    InprocExchange(InprocCommunicator& c, void* recv, int64_t recv_bytes, int src)
-        : c_(c), recv_(recv), recv_bytes_(recv_bytes), src_(src) {}
-    ~InprocExchange() override {
-      try {
-        wait();
-      } catch (...) {  // dropped: a caller that wants the error calls wait()
-      }
-    }
-    void wait() override {
-      if (done_) return;
-      done_ = true;
-      c_.receive(recv_, recv_bytes_, src_);
-    }
-
-   private:
-    InprocCommunicator& c_;
-    void* recv_;
-    int64_t recv_bytes_;
-    int src_;
-    bool done_ = false;
-  };
-
   std::unique_ptr<PendingExchange> sendrecv_start(const void* send, int64_t send_bytes, int dest, void* recv,
                                                   int64_t recv_bytes, int src) override {
+    // The message is posted (copied into the mailbox) at once; wait() takes the peer's.
     post(send, send_bytes, dest, recv_bytes, src);
-    return std::make_unique<InprocExchange>(*this, recv, recv_bytes, src);
+    return std::make_unique<DeferredExchange>([this, recv, recv_bytes, src] { receive(recv, recv_bytes, src); });
   }
 
   void barrier() override {
