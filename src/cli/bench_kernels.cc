@@ -4,7 +4,11 @@
 // Every rank runs the same work at the same time (as ranks do in training); a row reports the
 // slowest rank. Each attention configuration is verified before it is timed: sampled rows of
 // out, lse, dq, dk and dv are recomputed in double directly from the definition (from host
-// copies of the device's tensors).
+// copies of the device's tensors). The all-to-all's first call is checked byte for byte before
+// it is timed: each sent byte comes from its global coordinates (sender, receiver, offset), so
+// each rank knows what it must receive (as tests/comm/comm_checks.h); a wrong byte on any rank
+// fails the command. Its bandwidths are nccl-tests' (doc/PERFORMANCE.md): algbw = the bytes of a
+// rank's send buffer / time, busbw = algbw (n-1)/n, the bytes a rank sends to its peers / time.
 //
 // --device cuda: the GPU table (bf16, causal, D = 128 at S = 8K, 32K with H 32, G 8 and at 128K
 // with H 8, G 2 by default) next to cuBLAS GEMM rates (8192^3 and a q-projection shape) in the
@@ -13,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 
@@ -38,9 +43,12 @@ struct Row {
   int64_t seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = false;
   double ms = 0, gflops = 0;
-  double max_rel_err = -1;  // < 0: not verified (gemm, all_to_all)
+  double max_rel_err = -1;  // < 0: not verified (gemm)
   int64_t workspace_bytes = 0;
-  double gbps = 0;  // all_to_all only
+  // all_to_all only: the bandwidths (GB/s, nccl-tests' algbw and busbw: see the top of the file)
+  // and the wrong bytes received, over all ranks (a row is made only when it is 0).
+  double algbw_gbps = 0, busbw_gbps = 0;
+  int64_t wrong_bytes = -1;  // < 0: not an all_to_all row
   std::string note = {};  // printed after the row (GEMM shapes on the GPU)
 };
 
@@ -216,8 +224,8 @@ void add_bench_kernels_flags(FlagSet& flags) {
             "in the GEMM row's dtype (default: cpu none; cuda 16K,4096,4096)");
   flags.add("a2a-bytes", FlagKind::kBytes, "8M", "bytes per peer of the all-to-all row (several ranks)");
   flags.add_int("warmup", "",
-            "untimed calls of each op before its timed runs; an attention's verified call is the first "
-            "(default: cpu 1; cuda 3)",
+            "untimed calls of each op before its timed runs; an attention's or the all-to-all's verified call is "
+            "the first (default: cpu 1; cuda 3)",
                 {0, 1000000});
   flags.add_int("repeat", "", "timed runs per row, the median is reported (default: cpu 3; cuda 10)", {1, 1000000});
   flags.add("ratio-seq", FlagKind::kInt, "", "sequence length of the attention/GEMM ratio line (default: cpu 4096; cuda 32768)");
@@ -402,20 +410,72 @@ void add_attention_rows(Communicator& world, Device& dev, const KernelBenchOptio
   rows->push_back(rfb);
 }
 
-// The all-to-all over the rank's communicator, --a2a-bytes per peer.
+// The byte rank `src` sends rank `dst` at offset i of its block: a hash of the coordinates,
+// so that every rank knows what it must receive without communicating.
+uint8_t a2a_byte(int src, int dst, int64_t i) {
+  uint64_t x = static_cast<uint64_t>(src) * 0x9E3779B97F4A7C15ull ^
+               static_cast<uint64_t>(dst + 1) * 0xC2B2AE3D27D4EB4Full ^ static_cast<uint64_t>(i);
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<uint8_t>(x);
+}
+
+// One all_to_all of `block` bytes per peer, checked exactly: send block p = a2a_byte(me, p, i);
+// recv starts as the complement of what must arrive, so that a byte left unwritten counts too.
+// send, recv: n blocks each, memory of dev. Returns the wrong bytes this rank received; the first
+// few are printed to stderr with the rank, the sender and the offset.
+int64_t checked_all_to_all(Device& dev, Communicator& comm, void* send, void* recv, int64_t block) {
+  const int n = comm.size(), me = comm.rank();
+  std::vector<uint8_t> host(static_cast<size_t>(block * n));
+  auto at = [&](int p, int64_t i) -> uint8_t& { return host[static_cast<size_t>(p * block + i)]; };
+  for (int p = 0; p < n; ++p)
+    for (int64_t i = 0; i < block; ++i) at(p, i) = a2a_byte(me, p, i);
+  dev.copy(send, host.data(), block * n);
+  for (int p = 0; p < n; ++p)
+    for (int64_t i = 0; i < block; ++i) at(p, i) = static_cast<uint8_t>(~a2a_byte(p, me, i));
+  dev.copy(recv, host.data(), block * n);
+  comm.all_to_all(send, recv, block);
+  dev.copy(host.data(), recv, block * n);
+  constexpr int64_t kPrinted = 5;
+  int64_t wrong = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t i = 0; i < block; ++i) {
+      const uint8_t want = a2a_byte(p, me, i);
+      if (at(p, i) == want) continue;
+      if (wrong++ < kPrinted)
+        std::fprintf(stderr,
+                     "bench all_to_all: rank %d of %d (%s): byte %lld of the block from rank %d: got %d, expected %d\n",
+                     me, n, comm.backend().c_str(), static_cast<long long>(i), p, at(p, i), want);
+    }
+  return wrong;
+}
+
+// The all-to-all over the rank's communicator, --a2a-bytes per peer: its first call checked on
+// every rank (a wrong byte anywhere fails every rank alike), then timed.
 Row all_to_all_row(Communicator& world, Device& dev, Communicator& comm, const KernelBenchOptions& o) {
   Allocator& alloc = dev.allocator();
+  const int n = comm.size();
   const int64_t block = o.a2a_bytes;
-  Buffer send = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all send");
-  Buffer recv = alloc.allocate(block * comm.size(), Tag::kCommunication, "bench all_to_all recv");
-  std::vector<char> pattern(static_cast<size_t>(block * comm.size()), static_cast<char>(comm.rank()));
-  if (dev.kind() == DeviceKind::kCpu) std::copy(pattern.begin(), pattern.end(), send.as<char>());
-  else dev.copy(send.data(), pattern.data(), block * comm.size());
-  comm.all_to_all(send.data(), recv.data(), block);
+  Buffer send = alloc.allocate(block * n, Tag::kCommunication, "bench all_to_all send");
+  Buffer recv = alloc.allocate(block * n, Tag::kCommunication, "bench all_to_all recv");
+  const int64_t wrong = checked_all_to_all(dev, comm, send.data(), recv.data(), block);
+  std::vector<int64_t> wrong_by_rank(static_cast<size_t>(world.size()));
+  world.all_gather(&wrong, wrong_by_rank.data(), sizeof wrong);
+  std::string failed;
+  for (int r = 0; r < world.size(); ++r)
+    if (wrong_by_rank[static_cast<size_t>(r)] > 0)
+      failed += str_cat(failed.empty() ? "" : ", ", "rank ", r, " received ", wrong_by_rank[static_cast<size_t>(r)],
+                        " wrong bytes");
+  UNTIED_CHECK_KIND(ErrorKind::kInternal, failed.empty(), "all_to_all of ", block, " bytes per peer on ", n,
+                    " ranks (", comm.backend(), ") failed verification: ", failed, " (of ", block * n,
+                    " bytes each)");
+  for (int i = 1; i < o.warmup; ++i) comm.all_to_all(send.data(), recv.data(), block);
   const double ms = time_ms(world, dev, o.repeat, [&] { comm.all_to_all(send.data(), recv.data(), block); });
-  // Bytes each rank sends to its peers (its own block stays local).
-  const double bytes = static_cast<double>(block) * (comm.size() - 1);
-  return Row{.op = "all_to_all", .ms = ms, .workspace_bytes = block, .gbps = bytes / (ms * 1e6)};
+  const double algbw = static_cast<double>(block) * n / (ms * 1e6);  // the send buffer, own block included
+  return Row{.op = "all_to_all", .ms = ms, .workspace_bytes = block, .algbw_gbps = algbw,
+             .busbw_gbps = algbw * (n - 1) / n, .wrong_bytes = 0,
+             .note = format_bytes(block * n) + " per rank, " + format_bytes(block) + " per peer"};
 }
 
 void print_rows_json(const std::vector<Row>& rows) {
@@ -432,7 +492,9 @@ void print_rows_json(const std::vector<Row>& rows) {
     j["gflops"] = as_printed("%.3f", r.gflops);
     j["workspace_bytes"] = r.workspace_bytes;
     j["max_rel_err"] = r.max_rel_err < 0 ? Json(nullptr) : Json(as_printed("%.6g", r.max_rel_err));
-    j["gbps"] = as_printed("%.4f", r.gbps);
+    j["algbw_gbps"] = as_printed("%.4f", r.algbw_gbps);
+    j["busbw_gbps"] = as_printed("%.4f", r.busbw_gbps);
+    if (r.wrong_bytes >= 0) j["wrong_bytes"] = r.wrong_bytes;
     if (!r.note.empty()) j["note"] = r.note;
     out.push_back(std::move(j));
   }
@@ -477,11 +539,14 @@ void print_rows_table(const std::vector<Row>& rows, const std::string& header, d
   std::printf("%-*s %7s %6s %9s %9s %7s %11s %10s %14s %10s%s\n", w, "op", "seq", "heads", "kv_heads",
               "head_dim", "causal", "ms", units.tflops ? "TFLOP/s" : "GFLOP/s", "workspace", "max_err",
               units.tflops ? "    of_gemm" : "");
+  bool all_to_all = false;
   for (const Row& r : rows) {
     if (r.op == "all_to_all") {
-      std::printf("%-*s %7s %6s %9s %9s %7s %11.3f %10s %14s %10s%s   %.3f GB/s per rank, %s per peer\n",
-                  w, r.op.c_str(), "-", "-", "-", "-", "-", r.ms, "-", "-", "-", units.tflops ? "          -" : "",
-                  r.gbps, format_bytes(r.workspace_bytes).c_str());
+      all_to_all = true;
+      const std::string wrong = std::to_string(r.wrong_bytes) + " wrong";
+      std::printf("%-*s %7s %6s %9s %9s %7s %11.3f %10s %14s %10s%s   algbw %.3f GB/s, busbw %.3f GB/s; %s\n", w,
+                  r.op.c_str(), "-", "-", "-", "-", "-", r.ms, "-", "-", wrong.c_str(),
+                  units.tflops ? "          -" : "", r.algbw_gbps, r.busbw_gbps, r.note.c_str());
       continue;
     }
     const bool g = r.op.rfind("gemm", 0) == 0;
@@ -498,6 +563,9 @@ void print_rows_table(const std::vector<Row>& rows, const std::string& header, d
                 r.gflops * scale, r.workspace_bytes ? format_bytes(r.workspace_bytes).c_str() : "-", err, share,
                 r.note.empty() ? "" : "   ", r.note.c_str());
   }
+  if (all_to_all)
+    std::printf("all_to_all: algbw = bytes per rank / time, busbw = algbw * (n-1)/n (nccl-tests' definitions); "
+                "every byte received was checked before timing\n");
   if (gemm_rate > 0 && attn_rate > 0)
     std::printf("attention fwd+bwd at S=%lld: %.2f %s = %.0f%% of %s (%.2f %s)\n", (long long)ratio_seq,
                 attn_rate * scale, units.tflops ? "TFLOP/s" : "GFLOP/s", 100.0 * attn_rate / gemm_rate,
@@ -521,7 +589,8 @@ void print_rows_table(const std::vector<Row>& rows, const std::string& header, d
 int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   FlagSet flags("untied bench kernels",
                 "Times flash attention forward and backward at several sequence lengths and GEMMs\n"
-                "in the same run; every attention result is verified before it is timed.");
+                "in the same run, and under mpirun an all-to-all; every attention result and every\n"
+                "byte the all-to-all delivers are verified before they are timed.");
   add_bench_kernels_flags(flags);
   const bool root = launch_info().world_rank == 0;
   if (auto exit = parse_command_line(flags, args, root)) return *exit;
