@@ -29,6 +29,11 @@ Status validate(const AttentionConfig& c, int ranks) {
   auto bad = [](std::string m) { return Status::invalid_argument(std::move(m)); };
   if (ranks < 1) return bad("the number of ranks must be >= 1");
   if (c.seq < 1) return bad("sequence length must be >= 1, got " + std::to_string(c.seq));
+  // The longest S and the widest heads whose every buffer, and every plan's sum of them, fits a
+  // 64-bit byte count with room to spare (2^36 tokens x 2^17 head columns x 4 bytes = 2^55).
+  if (c.seq > kMaxSeq)
+    return bad("sequence length " + std::to_string(c.seq) + " is longer than untied takes (2^36 = " +
+               std::to_string(kMaxSeq) + " tokens, so that every buffer's size fits a 64-bit count)");
   if (c.hidden < 1) return bad("hidden size E must be >= 1, got " + std::to_string(c.hidden));
   if (c.heads < 1 || c.kv_heads < 1) return bad("heads and kv_heads must be >= 1");
   if (c.head_dim < 2 || c.head_dim % 2 != 0 || c.head_dim > 1024)
@@ -36,6 +41,9 @@ Status validate(const AttentionConfig& c, int ranks) {
   if (c.heads % c.kv_heads != 0)
     return bad("heads (" + std::to_string(c.heads) + ") must be a multiple of kv_heads (" +
                std::to_string(c.kv_heads) + ")");
+  if (c.hidden > kMaxWidth || c.heads > kMaxWidth / c.head_dim)
+    return bad("hidden size E (" + std::to_string(c.hidden) + ") and heads x head_dim (" +
+               std::to_string(c.heads * c.head_dim) + ") must each be at most 2^17 = " + std::to_string(kMaxWidth));
   if (!(c.rope_theta > 0)) return bad("rope_theta must be > 0");
   if (c.dtype != DType::kF32 && c.dtype != DType::kBF16) return bad("dtype must be f32 or bf16");
   if (c.ring < 1) return bad("the ring degree (--ring) must be >= 1, got " + std::to_string(c.ring));

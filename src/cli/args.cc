@@ -12,6 +12,7 @@
 
 #include "cli/config_file.h"
 #include "untied/core/allocator.h"
+#include "untied/core/file_io.h"
 
 namespace untied::cli {
 namespace {
@@ -202,6 +203,10 @@ Status FlagSet::parse(const std::vector<std::string>& args) {
                         ->check(CLI::Validator(
                             [&f, name](std::string& v) { return refusal(name, f, v); }, "", name));
   }
+  // The config file must be a regular file of bounded size before CLI11 reads it (a FIFO would
+  // block its open, /dev/zero would never end).
+  if (!config_path.empty())
+    if (auto text = read_regular_file(config_path, int64_t{16} << 20, "--config"); !text.ok()) return text.status();
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // (CLI11's vector form: in reverse order)
   try {
     app.parse(reversed);

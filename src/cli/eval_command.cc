@@ -131,12 +131,10 @@ Json result_json(const EvalResult& r, const EvalOptions& o, const std::string& l
 
 // The curve of an earlier `eval --json` output.
 StatusOr<LossCurve> read_curve(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return Status::not_found("--compare: cannot read " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  auto text = read_regular_file(path, int64_t{64} << 20, "--compare");
+  if (!text.ok()) return text.status();
   try {
-    const Json j = Json::parse(ss.str());
+    const Json j = Json::parse(text.value());
     LossCurve c;
     c.label = j.value("label", path);
     for (const Json& b : j.at("loss_by_position")) {

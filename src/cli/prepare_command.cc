@@ -26,6 +26,7 @@
 #include <set>
 
 #include "cli/args.h"
+#include "untied/core/file_io.h"
 #include "cli/commands.h"
 #include "untied/core/allocator.h"
 #include "untied/core/json.h"
@@ -345,13 +346,15 @@ struct Input {
 // Opens every input (a regular file that can be read) before anything is written.
 Status open_inputs(const std::vector<std::string>& paths, std::vector<Input>* out) {
   for (const std::string& p : paths) {
-    Input in{p, ::open(p.c_str(), O_RDONLY | O_CLOEXEC), 0};
-    if (in.fd < 0)
+    StatusOr<int> fd = open_regular_file(p, "input");  // (a FIFO or a device: refused, never waited on)
+    if (!fd.ok() && fd.status().code() == Status::Code::kNotFound)
       return Status::not_found("cannot open input " + p + ": " + std::strerror(errno) + "; check the path");
+    if (!fd.ok()) return fd.status();
+    Input in{p, fd.value(), 0};
     struct stat st;
-    if (::fstat(in.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (::fstat(in.fd, &st) != 0) {
       ::close(in.fd);
-      return Status::invalid_argument("input " + p + " is not a regular file: name the files themselves");
+      return Status::io_error("input " + p + ": " + std::strerror(errno));
     }
     in.bytes = st.st_size;
     out->push_back(in);

@@ -1,6 +1,8 @@
 // Safetensors reading and writing (safetensors.h).
 #include "untied/core/safetensors.h"
 
+#include "untied/core/checked_math.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -67,13 +69,14 @@ uint16_t float_to_f16(float f) {  // round to nearest even
 
 int64_t SafetensorsEntry::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) n = checked_mul(n, d).value_or(-1);  // -1: a shape no file could hold
   return n;
 }
 
 StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::not_found("cannot open " + path + ": " + std::strerror(errno) + "; check the path");
+  StatusOr<int> opened = open_regular_file(path, "safetensors file");  // (a FIFO or a device: refused)
+  if (!opened.ok()) return opened.status();
+  const int fd = opened.value();
   SafetensorsFile f(path, fd);  // owns fd from here
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::io_error("cannot stat " + path);
@@ -132,9 +135,11 @@ StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     if (t.begin < 0 || t.end < t.begin || t.end > data_bytes)
       return corrupt("tensor '" + name + "' has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
                      "] outside the " + std::to_string(data_bytes) + " data bytes (truncated?)");
-    if (t.end - t.begin != t.numel() * es)
+    const std::optional<int64_t> need = checked_mul(t.numel(), es);
+    if (!need) return corrupt("tensor '" + name + "' has a shape whose size does not fit a 64-bit count");
+    if (t.end - t.begin != *need)
       return corrupt("tensor '" + name + "' spans " + std::to_string(t.end - t.begin) + " bytes, but its shape and " +
-                     t.dtype + " need " + std::to_string(t.numel() * es));
+                     t.dtype + " need " + std::to_string(*need));
     f.tensors_.emplace(name, std::move(t));
   }
   // The tensors must tile the data: sorted by offset, each starts where the previous one ends.
@@ -237,8 +242,8 @@ StatusOr<SafetensorsWriter> SafetensorsWriter::create(const std::string& path,
     if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
       return Status::invalid_argument("safetensors: tensor '" + t.name + "': write F32, BF16 or F16, not " + t.dtype);
     int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    const int64_t bytes = n * element_bytes(t.dtype);
+    for (int64_t d : t.shape) n = mul_or_throw(n, d, "safetensors: tensor '" + t.name + "'");
+    const int64_t bytes = mul_or_throw(n, element_bytes(t.dtype), "safetensors: tensor '" + t.name + "'");
     h[t.name] = Json{{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
   }

@@ -1,5 +1,7 @@
 #include "untied/core/tensor.h"
 
+#include "untied/core/checked_math.h"
+
 namespace untied {
 
 Shape::Shape(std::initializer_list<int64_t> dims) {
@@ -9,7 +11,11 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < ndim_; ++i) n *= dims_[i];
+  for (int i = 0; i < ndim_; ++i) {
+    const std::optional<int64_t> next = checked_mul(n, dims_[i]);
+    if (!next) mul_or_throw(n, dims_[i], "the elements of shape " + to_string());  // (throws)
+    n = *next;
+  }
   return n;
 }
 
@@ -76,7 +82,10 @@ void check_shape(const Tensor& t, const Shape& expected, const char* what) {
 TensorBuffer::TensorBuffer(Allocator& alloc, DType dtype, Shape shape, Tag tag, std::string_view what) {
   for (int i = 0; i < shape.ndim(); ++i)
     UNTIED_CHECK(shape[i] >= 0, "negative dimension in shape ", shape.to_string(), " for '", what, "'");
-  buffer_ = alloc.allocate(shape.numel() * dtype_size(dtype), tag, what);
+  const int64_t n = shape.numel();
+  const std::optional<int64_t> bytes = checked_mul(n, dtype_size(dtype));
+  if (!bytes) mul_or_throw(n, dtype_size(dtype), "the bytes of '" + std::string(what) + "'");  // (throws)
+  buffer_ = alloc.allocate(*bytes, tag, what);
   view_ = Tensor(buffer_.data(), dtype, shape);
 }
 

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "untied/core/file_io.h"
 #include "untied/core/json.h"
 
 namespace untied {
@@ -154,11 +155,11 @@ StatusOr<HfModelConfig> parse_hf_config(const std::string& text, const std::stri
 
 StatusOr<HfModelConfig> read_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  std::ifstream f(path);
-  if (!f) return Status::not_found("cannot read " + path + ": --hf-model takes a Hugging Face model directory");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_hf_config(ss.str(), path);
+  auto text = read_regular_file(path, int64_t{16} << 20, "the model's config.json");
+  if (!text.ok() && text.status().code() == Status::Code::kNotFound)
+    return Status::not_found("cannot read " + path + ": --hf-model takes a Hugging Face model directory");
+  if (!text.ok()) return text.status();
+  return parse_hf_config(text.value(), path);
 }
 
 }  // namespace untied

@@ -43,6 +43,9 @@ Status validate(const ModelConfig& m) {
   if (!(m.norm_eps > 0)) return bad("norm_eps must be > 0");
   if (!(m.rope_theta > 0)) return bad("rope_theta must be > 0");
   if (m.vocab > INT32_MAX) return bad("vocab must fit in int32 token ids");
+  // (kMaxWidth, attention_block.h: every size product stays far inside int64.)
+  if (m.ffn > int64_t{1} << 20 || m.layers > int64_t{1} << 16)
+    return bad("ffn must be at most 2^20 and layers at most 2^16");
   return Status::ok_status();
 }
 

@@ -38,12 +38,11 @@ StatusOr<HfWeights> HfWeights::open(const std::string& dir) {
   const std::string index = dir + "/model.safetensors.index.json";
   struct stat st;
   if (::stat(index.c_str(), &st) == 0) {
-    std::ifstream f(index);
-    std::stringstream ss;
-    ss << f.rdbuf();
+    auto text = read_regular_file(index, int64_t{256} << 20, "the model's safetensors index");
+    if (!text.ok()) return text.status();
     Json j;
     try {
-      j = Json::parse(ss.str());
+      j = Json::parse(text.value());
     } catch (const std::exception& e) {
       return Status::corrupt(index + " is not JSON: " + e.what());
     }
@@ -189,13 +188,11 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
   const std::string torch_dtype = o.dtype == "BF16" ? "bfloat16" : o.dtype == "F16" ? "float16" : "float32";
   std::string config = hf_config_json(m, o.max_position, torch_dtype);
   if (!o.source_config.empty()) {  // the source's, with what this model changed
-    std::ifstream f(o.source_config);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (!f) return Status::io_error("cannot read " + o.source_config);
+    auto text = read_regular_file(o.source_config, int64_t{16} << 20, "the source model's config.json");
+    if (!text.ok()) return Status::io_error("cannot read " + o.source_config + ": " + text.status().message());
     Json c;
     try {
-      c = Json::parse(ss.str());
+      c = Json::parse(text.value());
     } catch (const Json::exception& e) {
       return Status::corrupt(o.source_config + " is not JSON: " + e.what());
     }

@@ -1,6 +1,7 @@
 // The metrics file and the progress line (metrics.h).
 #include "untied/train/metrics.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,8 +22,11 @@ double now_s() {
 // Rewrites a metrics file keeping the lines of steps <= step (atomically: a temporary renamed
 // over it); a missing file is fine (nothing to keep).
 Status keep_lines_through(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return Status::ok_status();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Status::ok_status();
+  auto text = read_regular_file(path, int64_t{16} << 30, "the metrics file");
+  if (!text.ok()) return text.status();
+  std::istringstream in(text.value());
   std::stringstream kept;
   std::string line;
   while (std::getline(in, line)) {

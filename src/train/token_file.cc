@@ -329,15 +329,17 @@ Status write_token_file(const std::string& path, std::span<const int32_t> tokens
 
 StatusOr<TokenFile> TokenFile::open(const std::string& path) {
   const std::string redo = "; re-create it (write_token_file, or convert text with text_files_to_token_file)";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return Status::not_found("cannot open token file " + path + ": " + errno_text(errno) + "; check the path");
+  struct stat pst;
+  if (::stat(path.c_str(), &pst) == 0 && S_ISDIR(pst.st_mode))
+    return Status::invalid_argument(path + " is a directory, not a token file; name the file");
+  StatusOr<int> opened = open_regular_file(path, "token file");  // (a FIFO or a device: refused)
+  if (!opened.ok()) return opened.status();
+  const int fd = opened.value();
   // From here the TokenFile owns fd, so every early return closes it.
   TokenFile file(path, fd, 0, 0, 0);
 
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::io_error("cannot stat " + path + ": " + errno_text(errno));
-  if (S_ISDIR(st.st_mode)) return Status::invalid_argument(path + " is a directory, not a token file; name the file");
   const int64_t file_bytes = st.st_size;
   const std::string not_ours = path + " is not an untied token file";
   const std::string hint = "; pass a file written by write_token_file, or use data kind 'text' for plain text";

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "untied/core/file_io.h"
 #include "untied/train/token_file.h"
 
 namespace untied {
@@ -104,12 +105,10 @@ StatusOr<std::vector<int32_t>> read_text_tokens(const std::vector<std::string>& 
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec))
       return Status::invalid_argument(path + " is a directory: name the text files in it");
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return Status::not_found("cannot open text file " + path + ": " + std::strerror(errno) + "; check the path");
-    std::ostringstream text;
-    text << f.rdbuf();
-    if (f.bad()) return Status::io_error("reading text file " + path + " failed");
-    const std::vector<int32_t> part = text_to_tokens(text.str(), split);
+    // (Read whole, one byte a token: beyond 4 GiB `untied prepare` makes a token file instead.)
+    auto text = read_regular_file(path, int64_t{4} << 30, "text file");
+    if (!text.ok()) return text.status();
+    const std::vector<int32_t> part = text_to_tokens(text.value(), split);
     ids.insert(ids.end(), part.begin(), part.end());
   }
   if (ids.empty()) {

@@ -64,11 +64,9 @@ Json run_settings(const TrainOptions& o) {
 
 // On resume: says which of run_settings differ from the checkpoint's run (allowed).
 void say_changed_settings(const TrainOptions& o) {
-  std::ifstream f(o.checkpoint_dir + "/run.json");
-  if (!f) return;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const Json was = Json::parse(ss.str(), nullptr, false), now = run_settings(o);
+  auto text = read_regular_file(o.checkpoint_dir + "/run.json", int64_t{1} << 20, "the run's settings");
+  if (!text.ok()) return;
+  const Json was = Json::parse(text.value(), nullptr, false), now = run_settings(o);
   if (!was.is_object()) return;
   std::string changes;
   for (const auto& [key, value] : now.items())

@@ -98,6 +98,12 @@ struct AttentionConfig {
   float norm_eps = 1e-6f;
 };
 
+// The longest sequence and the widest block untied takes (validate refuses more): with them every
+// buffer's size, and every plan's sum of sizes, fits a 64-bit byte count with room to spare
+// (2^36 tokens x 2^17 columns x 4 bytes = 2^55).
+constexpr int64_t kMaxSeq = int64_t{1} << 36;
+constexpr int64_t kMaxWidth = int64_t{1} << 17;  // E, and H x D
+
 // Ulysses and UPipe project a stage's heads for every rank of the group in one GEMM over at most
 // this many rows at a time (its output, (rows, U*D), is scratch: the memory plan counts it).
 constexpr int64_t kProjectionRows = 1024;
