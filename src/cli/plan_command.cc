@@ -549,7 +549,7 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
   auto refuse = [&](const Status& s) { return cli::refuse(flags, s); };
   Status st;
   if (launch_info().mpi) return refuse(Status::invalid_argument("plan runs in one process: drop mpirun, pass --ranks"));
-  for (const char* f : {"rehearsal", "fit-seq", "checkpoint-dir", "resume", "metrics"})
+  for (const char* f : {"rehearsal", "fit-seq", "checkpoint-dir", "resume", "resume-from", "metrics"})
     if (flags.was_set(f))
       return refuse(Status::invalid_argument(std::string("plan takes no --") + f +
                                              (std::string(f) == "rehearsal" || std::string(f) == "fit-seq"

@@ -88,7 +88,10 @@ void add_train_flags(FlagSet& f) {
   add_watchdog_flags(f);
   f.add("checkpoint-dir", FlagKind::kString, "", "save checkpoints here (per-rank shards)");
   f.add("save-every", FlagKind::kInt, "0", "save every N steps (0 = at the end only)");
-  f.add("resume", FlagKind::kBool, "false", "continue from the newest checkpoint in --checkpoint-dir");
+  f.add("resume", FlagKind::kBool, "false",
+        "continue from the newest intact checkpoint in --checkpoint-dir, at any rank count, strategy, --ring and "
+        "--upipe-heads (resharded as it is read)");
+  f.add_int("resume-from", "0", "with --resume: the step to continue from (0 = the newest intact one)", {.min = 0});
   f.add("keep", FlagKind::kInt, "0", "keep only the newest K checkpoints (0 = all)");
   f.add("skip-nonfinite", FlagKind::kInt, "0",
         "skip (no update) up to N steps whose loss or gradient is NaN/Inf; past that, or with 0, training stops");
@@ -212,6 +215,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->checkpoint_dir = f.get_string("checkpoint-dir");
   o->save_every = f.get_int("save-every");
   o->resume = f.get_bool("resume");
+  o->resume_from = f.get_int("resume-from");
   o->keep = f.get_int("keep");
   o->skip_nonfinite = f.get_int("skip-nonfinite");
   o->stop_after = f.get_int("stop-after");

@@ -176,6 +176,10 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
   r.peak = alloc.stats();
   for (auto& p : r.peak.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
   comm.all_reduce(&r.peak.peak_total, &r.peak.peak_total, 1, DType::kI64, ReduceOp::kMax);
+  // (Every rank has the same sums: the same answer everywhere.)
+  if (dev.backed() && !std::isfinite(r.loss))
+    return Status::invalid_argument("the loss is not finite (NaN or Inf) although every weight is: the model "
+                                    "overflows on this data (try --dtype f32, or check the model)");
   return r;
 }
 

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "untied/core/checked_math.h"
 #include "untied/core/file_io.h"
 #include "untied/core/json.h"
 #include "untied/model/hf_config.h"
@@ -131,6 +132,9 @@ Status load_hf_weights(const HfWeights& w, ShardedParams& params) {
     const int64_t numel = params.desc(i).shape.numel();
     const int64_t n = std::max<int64_t>(0, std::min<int64_t>(static_cast<int64_t>(out.size()), numel - first));
     if (n > 0) st = w.read(hf_tensor_name(name), first, n, out.data());
+    if (const int64_t bad = st.ok() ? first_nonfinite(out.data(), n) : -1; bad >= 0)
+      st = Status::corrupt("the model's " + hf_tensor_name(name) + " holds a non-finite value (element " +
+                           std::to_string(first + bad) + "): it is not a usable model");
   });
   return st;
 }
@@ -248,6 +252,9 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
     params.read_master(i, shard.data());
     full.resize(static_cast<size_t>(n * comm.size()));
     comm.all_gather(shard.data(), full.data(), n * 4);
+    if (const int64_t bad = root && st.ok() ? first_nonfinite(full.data(), params.desc(i).shape.numel()) : -1; bad >= 0)
+      st = Status::invalid_argument(params.desc(i).name + " holds a non-finite value (element " + std::to_string(bad) +
+                                    "): the model was not written to " + dir);
     if (root && st.ok()) st = writer->add(specs[i].name, full.data());
   }
   if (root && st.ok()) st = writer->finish();
@@ -291,6 +298,9 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
     full.resize(static_cast<size_t>(n));
     st = w.value().read(static_cast<int>(i), n, 0, n, full.data());
     if (!st.ok()) return st;
+    if (const int64_t bad = first_nonfinite(full.data(), n); bad >= 0)
+      return Status::invalid_argument("the checkpoint's " + descs[i].name + " holds a non-finite value (element " +
+                                      std::to_string(bad) + "): nothing usable to export; resume from an earlier step");
     st = writer.add(specs[i].name, full.data());
     if (!st.ok()) return st;
   }

@@ -100,6 +100,8 @@ Status validate(const TrainOptions& o, int ranks) {
   if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0))
     return Status::invalid_argument("AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
   if (o.resume && o.checkpoint_dir.empty()) return Status::invalid_argument("--resume needs --checkpoint-dir");
+  if (o.resume_from < 0 || (o.resume_from > 0 && !o.resume))
+    return Status::invalid_argument("--resume-from STEP picks the step --resume continues (>= 1)");
   if (o.rehearsal && (o.resume || !o.checkpoint_dir.empty()))
     return Status::invalid_argument("a rehearsal has no weights to save or load: drop --checkpoint-dir and --resume");
   if (o.threads < 1) return Status::invalid_argument("--threads must be >= 1");
@@ -216,8 +218,13 @@ Status load_initial_weights(const TrainOptions& o, Device& dev, Communicator& co
 // see different filesystems).
 StatusOr<int64_t> start_step(const TrainOptions& o, Communicator& comm, const std::string& id, ShardedParams& params) {
   if (o.resume) {
-    auto step = load_checkpoint(comm, o.checkpoint_dir, id, params);
-    if (step.ok() && comm.rank() == 0) say_changed_settings(o);
+    std::string notes;  // steps passed over (damaged), a resharding
+    auto step = load_checkpoint(comm, o.checkpoint_dir, id, params, o.resume_from, &notes);
+    if (step.ok() && comm.rank() == 0) {
+      std::istringstream lines(notes);
+      for (std::string line; std::getline(lines, line);) std::fprintf(stderr, "untied train: resume: %s\n", line.c_str());
+      say_changed_settings(o);
+    }
     return step;
   }
   if (o.checkpoint_dir.empty()) return int64_t{0};
@@ -492,7 +499,11 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
                  Allocator::Options{.budget_bytes = o.host_budget_bytes / o.ranks_per_node, .name = "host"});
   Decoder decoder(dev, dev_comm, o.model, o.decoder, o.offload_inputs ? &host : nullptr);
 
-  // Where the run starts and what it writes.
+  // Where the run starts and what it writes: one job per checkpoint directory (rank 0 holds the
+  // lock until the run ends).
+  StatusOr<CheckpointLock> lock = CheckpointLock();
+  if (comm.rank() == 0 && !o.checkpoint_dir.empty() && !o.rehearsal) lock = CheckpointLock::acquire(o.checkpoint_dir);
+  if (Status s = first_failure(comm, lock.ok() ? Status::ok_status() : lock.status()); !s.ok()) return s;
   const std::string id = identity(o, comm.size(), data);
   auto started = start_step(o, comm, id, params);
   if (!started.ok()) return started.status();

@@ -14,4 +14,8 @@ std::optional<int64_t> checked_mul(int64_t a, int64_t b);
 // a * b; throws Error(kInvalidArgument) naming `what` where checked_mul has nothing.
 int64_t mul_or_throw(int64_t a, int64_t b, std::string_view what);
 
+// The index of the first NaN or infinity of x[0..n), or -1: weights read or about to be written are
+// checked with it, so that a non-finite value is an error naming its tensor, never saved silently.
+int64_t first_nonfinite(const float* x, int64_t n);
+
 }  // namespace untied

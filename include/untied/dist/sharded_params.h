@@ -61,6 +61,8 @@ class ShardedParams final : public ParameterStore {
   const ParamDesc& desc(int i) const { return descs_[i]; }
   const std::vector<ParamDesc>& descs() const { return descs_; }
   int64_t shard_elems(int i) const { return shard_[i]; }
+  // The element of parameter i's full tensor this rank's shard starts at (rank x shard_elems).
+  int64_t first_elem(int i) const { return shard_[i] * comm_.rank(); }
   // Elements of parameter i this rank owns that are real (not padding).
   int64_t owned_elems(int i) const;
   // This rank's shard of parameter i as 3 * shard_elems(i) host floats: master, then the two

@@ -38,6 +38,9 @@ struct TrainOptions {
   std::string checkpoint_dir;  // empty: no checkpoints
   int64_t save_every = 0;      // 0: only at the end (when checkpoint_dir is set)
   bool resume = false;
+  // With resume: the step to resume from (0: the newest intact one). A checkpoint resumes at any
+  // rank count, strategy, ring and U (load_checkpoint reshards it).
+  int64_t resume_from = 0;
   std::string metrics_path;    // empty: no metrics file
   bool progress = true;
   int64_t stop_after = 0;      // > 0: stop (and save) after this step, as if interrupted
