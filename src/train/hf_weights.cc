@@ -2,6 +2,7 @@
 #include "untied/train/hf_weights.h"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -183,6 +184,25 @@ Status check_hf_output_dir(const std::string& dir, const std::string& what) {
       return Status::invalid_argument(what + " " + dir + " already holds a model (" + f +
                                       "): choose a new directory, or remove it first");
   }
+  return Status::ok_status();
+}
+
+Status check_hf_output_space(const std::string& dir, const ModelConfig& m, const std::string& dtype,
+                             const std::string& what) {
+  int64_t elems = 0;
+  for (const ParamDesc& d : parameter_descriptors(m)) elems += d.shape.numel();
+  const int64_t need = elems * (dtype == "F32" ? 4 : 2) + (int64_t{1} << 20);  // the tensors and their header
+  // The nearest directory that exists: where the files will go.
+  std::filesystem::path p = std::filesystem::absolute(dir);
+  std::error_code ec;
+  while (!p.empty() && !std::filesystem::exists(p, ec) && p != p.root_path()) p = p.parent_path();
+  struct statvfs fs;
+  if (::statvfs(p.c_str(), &fs) != 0) return Status::ok_status();  // (nothing known: the write will say)
+  const int64_t free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  if (free < need)
+    return Status::invalid_argument(what + " " + dir + ": the model needs " + format_bytes(need) + " there, and " +
+                                    p.string() + " has " + format_bytes(free) +
+                                    " free: free space, choose another directory, or a smaller --save-hf-dtype");
   return Status::ok_status();
 }
 

@@ -247,6 +247,8 @@ Status prepare_outputs(const TrainOptions& o, Communicator& comm) {
                         SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
                                       .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json"});
   if (s.ok() && comm.rank() == 0 && !o.save_hf.empty()) s = check_hf_output_dir(o.save_hf, "--save-hf");
+  if (s.ok() && comm.rank() == 0 && !o.save_hf.empty() && !o.rehearsal)
+    s = check_hf_output_space(o.save_hf, o.model, o.save_hf_dtype, "--save-hf");
   return first_failure(comm, s);
 }
 
@@ -453,6 +455,22 @@ void record_step(TrainSummary& sum, const StepFigures& f, const Allocator& alloc
   sum.last_step = step;
 }
 
+// An output failed at step `step` (`why`): the state is saved first (to the checkpoint directory,
+// or without one beside --save-hf, or in the working directory) and the error says where, so that
+// no trained step is lost with the output.
+Status stop_with_checkpoint(const TrainOptions& o, Communicator& comm, int64_t step, const std::string& id,
+                            ShardedParams& params, const Status& why) {
+  TrainOptions to = o;
+  if (to.checkpoint_dir.empty())
+    to.checkpoint_dir = (o.save_hf.empty() ? std::string("untied-checkpoint") : o.save_hf + "-checkpoint");
+  const Status saved = save(to, comm, step, id, params);
+  return Status::io_error(why.message() + (saved.ok() ? "; the state of step " + std::to_string(step) +
+                                                            " is saved in " + to.checkpoint_dir +
+                                                            " (resume with --checkpoint-dir " + to.checkpoint_dir +
+                                                            " --resume)"
+                                                      : "; saving a checkpoint failed too: " + saved.message()));
+}
+
 // With --save-hf, the trained model as a Hugging Face directory (nothing in a rehearsal).
 Status save_hf(const TrainOptions& o, Device& dev, Communicator& comm, ShardedParams& params) {
   if (o.save_hf.empty() || !dev.backed()) return Status::ok_status();
@@ -569,7 +587,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
         .step = step, .loss = f.loss, .accuracy = f.accuracy, .lr = lr, .grad_norm = norm.norm,
         .tokens_per_s_per_rank = tps, .step_s = f.step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1,
         .optimizer_s = t3 - t2, .mem = &f.mem, .ops = op_times.seconds.empty() ? nullptr : &op_times}));
-    if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok()) return ms;
+    if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok())  // a checkpoint first, then stop
+      return stop_with_checkpoint(o, comm, step, id, params, ms);
     if (comm.rank() == 0) progress.step_done(step, f.loss, f.accuracy, tps);
 
     const int stop = agree_stop(comm, o.stop_request);  // a signal on any rank: this step is the last
@@ -583,7 +602,12 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   }
   if (Status ms = first_failure(comm, metrics.close()); !ms.ok()) return ms;
   if (sum.stopped_by == 0)
-    if (Status hs = save_hf(o, dev, comm, params); !hs.ok()) return hs;
+    if (Status hs = save_hf(o, dev, comm, params); !hs.ok())  // the trained model is not lost with it
+      return o.checkpoint_dir.empty() ? stop_with_checkpoint(o, comm, sum.last_step, id, params, hs)
+                                      : Status::io_error(hs.message() + "; the checkpoint of step " +
+                                                         std::to_string(sum.last_step) + " in " + o.checkpoint_dir +
+                                                         " holds the trained model: untied export --checkpoint-dir " +
+                                                         o.checkpoint_dir + " --out DIR writes it");
   return sum;
 }
 

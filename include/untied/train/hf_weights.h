@@ -70,6 +70,10 @@ StatusOr<std::string> parse_hf_dtype(const std::string& s);
 // invalid_argument (naming `what`, the flag) when DIR already holds a model (config.json,
 // model.safetensors or an index of shards), which writing a model there would mix with the new one.
 Status check_hf_output_dir(const std::string& dir, const std::string& what);
+// Where dir will be (its nearest existing ancestor) has room for m's tensors in dtype ("F32",
+// "BF16", "F16"); the message (naming `what`) says how much is needed and free.
+Status check_hf_output_space(const std::string& dir, const ModelConfig& m, const std::string& dtype,
+                             const std::string& what);
 
 // Writes DIR/config.json (created with its parents if needed), atomically: o.source_config when
 // given, with what the model may have changed set to the model's (rope_theta, at the top level
