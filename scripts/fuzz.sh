@@ -14,6 +14,8 @@ shift || true
 bash scripts/setup.sh
 if ! command -v clang++ >/dev/null || ! dpkg-query -W -f='${Status}' libomp-dev 2>/dev/null | grep -q "ok installed"; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends clang libomp-dev >/dev/null
 fi
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DUNTIED_CUDA=OFF -DUNTIED_BUILD_TESTS=OFF -DUNTIED_FUZZ=ON \
