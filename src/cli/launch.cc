@@ -77,6 +77,18 @@ WatchdogOptions watchdog_options() {
 
 int run_ranks(int* argc, char*** argv, int inproc_ranks, const std::function<void(Communicator&)>& body) {
   const WatchdogOptions watchdog = watchdog_options();
+  if (launch_info().mpi && watchdog.timeout_s > 0) {
+    // The processes of this job say where they are in one directory, so that a stuck one can name
+    // the ranks that never reached its collective: UNTIED_WATCHDOG_DIR (one every node reaches),
+    // else one per job under /tmp (the ranks of this node).
+    const char* dir = std::getenv("UNTIED_WATCHDOG_DIR");
+    std::string job;
+    for (const char* var : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"})
+      if (const char* v = std::getenv(var); v != nullptr && job.empty()) job = v;
+    if (const char* step = std::getenv("SLURM_STEP_ID"); step != nullptr && !job.empty()) job += std::string(".") + step;
+    if (dir != nullptr && *dir != '\0') set_watchdog_dir(dir);
+    else if (!job.empty()) set_watchdog_dir("/tmp/untied-watchdog-" + job);
+  }
   if (launch_info().mpi) {
     MpiSession session(argc, argv);
     std::unique_ptr<Communicator> world = watch(session.world(), watchdog);

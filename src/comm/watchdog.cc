@@ -8,10 +8,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <deque>
+#include <filesystem>
+#include <fstream>
 #include <list>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "untied/core/allocator.h"
 #include "untied/core/check.h"
@@ -29,6 +35,21 @@ std::string current_note() {
   return t_note[1].empty() ? t_note[0] : t_note[0].empty() ? t_note[1] : t_note[0] + ", " + t_note[1];
 }
 
+// What one rank has done on one watched communicator (its flight recorder): the calls begun and
+// finished, the last one begun, and the last few finished with their durations. Read by the
+// monitor to say where every rank is when a call is stuck, and written to the heartbeat file.
+struct Progress {
+  std::string comm_id;  // the communicator, the same on every rank of it: "world", "world/1", ...
+  int rank = 0, size = 0;
+  std::string backend;
+  int64_t started = 0, finished = 0;
+  std::string last;      // the last call begun: "all_reduce #248 (8 B)"
+  std::string note;      // the rank's note then
+  double changed = 0;    // when `started` or `finished` last moved
+  std::deque<std::string> recent;  // the last kRecent calls finished: "all_gather #246 in 0.021 s"
+};
+constexpr size_t kRecent = 4;
+
 // One call in flight.
 struct InFlight {
   std::string what;  // "all_to_all #1817 (2.00 MiB per block)"
@@ -38,7 +59,12 @@ struct InFlight {
   std::string backend;
   double timeout_s = 0;
   Communicator* comm = nullptr;  // the watched communicator (cancel_in_flight before the end)
+  Progress* progress = nullptr;  // its rank's record
+  int64_t seq = 0;               // its call number
 };
+
+std::string g_heartbeat_dir;  // set_watchdog_dir: where each process says where it is
+std::string g_own_beat;       // this process's file there
 
 // Every call in flight in this process, and the monitor thread that looks at them.
 class Monitor {
@@ -50,11 +76,29 @@ class Monitor {
   std::list<InFlight>::iterator begin(InFlight f) {
     std::lock_guard<std::mutex> lock(mu_);
     ensure_thread();
+    Progress& p = *f.progress;
+    p.started = f.seq, p.last = f.what, p.note = f.note, p.changed = f.since;
     return calls_.insert(calls_.end(), std::move(f));
   }
   void end(std::list<InFlight>::iterator it) {
     std::lock_guard<std::mutex> lock(mu_);
+    Progress& p = *it->progress;
+    p.finished = it->seq;
+    p.changed = now_s();
+    char took[32];
+    std::snprintf(took, sizeof took, " in %.3f s", p.changed - it->since);
+    p.recent.push_back(it->what.substr(0, it->what.find(" (")) + took);
+    if (p.recent.size() > kRecent) p.recent.pop_front();
     calls_.erase(it);
+  }
+  Progress* enroll(Progress p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ensure_thread();
+    return &*board_.insert(board_.end(), std::move(p));
+  }
+  void leave(Progress* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    board_.remove_if([p](const Progress& q) { return &q == p; });
   }
 
  private:
@@ -63,19 +107,118 @@ class Monitor {
     started_ = true;
     std::thread([this] { run(); }).detach();
   }
+  // This process's records as heartbeat lines: "comm_id rank size started finished age|last|note".
+  std::string heartbeat_locked(double t) const {
+    std::string out;
+    for (const Progress& p : board_) {
+      char head[160];
+      std::snprintf(head, sizeof head, "%s %d %d %lld %lld %.1f|", p.comm_id.c_str(), p.rank, p.size,
+                    (long long)p.started, (long long)p.finished, t - p.changed);
+      out += head + p.last + "|" + p.note + "\n";
+    }
+    return out;
+  }
+  // Every process's records of the job: this one's, and the other processes' heartbeat files.
+  std::vector<Progress> everyone_locked(double t) const {
+    std::vector<Progress> all(board_.begin(), board_.end());
+    if (g_heartbeat_dir.empty()) return all;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(g_heartbeat_dir, ec)) {
+      if (e.path().filename() == own_file_ || e.path().extension() != ".beat") continue;
+      std::ifstream f(e.path());
+      for (std::string line; std::getline(f, line);) {
+        Progress p;
+        char id[96];
+        long long started = 0, finished = 0;
+        double age = 0;
+        int used = 0;
+        if (std::sscanf(line.c_str(), "%95s %d %d %lld %lld %lf|%n", id, &p.rank, &p.size, &started, &finished, &age,
+                        &used) < 6 || used <= 0)
+          continue;
+        p.comm_id = id, p.started = started, p.finished = finished, p.changed = t - age;
+        const std::string rest = line.substr(static_cast<size_t>(used));
+        p.last = rest.substr(0, rest.find('|'));
+        p.note = rest.find('|') == std::string::npos ? "" : rest.substr(rest.find('|') + 1);
+        all.push_back(std::move(p));
+      }
+    }
+    return all;
+  }
+  // For a call stuck at number `seq` of communicator `f`: the ranks of it that never began that
+  // call, where each of them is, and those nothing is known of.
+  std::string stragglers_locked(const InFlight& f, const std::vector<Progress>& all, double t) const {
+    std::vector<bool> known(static_cast<size_t>(f.size), false);
+    std::string behind;
+    for (const Progress& p : all) {
+      if (p.comm_id != f.progress->comm_id || p.size != f.size || p.rank < 0 || p.rank >= f.size) continue;
+      known[static_cast<size_t>(p.rank)] = true;
+      if (p.started >= f.seq) continue;
+      char line[96];
+      std::snprintf(line, sizeof line, "; rank %d never began it: its last call was ", p.rank);
+      behind += line + (p.last.empty() ? std::string("none") : p.last) + (p.note.empty() ? "" : " at " + p.note);
+      std::snprintf(line, sizeof line, ", %s %.1f s ago", p.started > p.finished ? "begun" : "ended", t - p.changed);
+      behind += line;
+    }
+    std::string unknown;
+    for (int r = 0; r < f.size; ++r)
+      if (!known[static_cast<size_t>(r)]) unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);
+    if (!unknown.empty())
+      behind += "; nothing heard from rank(s) " + unknown +
+                (g_heartbeat_dir.empty() ? "" : " (no heartbeat in " + g_heartbeat_dir + ": another node? set UNTIED_WATCHDOG_DIR to a directory every node shares)");
+    return behind;
+  }
+  void beat_locked(double t) {
+    if (g_heartbeat_dir.empty() || t - last_beat_ < 1.0) return;
+    last_beat_ = t;
+    if (own_file_.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(g_heartbeat_dir, ec);
+      char host[128] = "host";
+      ::gethostname(host, sizeof host - 1);
+      own_file_ = std::string(host) + "." + std::to_string(::getpid()) + ".beat";
+      g_own_beat = g_heartbeat_dir + "/" + own_file_;
+      std::atexit([] {  // a process that ends normally takes its heartbeat (and an empty directory) with it
+        std::remove(g_own_beat.c_str());
+        ::rmdir(g_heartbeat_dir.c_str());
+      });
+    }
+    const std::string path = g_heartbeat_dir + "/" + own_file_, tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << heartbeat_locked(t);
+    }
+    std::rename(tmp.c_str(), path.c_str());
+  }
   void run() {
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
       std::lock_guard<std::mutex> lock(mu_);
       const double t = now_s();
+      beat_locked(t);
       bool expired = false;
       for (const InFlight& f : calls_) expired = expired || t - f.since > f.timeout_s;
       if (!expired) continue;
-      for (const InFlight& f : calls_)
-        std::fprintf(stderr, "untied: watchdog: rank %d of %d (%s) stuck %.1f s in %s%s%s; the job is aborted "
+      // Where every rank of the job is, as far as this process knows: its own ranks, and the
+      // others' heartbeats (a rank that never began the stuck call is the straggler).
+      const std::vector<Progress> all = everyone_locked(t);
+      for (const InFlight& f : calls_) {
+        std::string before;
+        for (const std::string& r : f.progress->recent) before += (before.empty() ? "" : ", ") + r;
+        std::fprintf(stderr, "untied: watchdog: rank %d of %d (%s) stuck %.1f s in %s%s%s%s%s; the job is aborted "
                              "(--collective-timeout %.0f)\n",
                      f.rank, f.size, f.backend.c_str(), t - f.since, f.what.c_str(), f.note.empty() ? "" : ", ",
-                     f.note.c_str(), f.timeout_s);
+                     f.note.c_str(), before.empty() ? "" : "; before it: ", before.c_str(), f.timeout_s);
+      }
+      // One line per stuck call number: who never reached it (from the lowest stuck rank here).
+      std::vector<std::string> said;
+      for (const InFlight& f : calls_) {
+        const std::string key = f.progress->comm_id + "#" + std::to_string(f.seq);
+        if (std::find(said.begin(), said.end(), key) != said.end()) continue;
+        said.push_back(key);
+        const std::string behind = stragglers_locked(f, all, t);
+        if (!behind.empty())
+          std::fprintf(stderr, "untied: watchdog: %s%s\n", f.what.c_str(), behind.c_str());
+      }
       std::fflush(stderr);
       // Device work in flight is cancelled (NCCL: ncclCommAbort) so that no collective kernel
       // outlives the process; host transports end with it.
@@ -90,7 +233,10 @@ class Monitor {
 
   std::mutex mu_;
   std::list<InFlight> calls_;
+  std::list<Progress> board_;  // every watched communicator's rank in this process
   bool started_ = false;
+  double last_beat_ = 0;
+  std::string own_file_;  // this process's heartbeat file's name
 };
 
 class Watched;
@@ -155,11 +301,22 @@ bool same_call(const ScheduleRecord& a, const ScheduleRecord& b) {
   return std::strncmp(a.op, b.op, sizeof a.op) == 0 && a.bytes == b.bytes && a.seq == b.seq;
 }
 
+// A name for each communicator watched at the top, the same on every rank: the order in which the
+// rank (its thread) watched them ("c0", "c1", ...); every rank makes its communicators alike.
+thread_local int t_watched = 0;
+
 class Watched final : public Communicator {
  public:
-  Watched(std::unique_ptr<Communicator> owned, const WatchdogOptions& o)
-      : owned_(std::move(owned)), inner_(owned_.get()), o_(o) {}
-  Watched(Communicator& inner, const WatchdogOptions& o) : inner_(&inner), o_(o) {}
+  Watched(std::unique_ptr<Communicator> owned, const WatchdogOptions& o, std::string id = "")
+      : owned_(std::move(owned)), inner_(owned_.get()), o_(o) {
+    enroll(std::move(id));
+  }
+  Watched(Communicator& inner, const WatchdogOptions& o) : inner_(&inner), o_(o) { enroll(""); }
+  ~Watched() override {
+    if (progress_ != nullptr) Monitor::get().leave(progress_);
+  }
+  Watched(const Watched&) = delete;
+  Watched& operator=(const Watched&) = delete;
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
@@ -167,7 +324,7 @@ class Watched final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     Scope s(*this, call("split", -1));
     agree("split", 0);
-    return std::make_unique<Watched>(inner_->split(color, key), o_);
+    return std::make_unique<Watched>(inner_->split(color, key), o_, id_ + "/" + std::to_string(color));
   }
   void all_to_all(const void* send, void* recv, int64_t block_bytes) override {
     Scope s(*this, call("all_to_all", block_bytes, " per block"));
@@ -221,6 +378,8 @@ class Watched final : public Communicator {
 
   double timeout_s() const { return o_.timeout_s; }
   Communicator* inner() const { return inner_; }
+  Progress* progress() const { return progress_; }
+  int64_t calls() const { return calls_; }
 
  private:
   // --verify-schedule: every rank's record of this collective, gathered; any that differs from
@@ -246,17 +405,26 @@ class Watched final : public Communicator {
     return s;
   }
 
+  void enroll(std::string id) {
+    id_ = id.empty() ? "c" + std::to_string(t_watched++) : std::move(id);
+    if (o_.timeout_s > 0)
+      progress_ = Monitor::get().enroll(Progress{.comm_id = id_, .rank = rank(), .size = size(),
+                                                 .backend = backend(), .changed = now_s()});
+  }
+
   std::unique_ptr<Communicator> owned_;  // null when watching a communicator owned elsewhere
   Communicator* inner_;
   WatchdogOptions o_;
   int64_t calls_ = 0;
+  std::string id_;                 // the same on every rank of this communicator
+  Progress* progress_ = nullptr;   // this rank's record on the monitor's board (with a timeout)
 };
 
 Scope::Scope(const Watched& c, const std::string& what) : active_(c.timeout_s() > 0) {
   if (active_)
     it_ = Monitor::get().begin(InFlight{.what = what, .note = current_note(), .since = now_s(), .rank = c.rank(),
                                         .size = c.size(), .backend = c.backend(), .timeout_s = c.timeout_s(),
-                                        .comm = c.inner()});
+                                        .comm = c.inner(), .progress = c.progress(), .seq = c.calls()});
 }
 
 }  // namespace
@@ -269,6 +437,8 @@ std::unique_ptr<Communicator> watch(std::unique_ptr<Communicator> inner, const W
 std::unique_ptr<Communicator> watch(Communicator& inner, const WatchdogOptions& options) {
   return std::make_unique<Watched>(inner, options);
 }
+
+void set_watchdog_dir(const std::string& dir) { g_heartbeat_dir = dir; }
 
 void watchdog_note(int level, const std::string& note) {
   if (level <= 0) {
