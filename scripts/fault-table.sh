@@ -26,7 +26,9 @@ row() {
   code=$?
   t1=$(date +%s.%N)
   local msg hung lost
-  msg=$(grep -m1 -E "^untied|mpirun noticed|mpirun detected" <<<"$out" | cut -c1-200 | sed 's/|/\\|/g')
+  # (the first line that says what happened: not the stop notice the other ranks print when mpirun
+  # ends a job with SIGTERM)
+  msg=$(grep -v "stop asked for" <<<"$out" | grep -m1 -E "^untied|mpirun noticed|mpirun detected" | cut -c1-200 | sed 's/|/\\|/g')
   [ -n "$msg" ] || msg=$(head -1 <<<"$out" | cut -c1-200 | sed 's/|/\\|/g')
   [ -n "$msg" ] || [ $code -ne 137 ] || msg="(killed: SIGKILL)"
   hung=no
@@ -65,8 +67,8 @@ row "truncated token file" - -- "$u" "${small[@]}" --data tokens --data-path "$d
 "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/ck" --stop-after 2 > /dev/null 2>&1
 row "checkpoint dir in use, no --resume" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/ck"
 row "resume without a checkpoint (mpirun -np 2)" - -- "${mpi[@]}" 2 "$u" "${small[@]}" --checkpoint-dir "$d/none" --resume
-row "resume on another rank count" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 4 --checkpoint-dir "$d/ck" --resume
-row "resume with another strategy" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 2 --strategy ulysses --checkpoint-dir "$d/ck" --resume
+cp -r "$d/ck" "$d/ck_uly"
+row "resume with another strategy (ulysses)" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 2 --strategy ulysses --checkpoint-dir "$d/ck_uly" --resume
 cp -r "$d/ck" "$d/ck_bad"
 printf 'x' | dd of="$d/ck_bad/step_00000002/rank_00001.bin" bs=1 seek=200 conv=notrunc 2>/dev/null
 row "a damaged checkpoint file (one byte)" "cmp -s $d/ck_bad/latest $d/ck/latest" -- "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/ck_bad" --resume
@@ -116,6 +118,69 @@ if [ -x "$emu" ]; then
   row "rank 1 stalls before step 3's forward, NCCL (emulated GPUs, mpirun -np 2, --collective-timeout 10)" - -- env UNTIED_EMU_GPUS=2 UNTIED_FAULT=stall:step=3:rank=1:at=forward "${mpi[@]}" 2 "$emu" "${small[@]}" --device cuda --collective-timeout 10
   row "rank 1 calls another NCCL collective (emulated GPUs, mpirun -np 2, --verify-schedule)" - -- env UNTIED_EMU_GPUS=2 UNTIED_FAULT=barrier:step=3:rank=1:at=forward "${mpi[@]}" 2 "$emu" "${small[@]}" --device cuda --verify-schedule
 fi
+# Long jobs on shared clusters: signals, resuming elsewhere, one job per directory, what is never
+# saved, inputs that are not files, sizes that cannot lie, outputs that fail.
+# sig SIGNAL once|twice CHECKPOINT-DIR COMMAND...: starts a long run, signals it after 5 steps.
+cat > "$d/sig" <<'SIG'
+#!/usr/bin/env bash
+signal=$1 who=$2 ck=$3 m=$(dirname "$0")/sig.jsonl
+shift 3
+rm -rf "$m" ${ck:+"$ck"}
+"$@" --steps 100000 --batch 1 --seq 64 --kv-keys 8 --no-progress --metrics "$m" ${ck:+--checkpoint-dir "$ck"} &
+pid=$!
+for _ in $(seq 1 600); do [ "$(cat "$m" 2>/dev/null | wc -l)" -ge 5 ] && break; sleep 0.05; done
+kill -"$signal" $pid
+[ "$who" = twice ] && sleep 0.05 && kill -"$signal" $pid
+wait $pid
+SIG
+chmod +x "$d/sig"
+sig() { "$d/sig" "$@"; }
+resumes_long() {  # a copy of the checkpoint in $1 resumes for one more step
+  rm -rf "$d/copy" && cp -r "$1" "$d/copy" &&
+    "$u" train --steps 100000 --batch 1 --seq 64 --kv-keys 8 --no-progress --ranks 2 --checkpoint-dir "$d/copy" \
+      --resume --stop-after $(( $(sed 's/step_0*//' "$1/latest") + 1 )) > /dev/null 2>&1
+}
+row "SIGUSR1 to mpirun mid-run (mpirun -np 4)" "resumes_long $d/sigck" -- "$d/sig" USR1 once "$d/sigck" "${mpi[@]}" 4 "$u" train
+row "SIGTERM mid-run (in process, 2 ranks)" "resumes_long $d/sigck" -- "$d/sig" TERM once "$d/sigck" "$u" train --ranks 2
+row "SIGTERM mid-run without --checkpoint-dir" - -- "$d/sig" TERM once "" "$u" train --ranks 2
+row "SIGINT twice mid-run (in process, seq 8192: a long step)" - -- "$d/sig" INT twice "$d/sigck2" "$u" train --ranks 2 --seq 8192
+cp -r "$d/ck" "$d/ck4"
+row "resume on another rank count (4, resharded)" "resumes $d/ck" -- "$u" "${small[@]}" --ranks 4 --checkpoint-dir "$d/ck4" --resume
+"$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/fb" --save-every 1 --stop-after 3 > /dev/null 2>&1
+printf 'x' | dd of="$d/fb/step_00000003/rank_00000.bin" bs=1 seek=200 conv=notrunc 2>/dev/null
+row "newest step damaged, an older one intact" - -- "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/fb" --resume
+echo "../../etc" > "$d/fb/latest"
+row "latest naming a path outside the directory" - -- "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/fb" --resume
+row "a second job on a checkpoint directory in use" - -- bash -c "( $u train --steps 100000 --batch 1 --seq 64 --no-progress --ranks 2 --checkpoint-dir $d/lock > /dev/null 2>&1 & ); sleep 2; $u ${small[*]} --ranks 2 --checkpoint-dir $d/lock; r=\$?; pkill -9 -f '^$u train .*checkpoint-dir $d/lock'; exit \$r"
+row "NaN in a weight the data never reaches (saves refused)" "test \$(cat $d/nw/latest) = step_00000002" -- env UNTIED_FAULT=nan-weight:step=3:rank=3:param=0 "$u" train --steps 6 --batch 1 --seq 64 --kv-keys 8 --no-progress --ranks 4 --vocab 256 --checkpoint-dir "$d/nw" --save-every 2
+cp -r $fix/hf_qwen3_tiny "$d/nanm"
+python3 - "$d/nanm/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); t = h["model.norm.weight"]; at = 8 + n + t["data_offsets"][0]
+b[at:at + 2] = b"\xc0\x7f"  # a bf16 NaN
+open(p, "wb").write(b)
+PY
+row "a model holding a NaN weight (train --hf-model)" - -- "$u" train --hf-model "$d/nanm" --kv-keys 4 --kv-values 4 --seq 60 --steps 1 --no-progress
+mkfifo "$d/fifo"
+row "--config /dev/zero" - -- "$u" train --config /dev/zero
+ln -s /dev/zero "$d/zero.json"
+row "a config.json linked to /dev/zero" - -- "$u" train --config "$d/zero.json"
+row "--data text --data-path /dev/zero" - -- "$u" train --data text --data-path /dev/zero
+row "a FIFO as --config" - -- "$u" train --config "$d/fifo"
+row "a FIFO as the token file" - -- "$u" train --data tokens --data-path "$d/fifo"
+mkdir -p "$d/fifo_model" && ln -s "$d/fifo" "$d/fifo_model/config.json"
+row "a FIFO as the model's config.json" - -- "$u" train --hf-model "$d/fifo_model"
+row "a FIFO as the tokenizer and the input of prepare" - -- "$u" prepare --tokenizer "$d/fifo" --output "$d/x.tok" "$d/fifo"
+row "--ranks 4294967297" - -- "$u" train --ranks 4294967297
+row "--threads 4294967297" - -- "$u" train --threads 4294967297
+printf 'ranks = 4294967297\n' > "$d/r.cfg"
+row "--ranks 4294967297 in --config" - -- "$u" train --config "$d/r.cfg"
+row "attn --seq 2^56" - -- "$u" attn --seq 72057594037927936 --rehearsal
+row "plan --seq 2^48" - -- "$u" plan --seq 281474976710656
+row "train --seq 2^62 --mem-budget 1G" - -- "$u" train --seq 4611686018427387904 --mem-budget 1G
+row "metrics on a full disk (/dev/full)" "test -f $d/mf/latest" -- "$u" "${small[@]}" --ranks 2 --metrics /dev/full --checkpoint-dir "$d/mf"
+row "--save-hf's final write fails (ulimit -f 450)" "test -f $d/sh/latest" -- bash -c "ulimit -f 450; exec $u ${small[*]} --ranks 4 --save-hf $d/sh_out --checkpoint-dir $d/sh"
 for point in save-begin save-rank-file save-before-latest save-latest-tmp; do
   rm -rf "$d/k"
   row "kill -9 during a save ($point)" "test \$(cat $d/k/latest) = step_00000002 && resumes $d/k" -- env UNTIED_FAULT=kill:at=$point:step=4 "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/k" --save-every 2

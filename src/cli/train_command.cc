@@ -425,6 +425,11 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
       if (!why.empty()) std::printf("recompute: %s\n", why.c_str());
       return;
     }
+    if (s.losses.empty()) {  // (a resumed run that was already at its end)
+      std::printf("nothing to train: the checkpoint is at step %lld of --steps %lld (raise --steps to go on)\n",
+                  (long long)s.first_step, (long long)o.steps);
+      return;
+    }
     std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,
                 s.first_loss, s.last_loss);
     if (s.last_accuracy >= 0) std::printf(", answer accuracy %.1f%%", 100.0 * s.last_accuracy);

@@ -496,6 +496,8 @@ StatusOr<int64_t> load_checkpoint(Communicator& comm, const std::string& dir, co
     const StatusOr<std::string> latest = read_latest(dir);
     if (latest.ok()) candidates.push_back(latest.value());
     else first_problem = latest.status();
+    if (!latest.ok() && latest.status().code() != Status::Code::kNotFound && notes != nullptr)
+      *notes += latest.status().message() + "; trying the step directories, newest first\n";
     for (const std::string& s : step_dirs(dir))
       if (!latest.ok() || s != latest.value()) candidates.push_back(s);
     if (candidates.empty()) return first_problem;  // (the same on every rank: every rank reads the same dir)
