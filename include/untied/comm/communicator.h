@@ -1,8 +1,9 @@
 // Communicator: the collectives untied needs, over a group of ranks.
 //
 // Backends: MPI (one process per rank, launched with mpirun; comm/mpi), in-process (one thread per
-// rank inside one process; comm/inproc) and NCCL (one GPU per rank, bootstrapped through MPI;
-// comm/nccl). The same exact checks run on all (tests/comm, tests/nccl).
+// rank inside one process; comm/inproc), NCCL (one GPU per rank, bootstrapped through MPI;
+// comm/nccl) and the file store (processes that share a directory, for launchers without MPI;
+// comm/file_store.h). The same exact checks run on all (tests/comm, tests/nccl).
 //
 // Conventions for every collective:
 //   - Buffers are memory of the rank's device (bind_device; host memory until one is bound) or
@@ -47,7 +48,7 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "mpi", "inproc", "nccl"
+  virtual std::string backend() const = 0;  // "mpi", "inproc", "nccl", "file"
 
   // Tells the communicator where this rank's buffers live, before its first collective with
   // device memory. The in-process communicator then moves bytes with the device's copies (a GPU's
