@@ -181,6 +181,16 @@ row "plan --seq 2^48" - -- "$u" plan --seq 281474976710656
 row "train --seq 2^62 --mem-budget 1G" - -- "$u" train --seq 4611686018427387904 --mem-budget 1G
 row "metrics on a full disk (/dev/full)" "test -f $d/mf/latest" -- "$u" "${small[@]}" --ranks 2 --metrics /dev/full --checkpoint-dir "$d/mf"
 row "--save-hf's final write fails (ulimit -f 450)" "test -f $d/sh/latest" -- bash -c "ulimit -f 450; exec $u ${small[*]} --ranks 4 --save-hf $d/sh_out --checkpoint-dir $d/sh"
+# Started as srun starts tasks without MPI: N processes with Slurm's variables, the last exit status.
+srun_like() {  # N NTASKS COMMAND...: ranks 0..N-1 of NTASKS
+  local n=$1 ntasks=$2
+  shift 2
+  echo "pids=(); for r in \$(seq 0 $((n - 1))); do env UNTIED_RENDEZVOUS_DIR=$d/rdv UNTIED_RENDEZVOUS_TIMEOUT=5 SLURM_JOB_ID=\$\$ SLURM_STEP_ID=$RANDOM SLURM_PROCID=\$r SLURM_NTASKS=$ntasks SLURM_LOCALID=\$r SLURM_NNODES=1 $* & pids+=(\$!); done; rc=0; for p in \${pids[@]}; do wait \$p || rc=\$?; done; exit \$rc"
+}
+row "srun without MPI: rank 3 of 4 never starts" - -- bash -c "$(srun_like 3 4 "$u" ranks)"
+row "srun without MPI: --device cpu (2 ranks)" - -- bash -c "$(srun_like 2 2 "$u" train --steps 2 --batch 1 --seq 64 --no-progress)"
+row "torchrun variables: rank 1 given twice, rank 2 never" - -- bash -c "pids=(); for r in 0 1 1; do env UNTIED_RENDEZVOUS_DIR=$d/rdv UNTIED_RENDEZVOUS_TIMEOUT=5 RANK=\$r WORLD_SIZE=3 LOCAL_RANK=\$r LOCAL_WORLD_SIZE=3 $u ranks & pids+=(\$!); sleep 0.3; done; rc=0; for p in \${pids[@]}; do wait \$p || rc=\$?; done; exit \$rc"
+row "RANK=abc from a launcher" - -- env RANK=abc WORLD_SIZE=2 "$u" ranks
 for point in save-begin save-rank-file save-before-latest save-latest-tmp; do
   rm -rf "$d/k"
   row "kill -9 during a save ($point)" "test \$(cat $d/k/latest) = step_00000002 && resumes $d/k" -- env UNTIED_FAULT=kill:at=$point:step=4 "$u" "${small[@]}" --ranks 2 --checkpoint-dir "$d/k" --save-every 2

@@ -13,4 +13,6 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator&, De
       "and rebuild, or run the ranks in one process with --ranks N (the in-process communicator)");
 }
 
+StatusOr<std::string> nccl_unique_id() { return Status::unsupported("this build has no NCCL"); }
+
 }  // namespace untied

@@ -93,16 +93,16 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (auto exit = parse_command_line(flags, args, root)) return *exit;
   AttentionConfig cfg;
   Status st = attention_config_from_flags(flags, &cfg);
-  const int ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));  // (in kRanksRange)
+  const int ranks = li.launched ? -1 : static_cast<int>(flags.get_int("ranks"));  // (in kRanksRange)
   const DeviceChoice device = parse_device_choice(flags.get_string("device")).value();
   cfg.overlap = overlap_from_flags(flags, device == DeviceChoice::kCuda);
   if (st.ok() && !flags.get_string("dump").empty()) st = prepare_dump_dir(flags.get_string("dump"));
-  if (st.ok() && li.mpi && flags.was_set("ranks"))
+  if (st.ok() && li.launched && flags.was_set("ranks"))
     st = Status::invalid_argument("--ranks is for in-process runs; under mpirun the ranks are mpirun's -np");
   if (!st.ok()) return refuse(flags, st, root);
   AttnRunOptions opts;
   opts.device = device;
-  opts.threads = threads_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : ranks);
+  opts.threads = threads_from_flags(flags, li.launched ? local_ranks_launched() : ranks);
   opts.budget_bytes = flags.get_bytes("mem-budget");
   opts.rehearsal = flags.get_bool("rehearsal");
   opts.warmup = static_cast<int>(flags.get_int("warmup"));
@@ -131,7 +131,7 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (!mask_st.ok()) return refuse(flags, mask_st, root);
   const bool json = flags.get_bool("json");
 
-  return run_ranks(argc, argv, li.mpi ? 1 : ranks, [&](Communicator& comm) {
+  return run_ranks(argc, argv, li.launched ? 1 : ranks, [&](Communicator& comm) {
     // The configuration is checked on every rank before any allocation or compute; the device
     // (GPU present, budget) in run_attention, also before any compute.
     check_all_ranks(comm, validate(padded_config(cfg, comm.size()), comm.size()));

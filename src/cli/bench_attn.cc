@@ -168,7 +168,7 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
   using Rows = std::vector<bool>;  // (off, on) or one of them
   o->overlaps = flags.get_choice("overlap", std::vector{Rows{true}, Rows{false}, Rows{false, true}, Rows{cuda}});
   o->keeps = flags.get_choice("upipe-keep-last", std::vector{Rows{true}, Rows{false}, Rows{false, true}});
-  o->ranks = li.mpi ? -1 : static_cast<int>(flags.get_int("ranks"));
+  o->ranks = li.launched ? -1 : static_cast<int>(flags.get_int("ranks"));
   o->fit = flags.get_bool("fit");
   o->fit_step = flags.get_int("fit-step");
   o->fit_max = flags.get_int("fit-max");
@@ -177,7 +177,7 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
   o->budget = flags.get_bytes("mem-budget");
   if (o->fit) {
     if (o->fit_step < 1) return Status::invalid_argument("--fit-step must be >= 1");
-    if (!li.mpi && o->fit_step % o->ranks != 0)
+    if (!li.launched && o->fit_step % o->ranks != 0)
       return Status::invalid_argument("--fit-step " + std::to_string(o->fit_step) +
                                       " must be a multiple of the ranks (" + std::to_string(o->ranks) + ")");
     if (o->fit_max < o->fit_step || o->fit_run_max < o->fit_step)
@@ -189,7 +189,7 @@ Status read_bench_attn_flags(const FlagSet& flags, const LaunchInfo& li, BenchAt
   o->mem_seqs = flags.get_int_list("mem-seqs");
   o->multiples = flags.get_int_list("multiples");
   o->rings = flags.get_int_list("rings");
-  o->threads = threads_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : o->ranks);
+  o->threads = threads_from_flags(flags, li.launched ? local_ranks_launched() : o->ranks);
   o->warmup = static_cast<int>(flags.get_int("warmup"));
   o->json = flags.get_bool("json");
   return Status::ok_status();
@@ -492,7 +492,7 @@ int bench_attn_main(int* argc, char*** argv, const std::vector<std::string>& arg
   BenchAttnOptions o;
   if (Status st = read_bench_attn_flags(flags, li, &o); !st.ok()) return refuse(flags, st, li.world_rank == 0);
 
-  return run_ranks(argc, argv, li.mpi ? 1 : o.ranks, [&](Communicator& world) {
+  return run_ranks(argc, argv, li.launched ? 1 : o.ranks, [&](Communicator& world) {
     const std::string where = where_rows_run(world, o);
     const std::vector<Spec> specs = strategy_specs(o, world.size());
     if (o.fit) {

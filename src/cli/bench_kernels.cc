@@ -259,7 +259,7 @@ std::string read_bench_kernels_flags(const FlagSet& flags, KernelBenchOptions* o
                                                          : std::vector<int64_t>{};
   const int repeat = static_cast<int>(int_or(flags, "repeat", gpu, 3, 10));
   const int warmup = static_cast<int>(int_or(flags, "warmup", gpu, 1, 3));
-  const int threads = threads_from_flags(flags, launch_info().mpi ? local_ranks_under_mpirun() : 1);
+  const int threads = threads_from_flags(flags, launch_info().launched ? local_ranks_launched() : 1);
   if (H < 1 || G < 1 || H % G != 0)
     return "--heads must be a positive multiple of --kv-heads (got " + std::to_string(H) + " and " + std::to_string(G) + ")";
   if (long_seq > 0 && (LH < 1 || LG < 1 || LH % LG != 0))

@@ -15,5 +15,6 @@ int attn_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int eval_main(int* argc, char*** argv, const std::vector<std::string>& args);
 int export_main(int* argc, char*** argv, const std::vector<std::string>& args);
+int ranks_main(int* argc, char*** argv, const std::vector<std::string>& args);
 
 }  // namespace untied::cli

@@ -179,7 +179,7 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   EvalOptions opts;
   DeviceChoice device = DeviceChoice::kCpu;
   int threads = 1;
-  Status st = options_from_flags(flags, &opts, &device, &threads, li.mpi ? local_ranks_under_mpirun() : inproc);
+  Status st = options_from_flags(flags, &opts, &device, &threads, li.launched ? local_ranks_launched() : inproc);
   if (!st.ok()) return refuse(st);
   DataOptions dopts;
   dopts.text_split = parse_document_split(flags.get_string("text-split")).value();
@@ -199,7 +199,7 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   }
 
   apply_watchdog_flags(flags);
-  return run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
+  return run_ranks(argc, argv, li.launched ? 1 : inproc, [&](Communicator& comm) {
     check_all_ranks(comm, validate(opts, comm.size()));
     RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = threads,
                                                              .budget_bytes = flags.get_bytes("mem-budget")});

@@ -14,7 +14,8 @@ namespace {
 const char* kUsage =
     "untied: long-context Transformer training with context parallelism (UPipe, Ulysses)\n"
     "\n"
-    "usage: untied <command> [flags]        (multi-rank: mpirun -np N untied <command> ...)\n"
+    "usage: untied <command> [flags]        (multi-rank: mpirun -np N untied <command> ...; GPU ranks\n"
+    "                                        also srun or torchrun without MPI: docs/training.md#launchers)\n"
     "\n"
     "commands:\n"
     "  train           train a decoder with context parallelism (main job; built-in kv task)\n"
@@ -25,6 +26,7 @@ const char* kUsage =
     "  bench kernels   benchmark the kernels (flash attention forward/backward, GEMM)\n"
     "  bench attn      Ulysses vs UPipe for real head shapes: time and attention-layer memory\n"
     "  prepare         text or JSONL -> a token file, with a Hugging Face tokenizer.json (Llama 3, Qwen)\n"
+    "  ranks           check a launch (mpirun, srun, torchrun): each rank's host, local rank, GPU, NCCL id\n"
     "\n"
     "train, eval, attn and bench take --device cpu|cuda (CPU by default); train and plan take --config FILE.\n"
     "\n"
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> args(argv + 2, argv + argc);
     return untied::cli::attn_main(&argc, &argv, args);
   }
+  if (cmd == "ranks") return untied::cli::ranks_main(&argc, &argv, std::vector<std::string>(argv + 2, argv + argc));
   if (cmd == "prepare") return untied::cli::prepare_main(&argc, &argv, std::vector<std::string>(argv + 2, argv + argc));
   if (cmd == "bench") {
     const std::string which = argc >= 3 ? argv[2] : "";

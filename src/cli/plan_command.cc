@@ -548,7 +548,7 @@ int plan_main(int*, char***, const std::vector<std::string>& args) {
   if (auto exit = parse_command_line(flags, args, /*root=*/true)) return *exit;
   auto refuse = [&](const Status& s) { return cli::refuse(flags, s); };
   Status st;
-  if (launch_info().mpi) return refuse(Status::invalid_argument("plan runs in one process: drop mpirun, pass --ranks"));
+  if (launch_info().launched) return refuse(Status::invalid_argument("plan runs in one process: drop mpirun, pass --ranks"));
   for (const char* f : {"rehearsal", "fit-seq", "checkpoint-dir", "resume", "resume-from", "metrics"})
     if (flags.was_set(f))
       return refuse(Status::invalid_argument(std::string("plan takes no --") + f +

@@ -20,14 +20,14 @@ namespace {
 
 bool in_process(Communicator& world) { return world.backend() == "inproc"; }
 
-// The GPU of this rank: GPU 0 for every in-process rank; the local rank under mpirun.
-int gpu_index(Communicator& world) {
-  if (in_process(world)) return 0;
-  // One GPU visible: the launcher gives each rank its own (CUDA_VISIBLE_DEVICES per rank), or
-  // the ranks would share it, which make_nccl_communicator refuses (it compares bus ids).
-  if (cuda_device_count() == 1) return 0;
-  const int local = local_rank_under_mpirun();
-  return local >= 0 ? local : world.rank();
+// The GPU of this rank: GPU 0 for every in-process rank; the GPU of its local rank in a launched
+// job (gpu_for_local_rank: the only one where the launcher gave each rank its own), or of its
+// world rank where the launcher does not say the local one. Two ranks on one GPU are refused by
+// make_nccl_communicator (it compares bus ids).
+StatusOr<int> gpu_index(Communicator& world) {
+  if (in_process(world) || cuda_device_count() == 0) return 0;  // (with none, make_cuda_device says why)
+  const int local = local_rank_launched();
+  return gpu_for_local_rank(local >= 0 ? local : world.rank(), cuda_device_count());
 }
 
 // make_cuda_device with any error of the CUDA runtime turned into a Status, so that every rank
@@ -50,7 +50,7 @@ StatusOr<int64_t> gpu_free_bytes(int index) {
 
 // Under mpirun: NCCL needs one GPU per rank on each host.
 Status check_gpus_per_host() {
-  const int gpus = cuda_device_count(), ranks = local_ranks_under_mpirun();
+  const int gpus = cuda_device_count(), ranks = local_ranks_launched();
   if (!cuda_built() || gpus == 0 || ranks <= gpus) return Status::ok_status();  // make_cuda_device says why not
   if (gpus == 1) return Status::ok_status();  // one GPU per rank by binding, or NCCL's bus-id check refuses
   return Status::invalid_argument(std::to_string(ranks) + " ranks on this host share " + std::to_string(gpus) +
@@ -71,6 +71,13 @@ int ranks_per_gpu(Communicator& world) { return in_process(world) ? world.size()
 
 RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts) {
   RankDevice rd;
+  if (world_from_environment() && (opts.device == DeviceChoice::kCpu || opts.rehearsal))
+    check_all_ranks(world, Status::unsupported(
+                               std::string(opts.rehearsal ? "a rehearsal" : "the CPU backend") +
+                               " moves its ranks' buffers over MPI, and this job was started without it (srun "
+                               "without --mpi, or torchrun): run GPU ranks (--device cuda), or start CPU ranks "
+                               "with mpirun (srun --mpi=pmix where Slurm's MPI support is set up)" +
+                               (opts.rehearsal ? ", or rehearse in one process with --ranks N" : "")));
   if (opts.device == DeviceChoice::kCpu || opts.rehearsal) {
     rd.dev_ = make_cpu_device(CpuDeviceOptions{.threads = opts.device == DeviceChoice::kCpu ? opts.threads : 1,
                                                .budget_bytes = opts.budget_bytes,
@@ -98,8 +105,10 @@ RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts) 
       }
     }
   }
+  StatusOr<int> gpu = gpu_index(world);
+  if (before.ok() && !gpu.ok()) before = gpu.status();
   check_all_ranks(world, before);
-  auto dev = make_gpu(gpu_index(world), opts.budget_bytes);
+  auto dev = make_gpu(gpu.value(), opts.budget_bytes);
   check_all_ranks(world, dev.ok() ? Status::ok_status() : dev.status());
   rd.dev_ = std::move(dev).value();
   if (inproc) {
@@ -108,7 +117,9 @@ RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts) 
   } else {
     auto nccl = make_nccl_communicator(world, *rd.dev_);
     check_all_ranks(world, nccl.ok() ? Status::ok_status() : nccl.status());
+    Communicator& ranks = *nccl.value();
     rd.own_comm_ = watch(std::move(nccl).value(), watchdog_options());
+    rd.carried_ = carry_world_over(ranks);  // a launched job's world: its agreements over NCCL from now on
   }
   rd.comm_ = rd.own_comm_.get();
   return rd;
@@ -119,8 +130,10 @@ int64_t agreed_gpu_free_bytes(Communicator& world) {
   Status s = inproc ? Status::ok_status() : check_gpus_per_host();
   int64_t free_bytes = INT64_MAX;
   if (inproc) world.barrier();  // every rank's device of an earlier run is gone
+  StatusOr<int> gpu = gpu_index(world);
+  if (s.ok() && !gpu.ok()) s = gpu.status();
   if (s.ok() && (!inproc || world.rank() == 0)) {
-    auto f = gpu_free_bytes(gpu_index(world));
+    auto f = gpu_free_bytes(gpu.value());
     if (f.ok()) free_bytes = f.value();
     else s = f.status();
   }

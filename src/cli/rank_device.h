@@ -7,7 +7,9 @@
 //                  rank's thread makes its own device (allocator, stream), and a split of the
 //                  in-process world bound to that device moves the ranks' GPU buffers. Under
 //                  mpirun each rank uses the GPU of its local rank and a NCCL communicator made
-//                  over the MPI world.
+//                  over the MPI world. In a job started by srun without MPI or torchrun
+//                  (launch.h), the same over the rendezvous world, whose agreements then go over
+//                  the NCCL communicator while the RankDevice lives.
 //   Rehearsal counts on a CPU counting device whatever the choice (no GPU needed); for a GPU
 //   rank with one kernel thread, as the GPU kernels take the scratch of the CPU kernels at one
 //   thread.
@@ -25,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/launch.h"
 #include "untied/comm/communicator.h"
 #include "untied/core/status.h"
 #include "untied/core/tensor.h"
@@ -54,6 +57,7 @@ class RankDevice {
   friend RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts);
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Communicator> own_comm_;  // declared after dev_, so destroyed before it
+  std::unique_ptr<WorldTransport> carried_;  // a launched job's world over own_comm_; destroyed before it
   Communicator* comm_ = nullptr;
 };
 

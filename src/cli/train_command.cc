@@ -353,7 +353,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   TrainOptions opts;
   DataOptions dopts;
   DeviceChoice device = DeviceChoice::kCpu;
-  Status st = options_from_flags(flags, li.mpi ? local_ranks_under_mpirun() : inproc, &opts, &dopts, &device);
+  Status st = options_from_flags(flags, li.launched ? local_ranks_launched() : inproc, &opts, &dopts, &device);
   if (!st.ok()) return refuse(st);
   // The data source is built once per process and shared by its in-process ranks (fill is const).
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
@@ -364,7 +364,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (opts.rehearsal) {
     opts.steps = 1, opts.warmup = 0, opts.progress = false;
     if (flags.get_bool("fit-seq")) {
-      if (li.mpi) return refuse(Status::invalid_argument("--fit-seq runs in one process: use --ranks instead of mpirun"));
+      if (li.launched) return refuse(Status::invalid_argument("--fit-seq runs in one process: use --ranks instead of mpirun"));
       return fit_seq(opts, *data.value(), inproc);
     }
   }
@@ -376,7 +376,7 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     opts.stop_request = stop_request();
   }
   int stopped_exit = 0;  // the exit status of a run a signal ended (every rank sets the same)
-  const int rc = run_ranks(argc, argv, li.mpi ? 1 : inproc, [&](Communicator& comm) {
+  const int rc = run_ranks(argc, argv, li.launched ? 1 : inproc, [&](Communicator& comm) {
     // This rank's options, every auto resolved (--recompute from the step's memory plan and the
     // limits: every rank alike, the machine's figures agreed), once the rest is known to be valid.
     const RankDeviceOptions rdo{.device = device, .threads = opts.threads, .budget_bytes = opts.budget_bytes,

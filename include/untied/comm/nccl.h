@@ -24,6 +24,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "untied/comm/communicator.h"
 #include "untied/core/status.h"
@@ -40,5 +41,11 @@ bool nccl_built();
 // `bootstrap` must outlive it and every communicator split from it (abort() calls its abort).
 // bind_device accepts only `dev`.
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& bootstrap, Device& dev);
+
+// A new NCCL unique id (ncclGetUniqueId; its 128 bytes), which needs no GPU. With NCCL_COMM_ID=host:port
+// in the environment every process gets the same id, naming that address, where rank 0's
+// ncclCommInitRank then listens; without it, a random id naming this host, which rank 0 hands the
+// others (make_nccl_communicator broadcasts it over its bootstrap).
+StatusOr<std::string> nccl_unique_id();
 
 }  // namespace untied

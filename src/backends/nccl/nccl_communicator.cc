@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
@@ -668,6 +669,15 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& boo
   bootstrap.broadcast(&id, sizeof id, 0);
   comm->init(id, n, me);
   return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+StatusOr<std::string> nccl_unique_id() {
+  ncclUniqueId id{};
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess)
+    return Status::unsupported(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r) +
+                               (std::getenv("NCCL_COMM_ID") != nullptr ? " (check NCCL_COMM_ID=host:port)" : ""));
+  return std::string(id.internal, sizeof id.internal);
 }
 
 }  // namespace untied
