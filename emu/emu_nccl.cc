@@ -14,6 +14,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -169,6 +170,20 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int ra
   if (nranks == 1 && rank == 0) {
     *comm = new ncclComm{MPI_COMM_NULL, true};
     return ncclSuccess;
+  }
+  // A job launched without mpirun's help in untied (srun or torchrun variables, the ranks met
+  // through a rendezvous directory) has not initialised MPI: the emulated NCCL's own bootstrap
+  // does, as real NCCL's opens its sockets (the processes are still mpirun's, for the emulator).
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) return ncclSystemError;
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
   }
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -77,7 +77,20 @@ LaunchInfo launch_info_from(const std::function<const char*(const char*)>& get) 
     li.source += std::string(li.source.empty() ? "" : " ") + var + "=" + v;
     return parse_count(var, v, out, &li.problem);
   };
-  if (has("OMPI_COMM_WORLD_SIZE") || has("PMI_SIZE") || has("PMIX_RANK")) {
+  // UNTIED_LAUNCHER names the launcher whose variables to read where several are set (srun
+  // inside an MPI job's environment, torchrun under srun); by default the first found of MPI's,
+  // torchrun's, an srun step's.
+  const std::string forced = has("UNTIED_LAUNCHER") ? get("UNTIED_LAUNCHER") : "";
+  if (!forced.empty() && forced != "mpi" && forced != "slurm" && forced != "torchrun" && forced != "none") {
+    li.problem = Status::invalid_argument("UNTIED_LAUNCHER='" + forced + "': use mpi, slurm, torchrun or none");
+    li.launched = true;
+    return li;
+  }
+  if (forced == "none") return li;
+  const bool mpi = forced.empty() ? has("OMPI_COMM_WORLD_SIZE") || has("PMI_SIZE") || has("PMIX_RANK") : forced == "mpi";
+  const bool torchrun = forced.empty() ? has("RANK") && has("WORLD_SIZE") : forced == "torchrun";
+  const bool slurm = forced.empty() ? has("SLURM_PROCID") && has("SLURM_STEP_ID") : forced == "slurm";
+  if (mpi) {
     li.launcher = Launcher::kMpi;
     li.mpi = li.launched = true;
     for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
@@ -104,7 +117,14 @@ LaunchInfo launch_info_from(const std::function<const char*(const char*)>& get) 
     li.problem = Status::ok_status();  // MPI's own figures come from MPI_Init; these only guide threads and GPUs
     return li;
   }
-  if (has("RANK") && has("WORLD_SIZE")) {  // torchrun and launchers like it
+  if ((torchrun && !(has("RANK") && has("WORLD_SIZE"))) || (slurm && !(has("SLURM_PROCID") && has("SLURM_NTASKS")))) {
+    li.problem = Status::invalid_argument("UNTIED_LAUNCHER=" + forced + ", but " +
+                                          (torchrun ? "RANK and WORLD_SIZE are" : "SLURM_PROCID and SLURM_NTASKS are") +
+                                          " not both set: start the ranks with that launcher, or unset UNTIED_LAUNCHER");
+    li.launched = true;
+    return li;
+  }
+  if (torchrun) {  // torchrun and launchers like it
     li.launcher = Launcher::kTorchrun;
     read("RANK", &li.world_rank);
     read("WORLD_SIZE", &li.world_size);
@@ -114,7 +134,7 @@ LaunchInfo launch_info_from(const std::function<const char*(const char*)>& get) 
     auto or_else = [&](const char* var, const char* fallback) { return std::string(has(var) ? get(var) : fallback); };
     li.job = path_safe("torchrun-" + or_else("TORCHELASTIC_RUN_ID", "none") + "-" + or_else("MASTER_ADDR", "local") +
                        "-" + or_else("MASTER_PORT", "0") + "-" + or_else("TORCHELASTIC_RESTART_COUNT", "0"));
-  } else if (has("SLURM_PROCID") && has("SLURM_STEP_ID")) {  // an srun task (a batch script has no step id)
+  } else if (slurm) {  // an srun task (a batch script has no step id)
     li.launcher = Launcher::kSlurm;
     read("SLURM_PROCID", &li.world_rank);
     if (!read("SLURM_STEP_NUM_TASKS", &li.world_size)) read("SLURM_NTASKS", &li.world_size);
@@ -125,7 +145,8 @@ LaunchInfo launch_info_from(const std::function<const char*(const char*)>& get) 
     if (per_node != nullptr && (!has("SLURM_NODEID") || read("SLURM_NODEID", &node)))
       li.local_size = std::max(1, tasks_on_node(per_node, node));
     if (li.nodes == 1) li.local_size = li.world_size;
-    li.job = path_safe("slurm-" + std::string(has("SLURM_JOB_ID") ? get("SLURM_JOB_ID") : "0") + "." + get("SLURM_STEP_ID"));
+    li.job = path_safe("slurm-" + std::string(has("SLURM_JOB_ID") ? get("SLURM_JOB_ID") : "0") + "." +
+                       (has("SLURM_STEP_ID") ? get("SLURM_STEP_ID") : "0"));
   } else {
     return li;  // one process: in-process ranks
   }
