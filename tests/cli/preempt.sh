@@ -46,6 +46,30 @@ got=$(losses "$d/mpi.jsonl")
 [ "$got" = "$want" ] || { echo "mpirun: losses differ after the resume: '$got' against '$want'"; exit 1; }
 echo "mpirun -np 4, SIGUSR1: stopped after step $k with a checkpoint, exit 75; resumed to step 30 with the same losses"
 
+# mpirun -np 4, SIGTERM to mpirun (what scancel and the end of a job's time send to a batch step).
+# Open MPI 4.1's mpirun answers SIGTERM by sending its ranks SIGCONT, then SIGTERM T seconds later,
+# then SIGKILL another T seconds later (T = odls_base_sigkill_timeout, 1 by default), and exits 1
+# whatever the ranks return: the ranks' own stop message and checkpoint are what can be asserted,
+# and T must cover a step and a save (docs/training.md).
+start "$d/term.jsonl" env OMPI_MCA_odls_base_sigkill_timeout=3 "$mpirun" --oversubscribe -np 4 "$untied" "${run[@]}" \
+  --checkpoint-dir "$d/ckt" --metrics "$d/term.jsonl"
+t0=$(date +%s.%N)
+kill -TERM $pid
+wait $pid
+code=$?
+took=$(echo "$(date +%s.%N) - $t0" | bc)
+[ $code -ne 0 ] || { echo "mpirun: exit 0 after SIGTERM:"; cat "$d/out"; exit 1; }
+grep -q "stopped by SIGTERM after step .*: checkpoint saved in $d/ckt" "$d/out" || { echo "no stop message:"; cat "$d/out"; exit 1; }
+k=$(lines "$d/term.jsonl")
+[ "$(cat "$d/ckt/latest")" = "$(printf 'step_%08d' "$k")" ] || { echo "latest is $(cat "$d/ckt/latest") after $k steps"; exit 1; }
+"$mpirun" --oversubscribe -np 4 "$untied" "${run[@]}" --stop-after $((k + 20)) --checkpoint-dir "$d/ckt" --metrics "$d/term.jsonl" \
+  --resume > /dev/null || { echo "the resume failed"; exit 1; }
+"$mpirun" --oversubscribe -np 4 "$untied" "${run[@]}" --stop-after $((k + 20)) --metrics "$d/full2.jsonl" > /dev/null ||
+  { echo "the uninterrupted run to step $((k + 20)) failed"; exit 1; }
+got=$(losses "$d/term.jsonl")
+[ "$got" = "$(losses "$d/full2.jsonl")" ] || { echo "mpirun SIGTERM: losses differ after the resume"; exit 1; }
+printf 'mpirun -np 4, SIGTERM to mpirun (sigkill timeout 3 s): the ranks stopped after step %s with a checkpoint (mpirun exit %s), %.1f s from the signal to the exit; resumed to step %s with the same losses\n' "$k" "$code" "$took" $((k + 20))
+
 # In one process (2 ranks), SIGTERM.
 start "$d/inproc.jsonl" "$untied" "${run[@]}" --ranks 2 --checkpoint-dir "$d/ck2" --metrics "$d/inproc.jsonl"
 kill -TERM $pid
