@@ -33,10 +33,11 @@ void add_train_flags(FlagSet& f) {
         "and booleans (flags on the command line win)");
   f.add("preset", FlagKind::kString, "tiny", "model preset: " + model_preset_names());
   f.add("save-hf", FlagKind::kString, "",
-        "at the end, write the model here as a Hugging Face directory (config.json, model.safetensors) "
-        "that transformers loads");
-  f.add_checked("save-hf-dtype", "f32", "--save-hf tensors: f32, bf16 or f16",
-                [](const std::string& v) { return parse_hf_dtype(v).status(); });
+        "at the end, write the model here as a Hugging Face directory (config.json, model.safetensors and the "
+        "--hf-model's tokenizer files) that transformers loads");
+  f.add_checked("save-hf-dtype", "auto",
+                "--save-hf tensors: auto (the --hf-model's own dtype, f32 for a model made here), f32, bf16 or f16",
+                [](const std::string& v) { return v == "auto" ? Status::ok_status() : parse_hf_dtype(v).status(); });
   f.add("hf-model", FlagKind::kString, "",
         "start from a Hugging Face model directory (config.json and model.safetensors or its sharded index): "
         "LlamaForCausalLM or Qwen3ForCausalLM; each rank reads only its own shard of each tensor");
@@ -168,7 +169,8 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   }
   rope_theta_from_flags(f, &o->model.rope_theta);
   o->save_hf = f.get_string("save-hf");
-  o->save_hf_dtype = parse_hf_dtype(f.get_string("save-hf-dtype")).value();
+  o->save_hf_dtype =
+      f.get_string("save-hf-dtype") == "auto" ? std::string() : parse_hf_dtype(f.get_string("save-hf-dtype")).value();
   o->rehearsal = f.get_bool("rehearsal");
   o->offload_inputs = f.get_bool("offload-inputs");
   if (o->rehearsal) {

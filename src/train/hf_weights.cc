@@ -206,9 +206,40 @@ Status check_hf_output_space(const std::string& dir, const ModelConfig& m, const
   return Status::ok_status();
 }
 
+const char* const kTokenizerFiles[10] = {"tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
+                                         "generation_config.json", "chat_template.jinja", "chat_template.json",
+                                         "added_tokens.json",   "vocab.json",            "merges.txt",
+                                         "tokenizer.model"};
+
+Status copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir, std::vector<std::string>* copied) {
+  std::error_code ec;
+  for (const char* name : kTokenizerFiles) {
+    const std::string from = from_dir + "/" + name, to = to_dir + "/" + name;
+    if (!std::filesystem::exists(from, ec)) continue;
+    auto text = read_regular_file(from, int64_t{256} << 20, name);
+    if (!text.ok()) return Status::io_error("cannot copy " + from + ": " + text.status().message());
+    std::filesystem::create_directories(to_dir, ec);
+    if (!write_file_atomically(to, text.value()))
+      return Status::io_error("cannot write " + to + ": choose a writable directory with room for the tokenizer");
+    if (copied != nullptr) copied->push_back(name);
+  }
+  return Status::ok_status();
+}
+
+std::string hf_dtype_of_config(const std::string& config_path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(config_path, ec)) return "F32";
+  const std::string dir = std::filesystem::path(config_path).parent_path().string();
+  auto cfg = read_hf_config(dir.empty() ? "." : dir);
+  if (!cfg.ok()) return "F32";
+  auto d = parse_hf_dtype(cfg.value().torch_dtype);
+  return d.ok() ? d.value() : "F32";
+}
+
 Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveHfOptions& o) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
+  const bool keep_dtype = o.dtype.empty();
   const std::string torch_dtype = o.dtype == "BF16" ? "bfloat16" : o.dtype == "F16" ? "float16" : "float32";
   std::string config = hf_config_json(m, o.max_position, torch_dtype);
   if (!o.source_config.empty()) {  // the source's, with what this model changed
@@ -228,8 +259,8 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
                             ? c["max_position_embeddings"].get<int64_t>()
                             : 0;
     c["max_position_embeddings"] = std::max(had, o.max_position);
-    if (c.contains("dtype")) c["dtype"] = torch_dtype;
-    if (c.contains("torch_dtype") || !c.contains("dtype")) c["torch_dtype"] = torch_dtype;
+    if (!keep_dtype && c.contains("dtype")) c["dtype"] = torch_dtype;
+    if (!keep_dtype && (c.contains("torch_dtype") || !c.contains("dtype"))) c["torch_dtype"] = torch_dtype;
     c["tie_word_embeddings"] = m.tied_embeddings;
     config = c.dump(2) + "\n";
   }
@@ -278,11 +309,13 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
     if (root && st.ok()) st = writer->add(specs[i].name, full.data());
   }
   if (root && st.ok()) st = writer->finish();
+  if (root && st.ok() && !o.tokenizer_from.empty()) st = copy_tokenizer_files(o.tokenizer_from, dir);
   if (root && st.ok()) st = write_hf_config(dir, m, o);  // last: a directory with a config has its weights
   return first_failure(comm, st);
 }
 
-Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype) {
+Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype_wanted,
+                         int64_t step, ExportResult* written) {
   auto cfg = read_hf_config(ckpt_dir);
   if (!cfg.ok()) {
     if (cfg.status().code() == Status::Code::kNotFound)
@@ -291,7 +324,8 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
     return cfg.status();
   }
   const ModelConfig& m = cfg.value().model;
-  auto w = CheckpointWeights::open(ckpt_dir, true);
+  const std::string dtype = dtype_wanted.empty() ? hf_dtype_of_config(ckpt_dir + "/config.json") : dtype_wanted;
+  auto w = CheckpointWeights::open(ckpt_dir, true, step);
   if (!w.ok()) return w.status();
   const std::vector<ParamDesc> descs = parameter_descriptors(m);
   Status st = w.value().check(m);
@@ -326,6 +360,10 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
   }
   st = writer.finish();
   if (!st.ok()) return st;
+  std::vector<std::string> copied;
+  st = copy_tokenizer_files(ckpt_dir, out_dir, &copied);
+  if (!st.ok()) return st;
+  if (written != nullptr) *written = ExportResult{.step = w.value().step(), .dtype = dtype, .tokenizer_files = copied};
   // Last: a directory with a config has its weights.
   return write_hf_config(out_dir, m, SaveHfOptions{.max_position = 0, .source_config = ckpt_dir + "/config.json",
                                                    .dtype = dtype});

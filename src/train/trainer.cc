@@ -245,10 +245,16 @@ Status prepare_outputs(const TrainOptions& o, Communicator& comm) {
   if (comm.rank() == 0 && !o.checkpoint_dir.empty() && !o.rehearsal)
     s = write_hf_config(o.checkpoint_dir, o.model,
                         SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
-                                      .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json"});
+                                      .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json",
+                                      .dtype = o.hf_model.empty() ? "F32" : ""});
+  // The tokenizer travels with the checkpoints, so that `untied export` writes a complete directory.
+  if (s.ok() && comm.rank() == 0 && !o.checkpoint_dir.empty() && !o.rehearsal && !o.hf_model.empty())
+    s = copy_tokenizer_files(o.hf_model, o.checkpoint_dir);
   if (s.ok() && comm.rank() == 0 && !o.save_hf.empty()) s = check_hf_output_dir(o.save_hf, "--save-hf");
   if (s.ok() && comm.rank() == 0 && !o.save_hf.empty() && !o.rehearsal)
-    s = check_hf_output_space(o.save_hf, o.model, o.save_hf_dtype, "--save-hf");
+    s = check_hf_output_space(o.save_hf, o.model,
+                              o.save_hf_dtype.empty() ? hf_dtype_of_config(o.hf_model + "/config.json") : o.save_hf_dtype,
+                              "--save-hf");
   return first_failure(comm, s);
 }
 
@@ -478,7 +484,9 @@ Status save_hf(const TrainOptions& o, Device& dev, Communicator& comm, ShardedPa
   return save_hf_model(o.save_hf, params, comm, o.model,
                        SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
                                      .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json",
-                                     .dtype = o.save_hf_dtype});
+                                     .dtype = o.save_hf_dtype.empty() ? hf_dtype_of_config(o.hf_model + "/config.json")
+                                                                      : o.save_hf_dtype,
+                                     .tokenizer_from = o.hf_model});
 }
 
 // ---- fault injection (tests only: fault.h) ------------------------------------------------------

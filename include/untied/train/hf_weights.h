@@ -60,8 +60,31 @@ std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std
 struct SaveHfOptions {
   int64_t max_position = 4096;  // max_position_embeddings of a written config.json (at least)
   std::string source_config;    // a config.json to start from (the imported model's), or "" to write one
-  std::string dtype = "F32";    // the tensors' safetensors dtype: "F32", "BF16" (rounded to nearest even) or "F16"
+  // The tensors' safetensors dtype: "F32", "BF16" (rounded to nearest even) or "F16". In
+  // write_hf_config, "" keeps source_config's torch_dtype / dtype as they are (a checkpoint's
+  // config.json records the source model's dtype so that export can default to it); "" is "F32"
+  // for the tensors and for a config written without a source.
+  std::string dtype = "F32";
+  // A Hugging Face directory whose tokenizer files (kTokenizerFiles) are copied beside the
+  // model, or "" for none.
+  std::string tokenizer_from;
 };
+
+// The files of a Hugging Face directory that are not the model's weights or config but make it
+// usable (AutoTokenizer, generate, chat): tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, generation_config.json, chat_template.jinja, chat_template.json,
+// added_tokens.json, vocab.json, merges.txt, tokenizer.model.
+extern const char* const kTokenizerFiles[10];
+
+// Copies those of kTokenizerFiles that from_dir holds (regular files, at most 256 MiB each) into
+// to_dir, each atomically; the names copied go to *copied (when not null). A missing file is
+// skipped; one that cannot be read or written is an io_error naming it. Not collective.
+Status copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir,
+                            std::vector<std::string>* copied = nullptr);
+
+// The safetensors dtype ("BF16", "F16" or "F32") that the config.json at config_path names in
+// torch_dtype or dtype; "F32" when the file or the key is absent or names another type.
+std::string hf_dtype_of_config(const std::string& config_path);
 
 // "f32" | "float32" | "bf16" | "bfloat16" | "f16" | "float16" -> "F32" | "BF16" | "F16";
 // invalid_argument naming the choices otherwise.
@@ -89,12 +112,21 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
 Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator& comm, const ModelConfig& m,
                      const SaveHfOptions& o);
 
-// `untied export`: the newest checkpoint of ckpt_dir (written at any rank count; its
-// config.json says the model) as a Hugging Face directory out_dir: config.json (the checkpoint's,
-// its torch_dtype set to `dtype`) and model.safetensors in `dtype` ("F32", "BF16", "F16"), one tensor at a
-// time (the largest tensor is the only one in memory), the config last. Every rank file's
-// checksum is verified first, and the checkpoint's recorded model must be the config's. out_dir
-// must not hold a model already (check_hf_output_dir). One process; no communicator.
-Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype);
+// `untied export`: a checkpoint of ckpt_dir (the step `latest` names when step is 0, else that
+// step; written at any rank count; its config.json says the model) as a Hugging Face directory
+// out_dir: the tokenizer files the run copied beside its checkpoints (copy_tokenizer_files),
+// model.safetensors in `dtype` ("F32", "BF16", "F16"; "" is the dtype the checkpoint's
+// config.json records, the source model's), one tensor at a time (the largest tensor is the only
+// one in memory), and config.json (the checkpoint's, its torch_dtype set to the dtype) last.
+// Every rank file's checksum is verified first, and the checkpoint's recorded model must be the
+// config's. out_dir must not hold a model already (check_hf_output_dir). One process; no
+// communicator. *written (when not null) gets the step, the dtype and the files copied.
+struct ExportResult {
+  int64_t step = 0;
+  std::string dtype;
+  std::vector<std::string> tokenizer_files;
+};
+Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir, const std::string& dtype,
+                         int64_t step = 0, ExportResult* written = nullptr);
 
 }  // namespace untied

@@ -64,7 +64,8 @@ struct TrainOptions {
   // Non-empty: at the end, the model is written here as a Hugging Face directory (config.json and
   // model.safetensors) that transformers loads; its tensors in save_hf_dtype ("F32", "BF16", "F16").
   std::string save_hf;
-  std::string save_hf_dtype = "F32";
+  // "" (the default): the dtype of the source model (--hf-model's config.json), F32 without one.
+  std::string save_hf_dtype;
   // A step whose loss or gradient norm is not finite stops training before its update (the last
   // checkpoint is kept), naming the first non-finite tensor; up to skip_nonfinite such steps are
   // skipped instead (no update; the metrics line says so).
