@@ -73,10 +73,10 @@ void add_train_flags(FlagSet& f) {
   add_dtype_flag(f, "f32", "activation and compute-weight storage: f32 or bf16");
   f.add("steps", FlagKind::kInt, "1500", "optimizer steps");
   f.add("batch", FlagKind::kInt, "4", "sequences per step (their gradients add up)");
-  f.add_number("lr", "0.003", "peak learning rate", positive_number());
+  f.add_number("lr", "0.003", "peak learning rate (with --hf-model: 2e-5, a fine-tune's)", positive_number());
   f.add_number("min-lr-ratio", "0.1", "final learning rate as a fraction of --lr (cosine)",
                NumberBound{.min = 0, .what = "a fraction in [0, 1]"});
-  f.add("warmup", FlagKind::kInt, "50", "warm-up steps");
+  f.add("warmup", FlagKind::kInt, "50", "warm-up steps (with --hf-model: 3% of --steps)");
   f.add_number("weight-decay", "0.1", "AdamW weight decay (matrices only)", non_negative_number());
   f.add_number("clip", "1.0", "clip the global gradient norm to this (0 = off)", non_negative_number());
   f.add_int("seed", "0", "seed of the weights and of the kv task", {.min = 0});
@@ -144,12 +144,23 @@ void add_train_flags(FlagSet& f) {
         "length tried (minutes at millions of tokens; `untied plan --fit` finds the same from closed forms at once)");
 }
 
+// "kv", "tokens corpus.tok", "text notes.txt": the data kind and its file.
+static std::string data_note(const FlagSet& f) {
+  const std::string path = f.get_string("data-path");
+  return f.get_string("data") + (path.empty() ? "" : " " + path);
+}
+
 // ", padded to 1002" when the ranks do not divide S; ", window W" with a window.
 static std::string pad_note(const TrainOptions& o, const RunGeometry& g) {
   std::string note = g.Sp != g.S ? ", padded to " + std::to_string(g.Sp) : "";
   if (o.window > 0) note += ", window " + std::to_string(o.window);
   return note;
 }
+
+// --hf-model's defaults where --lr and --warmup are not given: a fine-tune's usual peak learning
+// rate, and a warm-up of 3% of the steps.
+constexpr float kFineTuneLr = 2e-5f;
+constexpr int64_t kFineTuneWarmupPercent = 3;
 
 Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOptions* d, DeviceChoice* device) {
   if (!f.get_string("hf-model").empty()) {
@@ -207,6 +218,10 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->batch = f.get_int("batch");
   o->warmup = f.get_int("warmup");
   o->lr = static_cast<float>(f.get_number("lr"));
+  // A pretrained model is fine-tuned, not trained from scratch: the toy task's learning rate and
+  // warm-up would wreck it, so --hf-model has its own defaults (said in the banner).
+  if (!o->hf_model.empty() && !f.was_set("lr")) o->lr = kFineTuneLr;
+  if (!o->hf_model.empty() && !f.was_set("warmup")) o->warmup = (o->steps * kFineTuneWarmupPercent + 50) / 100;
   o->min_lr_ratio = static_cast<float>(f.get_number("min-lr-ratio"));
   o->weight_decay = static_cast<float>(f.get_number("weight-decay"));
   o->clip = static_cast<float>(f.get_number("clip"));
@@ -396,17 +411,20 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     const RunGeometry& g = resolved.value().g;
     // The rank's device and the communicator of its buffers; refusals (no GPU, ...) on every rank.
     RankDevice rd = make_rank_device(comm, rdo);
-    if (comm.rank() == 0 && o.progress)
+    // The banner, with --no-progress too (a batch job's log says what ran).
+    if (comm.rank() == 0)
       std::fprintf(stderr,
-                   "untied train | %s (%lld parameters) | %s%s%s on %d ranks | S=%lld%s (%lld per rank) | %s | data %s | %s\n",
-                   o.model.name.c_str(), (long long)parameter_count(o.model),
+                   "untied train | %s (%lld parameters) | %s%s%s on %d ranks | S=%lld%s (%lld per rank) | %s | "
+                   "lr %g%s, warm-up %lld, batch %lld, %lld steps | data %s | %s\n",
+                   o.hf_model.empty() ? o.model.name.c_str() : o.hf_model.c_str(), (long long)parameter_count(o.model),
                    std::string(strategy_name(o.decoder.strategy)).c_str(),
                    g.selective   ? " (selective recompute: attention output kept)"
                    : g.keep_last ? " (last stage kept for the backward)"
                                  : "",
                    ring_note(g.attention, comm.size()).c_str(), comm.size(), (long long)g.S, pad_note(o, g).c_str(),
-                   (long long)g.L, std::string(dtype_name(g.dtype)).c_str(), flags.get_string("data").c_str(),
-                   rd.dev().name().c_str());
+                   (long long)g.L, std::string(dtype_name(g.dtype)).c_str(), o.lr,
+                   !o.hf_model.empty() && !flags.was_set("lr") ? " (fine-tuning default)" : "", (long long)o.warmup,
+                   (long long)o.batch, (long long)o.steps, data_note(flags).c_str(), rd.dev().name().c_str());
     if (comm.rank() == 0 && o.progress) std::fputs(cpu_kernels_lines(device).c_str(), stderr);
     const std::string& why = resolved.value().recompute_why;
     if (comm.rank() == 0 && o.progress && !why.empty()) std::fprintf(stderr, "recompute: %s\n", why.c_str());
@@ -434,7 +452,8 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
     }
     std::printf("trained steps %lld..%lld: loss %.4f -> %.4f", (long long)s.first_step + 1, (long long)s.last_step,
                 s.first_loss, s.last_loss);
-    if (s.last_accuracy >= 0) std::printf(", answer accuracy %.1f%%", 100.0 * s.last_accuracy);
+    if (s.last_accuracy >= 0)
+      std::printf(", %s accuracy %.1f%%", flags.get_string("data") == "kv" ? "answer" : "next-token", 100.0 * s.last_accuracy);
     std::printf("\n");
   });
   return rc != 0 ? rc : stopped_exit;

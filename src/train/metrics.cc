@@ -104,8 +104,14 @@ Json metrics_line(const StepMetrics& m) {
   return j;
 }
 
-Progress::Progress(int64_t first_step, int64_t end, int64_t steps, bool on)
-    : first_(first_step), end_(end), steps_(steps), on_(on), tty_(::isatty(2) != 0), t_begin_(now_s()) {}
+Progress::Progress(int64_t first_step, int64_t end, int64_t steps, bool on, std::string accuracy_name)
+    : first_(first_step),
+      end_(end),
+      steps_(steps),
+      on_(on),
+      tty_(::isatty(2) != 0),
+      accuracy_name_(std::move(accuracy_name)),
+      t_begin_(now_s()) {}
 
 void Progress::step_done(int64_t step, double loss, double accuracy, double tokens_per_s_per_rank) {
   const int64_t done = step - first_, total = end_ - first_;
@@ -114,7 +120,7 @@ void Progress::step_done(int64_t step, double loss, double accuracy, double toke
   const int width = 24, fill = static_cast<int>(width * step / steps_);
   std::fprintf(stderr, "%sstep %lld/%lld [%s%s] loss %.4f%s | %.0f tok/s/rank | ETA %s%s", tty_ ? "\r" : "",
                (long long)step, (long long)steps_, std::string(fill, '=').c_str(), std::string(width - fill, ' ').c_str(),
-               loss, accuracy >= 0 ? (" | answer acc " + std::to_string(accuracy).substr(0, 5)).c_str() : "",
+               loss, accuracy >= 0 ? (" | " + accuracy_name_ + " " + std::to_string(accuracy).substr(0, 5)).c_str() : "",
                tokens_per_s_per_rank, format_duration(eta).c_str(), tty_ && done != total ? "   " : "\n");
 }
 

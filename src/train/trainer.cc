@@ -552,7 +552,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   TrainSummary sum;
   sum.first_step = start;
   const int64_t end = o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
-  Progress progress(start, end, o.steps, comm.rank() == 0 && o.progress);
+  Progress progress(start, end, o.steps, comm.rank() == 0 && o.progress,
+                    data.kind() == "kv" ? "answer acc" : "next-token acc");
   for (int64_t s = start; s < end; ++s) {
     const int64_t step = s + 1;
     watchdog_note(0, "step " + std::to_string(step));

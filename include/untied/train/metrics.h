@@ -62,13 +62,15 @@ Json metrics_line(const StepMetrics& m);
 class Progress {
  public:
   // Steps first_step + 1 .. end of a run of `steps` (the bar's scale); on: print at all.
-  Progress(int64_t first_step, int64_t end, int64_t steps, bool on);
+  // accuracy_name: what the accuracy is ("answer acc" for the kv task, "next-token acc" for text).
+  Progress(int64_t first_step, int64_t end, int64_t steps, bool on, std::string accuracy_name = "answer acc");
   // After step `step` (1-based) is done.
   void step_done(int64_t step, double loss, double accuracy, double tokens_per_s_per_rank);
 
  private:
   int64_t first_, end_, steps_;
   bool on_, tty_;
+  std::string accuracy_name_;
   double t_begin_;
 };
 
