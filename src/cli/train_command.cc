@@ -2,6 +2,7 @@
 // `name = value` lines (# starts a comment) or one JSON object {"name": value, ...}, and the
 // command line overrides it.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -47,7 +48,16 @@ void add_train_flags(FlagSet& f) {
         "vocabulary size (0 = the preset's for llama3-8b, llama3-70b and qwen3-32b, else the data's)");
   f.add("layers", FlagKind::kInt, "0", "decoder blocks (0 = the preset's)");
   f.add_choice("data", {"kv", "tokens", "text"}, "kv", "data: kv (built-in key-value retrieval task), tokens or text");
-  f.add("data-path", FlagKind::kString, "", "token file (--data tokens) or UTF-8 text file (--data text)");
+  f.add("data-path", FlagKind::kString, "",
+        "token files (--data tokens) or UTF-8 text files (--data text): comma-separated paths or glob patterns "
+        "(`a.tok,b.tok`, `shards/*.tok`), one stream in that order unless --data-weights mixes them");
+  f.add("data-weights", FlagKind::kString, "",
+        "a weighted mix: one positive weight per --data-path entry (`3,1`: three sequences of the first for one of "
+        "the second), seeded by --seed");
+  f.add("shuffle", FlagKind::kBool, "false",
+        "sequences in a seeded (--seed) random order within each pass over the data, resumed exactly");
+  f.add("data-repeat", FlagKind::kBool, "false",
+        "accept data shorter than one sequence (its tokens repeat within each sequence); refused otherwise");
   f.add("kv-keys", FlagKind::kInt, "16", "kv task: distinct keys");
   f.add("kv-values", FlagKind::kInt, "4", "kv task: distinct values (chance accuracy 1/values)");
   f.add("kv-pairs", FlagKind::kInt, "0", "kv task: pairs per sequence (0 = as many as fit)");
@@ -247,6 +257,22 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->doc_mask = f.get_bool("doc-mask");
   d->kv.num_docs = f.get_int("kv-docs");
   d->text_split = parse_document_split(f.get_string("text-split")).value();
+  d->shuffle = f.get_bool("shuffle");
+  d->repeat = f.get_bool("data-repeat");
+  d->seed = o->seed;
+  d->seq_len = o->decoder.seq;
+  if (const std::string w = f.get_string("data-weights"); !w.empty()) {
+    std::istringstream in(w);
+    for (std::string item; std::getline(in, item, ',');) {
+      char* end = nullptr;
+      const double v = std::strtod(item.c_str(), &end);
+      if (item.empty() || *end != '\0' || !(v > 0) || !std::isfinite(v))
+        return Status::invalid_argument("--data-weights '" + w + "': give positive numbers separated by commas (3,1)");
+      d->weights.push_back(v);
+    }
+  }
+  if (f.get_string("data") == "kv" && (!d->weights.empty() || d->shuffle))
+    return Status::invalid_argument("--data-weights and --shuffle choose how files are read: the kv task reads none");
   return Status::ok_status();
 }
 

@@ -477,6 +477,25 @@ Status stop_with_checkpoint(const TrainOptions& o, Communicator& comm, int64_t s
                                                       : "; saving a checkpoint failed too: " + saved.message()));
 }
 
+// Where the data stands after step `step` (1-based): each stream's passes in the metrics line
+// ("epoch", the pass the step's last sample is in, with one stream), and a line on stderr when a
+// stream's pass changes within the step (the data wrapped).
+void note_data_passes(const DataSource& data, const TrainOptions& o, int64_t S, int64_t step, Json* line) {
+  const std::vector<DataSource::Pass> now = data.passes(step * o.batch - 1, S);
+  if (now.empty()) return;
+  const std::vector<DataSource::Pass> before = data.passes((step - 1) * o.batch - 1 < 0 ? 0 : (step - 1) * o.batch - 1, S);
+  Json passes = Json::object();
+  for (size_t k = 0; k < now.size(); ++k) {
+    passes[now[k].name] = as_printed("%.4f", now[k].passes);
+    const auto pass = static_cast<int64_t>(std::floor(now[k].passes)), was = static_cast<int64_t>(std::floor(before[k].passes));
+    if (pass > was)
+      std::fprintf(stderr, "untied train: data: %s wrapped: pass %lld of it begins in step %lld\n", now[k].name.c_str(),
+                   (long long)pass + 1, (long long)step);
+  }
+  if (now.size() == 1) (*line)["epoch"] = static_cast<int64_t>(std::floor(now[0].passes)) + 1;
+  (*line)["data_passes"] = passes;
+}
+
 // With --save-hf, the trained model as a Hugging Face directory (nothing in a rehearsal).
 Status save_hf(const TrainOptions& o, Device& dev, Communicator& comm, ShardedParams& params) {
   if (o.save_hf.empty() || !dev.backed()) return Status::ok_status();
@@ -592,10 +611,12 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const StepFigures f = agree_figures(comm, alloc, host, st.sums, count, t3 - t0);
     record_step(sum, f, alloc, step);
     const double tps = static_cast<double>(g.S * o.batch) / (f.step_s * comm.size());
-    Status ms = metrics.write(metrics_line(StepMetrics{
+    Json line = metrics_line(StepMetrics{
         .step = step, .loss = f.loss, .accuracy = f.accuracy, .lr = lr, .grad_norm = norm.norm,
         .tokens_per_s_per_rank = tps, .step_s = f.step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1,
-        .optimizer_s = t3 - t2, .mem = &f.mem, .ops = op_times.seconds.empty() ? nullptr : &op_times}));
+        .optimizer_s = t3 - t2, .mem = &f.mem, .ops = op_times.seconds.empty() ? nullptr : &op_times});
+    if (comm.rank() == 0) note_data_passes(data, o, g.S, step, &line);
+    Status ms = metrics.write(line);
     if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok())  // a checkpoint first, then stop
       return stop_with_checkpoint(o, comm, step, id, params, ms);
     if (comm.rank() == 0) progress.step_done(step, f.loss, f.accuracy, tps);

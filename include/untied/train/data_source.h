@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -58,6 +59,20 @@ class DataSource {
     (void)sample_index;
     (void)seq_len;
     return std::vector<int64_t>{0};
+  }
+
+  // How far the first `samples` samples (indices 0 .. samples - 1) of seq_len tokens have gone
+  // through each stream of the data: one entry per stream (a file, a group of files, a text),
+  // `passes` the sequences' tokens drawn from it over its size (2.5: the middle of the third
+  // pass). Empty for a synthetic source without end. A pure function, like fill().
+  struct Pass {
+    std::string name;
+    double passes = 0;
+  };
+  virtual std::vector<Pass> passes(int64_t samples, int64_t seq_len) const {
+    (void)samples;
+    (void)seq_len;
+    return {};
   }
 };
 
