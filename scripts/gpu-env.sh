@@ -19,6 +19,7 @@ _untied_system_has_deps() {
   [ -e /usr/include/nlohmann/json.hpp ] || return 1
   [ -e /usr/include/CLI/CLI.hpp ] || return 1
   _untied_exe pkg-config && [ -e /usr/include/pcre2.h ] && [ -e /usr/include/utf8proc.h ] || return 1
+  [ -e /usr/include/zlib.h ] && [ -e /usr/include/zstd.h ] || return 1
   compgen -G "/usr/lib/x86_64-linux-gnu/openblas*/libopenblas.so" >/dev/null ||
     [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ] || return 1
   local d

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what untied needs to build and test on Debian 12 (or Ubuntu): compiler, CMake,
 # OpenBLAS (OpenMP build), Open MPI, GoogleTest, nlohmann-json, CLI11 (flags), PCRE2 and utf8proc (Hugging Face
-# tokenizers). Installs only what is missing.
+# tokenizers), zlib and zstd (compressed inputs of prepare). Installs only what is missing.
 # Runs apt-get as root, or through sudo.
 set -euo pipefail
 
 packages=(g++ make cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin libgtest-dev
-          nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev python3 python3-numpy)
+          nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev python3 python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

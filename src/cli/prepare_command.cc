@@ -3,7 +3,9 @@
 //
 // Streams: each input is read a block at a time (--block-bytes), split into documents as it
 // arrives, tokenized document by document and appended to a TokenFileWriter, so memory holds
-// one block and one document, not a file. A document longer than a block is tokenized in
+// one block and one document, not a file. An input is a file or "-" (standard input), plain or
+// compressed with gzip or zstd (recognised by its first bytes: input_reader.h); binary input is
+// refused before anything is written. A document longer than a block is tokenized in
 // pieces, cut where the tokenizer promises the result is the same (HfTokenizer::safe_cut); where
 // it cannot promise that, the document is kept whole. Each document starts a document of the
 // token file (its BOS, when one is added, is the start); documents are [BOS] text [EOS].
@@ -23,10 +25,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
+#include <optional>
 #include <set>
 
 #include "cli/args.h"
 #include "untied/core/file_io.h"
+#include "untied/core/input_reader.h"
 #include "cli/commands.h"
 #include "untied/core/allocator.h"
 #include "untied/core/json.h"
@@ -41,7 +46,7 @@ void add_prepare_flags(FlagSet& f) {
   f.add("tokenizer", FlagKind::kString, "",
         "tokenizer.json, or a Hugging Face model directory holding it (config.json and tokenizer_config.json beside "
         "it name BOS and EOS)");
-  f.add("input", FlagKind::kString, "", "an input file (repeat --input, or name the files after the flags)");
+  f.add("input", FlagKind::kString, "", "an input file, plain or .gz / .zst, or - for standard input (repeat --input, or name the files after the flags)");
   f.add("output", FlagKind::kString, "", "the token file to write (nothing is there until it is complete)");
   f.add_choice("format", {"text", "jsonl"}, "",
         "text or jsonl (default: by each file's extension, .jsonl and .json are jsonl, anything else text)");
@@ -329,35 +334,39 @@ class JsonlReader {
   int64_t number_ = 0;
 };
 
-bool is_jsonl(const std::string& path, const std::string& format) {
+// By the name, a compression suffix (.gz, .zst, .zstd) set aside: data.jsonl.gz is JSONL.
+bool is_jsonl(std::string path, const std::string& format) {
   if (!format.empty()) return format == "jsonl";
-  for (const char* ext : {".jsonl", ".json"})
-    if (path.size() >= std::strlen(ext) && path.compare(path.size() - std::strlen(ext), std::string::npos, ext) == 0)
-      return true;
-  return false;
+  const auto ends_with = [&](const char* ext) {
+    return path.size() >= std::strlen(ext) && path.compare(path.size() - std::strlen(ext), std::string::npos, ext) == 0;
+  };
+  for (const char* ext : {".gz", ".zst", ".zstd"})
+    if (ends_with(ext)) {
+      path.resize(path.size() - std::strlen(ext));
+      break;
+    }
+  return ends_with(".jsonl") || ends_with(".json");
 }
 
 struct Input {
   std::string path;
-  int fd = -1;
-  int64_t bytes = 0;
+  int64_t bytes = 0;                  // the file's size (compressed); 0 when unknown (a pipe)
+  std::optional<InputReader> stdin_;  // "-" can be read once, so it stays open from the check on
 };
 
-// Opens every input (a regular file that can be read) before anything is written.
+// Opens and checks every input before anything is written: a regular file (a FIFO or a device
+// is refused, never waited on) or "-" (standard input), compressed in a format it can read, and
+// text (binary refused). Files are closed again and reopened by prepare_file, so that many inputs
+// do not each hold a decompressor.
 Status open_inputs(const std::vector<std::string>& paths, std::vector<Input>* out) {
+  if (std::count(paths.begin(), paths.end(), "-") > 1)
+    return Status::invalid_argument("standard input (-) is named more than once: name it once");
   for (const std::string& p : paths) {
-    StatusOr<int> fd = open_regular_file(p, "input");  // (a FIFO or a device: refused, never waited on)
-    if (!fd.ok() && fd.status().code() == Status::Code::kNotFound)
-      return Status::not_found("cannot open input " + p + ": " + std::strerror(errno) + "; check the path");
-    if (!fd.ok()) return fd.status();
-    Input in{p, fd.value(), 0};
-    struct stat st;
-    if (::fstat(in.fd, &st) != 0) {
-      ::close(in.fd);
-      return Status::io_error("input " + p + ": " + std::strerror(errno));
-    }
-    in.bytes = st.st_size;
-    out->push_back(in);
+    StatusOr<InputReader> r = InputReader::open(p);
+    if (!r.ok()) return r.status();
+    Input in{p, std::max<int64_t>(r.value().size_bytes(), 0), std::nullopt};
+    if (p == "-") in.stdin_.emplace(std::move(r).value());
+    out->push_back(std::move(in));
   }
   return Status::ok_status();
 }
@@ -373,20 +382,27 @@ struct Run {
   int64_t done_bytes = 0;
 };
 
-Status prepare_file(Run& r, const Input& in) {
+Status prepare_file(Run& r, Input& in) {
   const bool jsonl = is_jsonl(in.path, r.format);
   TextSplitter text(r.split, r.doc);
   JsonlReader lines(in.path, r.field, r.doc);
+  std::optional<InputReader> opened;
+  if (!in.stdin_) {
+    StatusOr<InputReader> o = InputReader::open(in.path);
+    if (!o.ok()) return o.status();
+    opened.emplace(std::move(o).value());
+  }
+  InputReader& reader = in.stdin_ ? *in.stdin_ : *opened;
   std::vector<char> buf(r.block);
+  const int64_t start = r.done_bytes;
   for (;;) {
-    const ssize_t n = ::read(in.fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::io_error("reading " + in.path + " failed: " + std::strerror(errno));
-    if (n == 0) break;
-    const std::string_view bytes(buf.data(), static_cast<size_t>(n));
+    StatusOr<size_t> n = reader.read(buf.data(), buf.size());
+    if (!n.ok()) return n.status();  // (names the file and the compressed offset)
+    if (n.value() == 0) break;
+    const std::string_view bytes(buf.data(), n.value());
     Status s = jsonl ? lines.feed(bytes) : text.feed(bytes);
     if (!s.ok()) return s;
-    r.done_bytes += n;
+    r.done_bytes = start + reader.compressed_bytes_read();  // the progress, against the files' sizes
     r.progress->update(r.done_bytes, r.out->documents(), r.out->tokens());
   }
   return jsonl ? lines.finish() : text.finish();
@@ -427,12 +443,6 @@ int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args) 
   try {
     std::vector<Input> inputs;
     Status st = open_inputs(paths, &inputs);
-    struct Closer {
-      std::vector<Input>* v;
-      ~Closer() {
-        for (const Input& in : *v) ::close(in.fd);
-      }
-    } closer{&inputs};
     if (!st.ok()) return runtime_error(st.message());
     StatusOr<HfTokenizer> loaded = HfTokenizer::load(flags.get_string("tokenizer"));
     if (!loaded.ok()) return runtime_error(loaded.status().message());
@@ -467,7 +477,7 @@ int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args) 
     DocumentEncoder doc(&tok, &out, bos, eos, flags.get_bool("parse-special"), block);
     Progress progress(show, total);
     Run run{&tok, &out, &doc, &progress, format, flags.get_string("field"), split.value(), block};
-    for (const Input& in : inputs)
+    for (Input& in : inputs)
       if (Status s = prepare_file(run, in); !s.ok())
         return runtime_error(s.message() + "; nothing was written to " + out_path);
     progress.update(run.done_bytes, out.documents(), out.tokens(), true);
