@@ -54,6 +54,12 @@ void add_train_flags(FlagSet& f) {
   f.add("data-weights", FlagKind::kString, "",
         "a weighted mix: one positive weight per --data-path entry (`3,1`: three sequences of the first for one of "
         "the second), seeded by --seed");
+  f.add("eval-data", FlagKind::kString, "",
+        "evaluate on this data (of the --data kind: token files or text) while training: eval's loss, perplexity "
+        "and accuracy with the run's weights, strategy and ranks, in the metrics and the log");
+  f.add_int("eval-every", "0", "with --eval-data: evaluate every N steps (0: after the last step only)", {.min = 0});
+  f.add_int("eval-samples", "0", "with --eval-data: sequences evaluated each time (0: every whole sequence of it)",
+            {.min = 0});
   f.add("shuffle", FlagKind::kBool, "false",
         "sequences in a seeded (--seed) random order within each pass over the data, resumed exactly");
   f.add("data-repeat", FlagKind::kBool, "false",
@@ -271,6 +277,12 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
       d->weights.push_back(v);
     }
   }
+  o->eval_every = f.get_int("eval-every");
+  o->eval_samples = f.get_int("eval-samples");
+  if (f.get_string("eval-data").empty() && (f.was_set("eval-every") || f.was_set("eval-samples")))
+    return Status::invalid_argument("--eval-every and --eval-samples need --eval-data: name the evaluation file");
+  if (!f.get_string("eval-data").empty() && f.get_string("data") == "kv")
+    return Status::invalid_argument("--eval-data is read as --data says, and the kv task reads no file: use --data tokens or text");
   if (f.get_string("data") == "kv" && (!d->weights.empty() || d->shuffle))
     return Status::invalid_argument("--data-weights and --shuffle choose how files are read: the kv task reads none");
   return Status::ok_status();
@@ -401,6 +413,15 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   // The data source is built once per process and shared by its in-process ranks (fill is const).
   auto data = make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
   if (!data.ok()) return refuse(data.status());
+  std::unique_ptr<DataSource> eval_data;  // --eval-data: read as eval reads, in order
+  if (!flags.get_string("eval-data").empty()) {
+    DataOptions eopts;
+    eopts.text_split = dopts.text_split;
+    auto e = make_data_source(flags.get_string("data"), flags.get_string("eval-data"), eopts);
+    if (!e.ok()) return refuse(Status::invalid_argument("--eval-data: " + e.status().message()));
+    eval_data = std::move(e).value();
+    opts.eval_data = eval_data.get();
+  }
   if (flags.get_int("vocab") == 0 && opts.hf_model.empty() && !preset_keeps_vocabulary(opts.model.name))
     opts.model.vocab = data.value()->vocab_size();
 

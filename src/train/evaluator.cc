@@ -89,12 +89,27 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
   ds = first_failure(comm, ds);
   if (!ds.ok()) return ds;
 
-  Allocator& alloc = dev.allocator();
   ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
-  EvalResult r;
-  Status ws = load_weights(o, comm, dev, params, &r.checkpoint_step);
+  int64_t checkpoint_step = -1;
+  Status ws = load_weights(o, comm, dev, params, &checkpoint_step);
   if (!ws.ok()) return ws;
   Decoder decoder(dev, dev_comm, o.model, o.decoder);
+  EvalOptions resolved = o;
+  resolved.samples = samples;
+  auto r = evaluate_weights(dev, comm, data, resolved, params, decoder);
+  if (!r.ok()) return r.status();
+  EvalResult out = std::move(r).value();
+  out.checkpoint_step = checkpoint_step;
+  return out;
+}
+
+StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const DataSource& data, const EvalOptions& o,
+                                      ShardedParams& params, Decoder& decoder) {
+  UNTIED_CHECK(o.samples > 0, "evaluate_weights needs a number of samples");
+  const int64_t S = o.decoder.seq, samples = o.samples;
+  const RunGeometry g = run_geometry(o.model, o.decoder, comm.size(), /*offload=*/false);
+  Allocator& alloc = dev.allocator();
+  EvalResult r;
   const int64_t Sp = g.Sp, L = g.L, V = g.V;
   const std::vector<TokenSegment> segments = g.layout.rank_segments(comm.rank());
   const SampleShape shape{.seq = S, .padded_seq = Sp, .window = o.window, .doc_mask = o.doc_mask};

@@ -36,6 +36,7 @@
 #include "untied/train/hf_weights.h"
 #include "untied/train/memory_plan.h"
 #include "untied/train/metrics.h"
+#include "untied/train/evaluator.h"
 #include "untied/train/rank_sample.h"
 #include "untied/dist/sharded_params.h"
 
@@ -496,6 +497,25 @@ void note_data_passes(const DataSource& data, const TrainOptions& o, int64_t S, 
   (*line)["data_passes"] = passes;
 }
 
+// --eval-data: eval's loop over the run's current weights, with its strategy and ranks; the
+// result on every rank, a line on rank 0's stderr.
+StatusOr<EvalResult> evaluate_during_training(Device& dev, Communicator& comm, const TrainOptions& o,
+                                              ShardedParams& params, Decoder& decoder, int64_t step) {
+  const DataSource& data = *o.eval_data;
+  const int64_t S = o.decoder.seq;
+  EvalOptions eo{.model = o.model, .decoder = o.decoder, .samples = o.eval_samples, .buckets = 1,
+                 .window = o.window, .doc_mask = o.doc_mask};
+  if (eo.samples == 0) eo.samples = data.stream_tokens() / S;
+  watchdog_note(1, "eval");
+  auto r = evaluate_weights(dev, comm, data, eo, params, decoder);
+  if (r.ok() && comm.rank() == 0)
+    std::fprintf(stderr, "untied train: eval at step %lld: loss %.4f, perplexity %.4g, next-token accuracy %.1f%% (%lld "
+                 "samples, %lld tokens)\n",
+                 (long long)step, r.value().loss, r.value().perplexity, 100.0 * r.value().accuracy,
+                 (long long)r.value().samples, (long long)r.value().tokens);
+  return r;
+}
+
 // With --save-hf, the trained model as a Hugging Face directory (nothing in a rehearsal).
 Status save_hf(const TrainOptions& o, Device& dev, Communicator& comm, ShardedParams& params) {
   if (o.save_hf.empty() || !dev.backed()) return Status::ok_status();
@@ -535,6 +555,19 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     return Status::invalid_argument("the data's vocabulary (" + std::to_string(data.vocab_size()) +
                                     ") is larger than the model's (" + std::to_string(o.model.vocab) + ")");
 
+  if (o.eval_data != nullptr) {
+    Status es;
+    if (o.eval_data->vocab_size() > o.model.vocab)
+      es = Status::invalid_argument("the --eval-data vocabulary (" + std::to_string(o.eval_data->vocab_size()) +
+                                    ") is larger than the model's (" + std::to_string(o.model.vocab) +
+                                    "): tokenize it with the model's own tokenizer");
+    else if (o.eval_samples == 0 && o.eval_data->stream_tokens() < o.decoder.seq)
+      es = Status::invalid_argument("the --eval-data holds " + std::to_string(o.eval_data->stream_tokens()) +
+                                    " tokens, fewer than one sequence of --seq " + std::to_string(o.decoder.seq) +
+                                    ": give more, or --eval-samples (samples then wrap around it)");
+    if (Status all = first_failure(comm, es); !all.ok()) return all;
+  }
+
   // The model: its sharded state, and the Decoder. Offloaded block inputs live in host memory
   // (page-locked on a GPU), counted apart from the device budget.
   Allocator& alloc = dev.allocator();
@@ -573,6 +606,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   const int64_t end = o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
   Progress progress(start, end, o.steps, comm.rank() == 0 && o.progress,
                     data.kind() == "kv" ? "answer acc" : "next-token acc");
+  EvalResult eval_figures;  // this step's evaluation (--eval-every), for its metrics line
   for (int64_t s = start; s < end; ++s) {
     const int64_t step = s + 1;
     watchdog_note(0, "step " + std::to_string(step));
@@ -611,11 +645,23 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     const StepFigures f = agree_figures(comm, alloc, host, st.sums, count, t3 - t0);
     record_step(sum, f, alloc, step);
     const double tps = static_cast<double>(g.S * o.batch) / (f.step_s * comm.size());
+    if (o.eval_data != nullptr && !o.rehearsal && ((o.eval_every > 0 && step % o.eval_every == 0) || step == end)) {
+      auto e = evaluate_during_training(dev, comm, o, params, decoder, step);
+      if (!e.ok()) return e.status();
+      eval_figures = e.value();
+    }
     Json line = metrics_line(StepMetrics{
         .step = step, .loss = f.loss, .accuracy = f.accuracy, .lr = lr, .grad_norm = norm.norm,
         .tokens_per_s_per_rank = tps, .step_s = f.step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1,
         .optimizer_s = t3 - t2, .mem = &f.mem, .ops = op_times.seconds.empty() ? nullptr : &op_times});
     if (comm.rank() == 0) note_data_passes(data, o, g.S, step, &line);
+    if (eval_figures.samples > 0) {
+      line["eval_loss"] = as_printed("%.6f", eval_figures.loss);
+      line["eval_perplexity"] = as_printed("%.6g", eval_figures.perplexity);
+      line["eval_accuracy"] = as_printed("%f", eval_figures.accuracy);
+      line["eval_tokens"] = eval_figures.tokens;
+      eval_figures = EvalResult{};
+    }
     Status ms = metrics.write(line);
     if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok())  // a checkpoint first, then stop
       return stop_with_checkpoint(o, comm, step, id, params, ms);

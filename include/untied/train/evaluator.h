@@ -17,6 +17,7 @@
 
 #include "untied/comm/communicator.h"
 #include "untied/core/allocator.h"
+#include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
 #include "untied/train/data_source.h"
 
@@ -59,6 +60,12 @@ Status validate(const EvalOptions& o, int ranks);
 // every rank.
 StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator& comm, const DataSource& data,
                               const EvalOptions& o);
+
+// The evaluation itself, over weights already in `params` (a run's current weights, or those
+// evaluate() loaded) with `decoder` (built for o.model and o.decoder on these ranks): samples
+// 0 .. o.samples - 1 of data. REQUIRES: o.samples > 0, validate(o, comm.size()).ok(). Collective.
+StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const DataSource& data, const EvalOptions& o,
+                                      ShardedParams& params, Decoder& decoder);
 
 // One curve of the loss-by-position plot: the mean loss of each bucket at the bucket's middle
 // position.

@@ -42,6 +42,13 @@ struct TrainOptions {
   // rank count, strategy, ring and U (load_checkpoint reshards it).
   int64_t resume_from = 0;
   std::string metrics_path;    // empty: no metrics file
+  // Evaluation while training: every eval_every steps (and after the last), eval_samples samples
+  // (0: every whole sequence) of eval_data, with the run's strategy, ranks and current weights
+  // (evaluator.h); its loss, perplexity and accuracy go into the metrics line and the log. None
+  // when eval_data is null or eval_every is 0.
+  const DataSource* eval_data = nullptr;
+  int64_t eval_every = 0;
+  int64_t eval_samples = 0;
   bool progress = true;
   int64_t stop_after = 0;      // > 0: stop (and save) after this step, as if interrupted
   bool rehearsal = false;      // count every allocation of the real schedule, back none, skip compute
