@@ -2,6 +2,8 @@
 
 #include <glob.h>
 
+#include <map>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,6 +23,13 @@ class Stream {
   virtual Status read(int64_t first, int64_t n, int32_t* out) const = 0;
   // Where documents start (increasing, the first 0); empty: one stream, no boundaries.
   virtual const std::vector<int64_t>& documents() const = 0;
+  // A loss mask (token_file.h, version 3): out[i] = 1 when stream token first + i is a target.
+  virtual bool has_targets() const { return false; }
+  virtual Status read_targets(int64_t first, int64_t n, uint8_t* out) const {
+    (void)first;
+    std::fill_n(out, n, uint8_t{1});
+    return Status::ok_status();
+  }
   std::string name;  // for messages and passes(): the file, or "a.tok+2 more"
 };
 
@@ -56,6 +65,23 @@ class TokenFilesStream final : public Stream {
     return Status::ok_status();
   }
   const std::vector<int64_t>& documents() const override { return docs_; }
+  bool has_targets() const override {
+    return std::any_of(files_.begin(), files_.end(), [](const TokenFile& f) { return f.has_loss_mask(); });
+  }
+  Status read_targets(int64_t first, int64_t n, uint8_t* out) const override {
+    size_t f = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), first) - offsets_.begin()) - 1;
+    while (n > 0) {
+      const int64_t in_file = first - offsets_[f], take = std::min(n, files_[f].size() - in_file);
+      if (take > 0) {
+        if (Status s = files_[f].read_targets(in_file, take, out); !s.ok()) return s;
+      }
+      out += take;
+      first += take;
+      n -= take;
+      ++f;
+    }
+    return Status::ok_status();
+  }
   int64_t vocab_size() const {
     int64_t v = 0;
     for (const TokenFile& f : files_) v = std::max(v, f.vocab_size());
@@ -152,6 +178,8 @@ class SequenceSource final : public DataSource {
                  seq_len);
     if (count == 0) return Status::ok_status();
     UNTIED_CHECK(tokens != nullptr && labels != nullptr, "fill into null buffers");
+    if (streams_[stream_of(sample_index)]->has_targets())
+      return fill_packed(sample_index, seq_len, start, count, tokens, labels, is_answer);
     const auto [g, base] = locate(sample_index, seq_len);
     const Stream& st = *streams_[g];
     const int64_t n = st.size();
@@ -169,12 +197,35 @@ class SequenceSource final : public DataSource {
     // No label crosses a document: position p's next token starts one.
     for (const int64_t p : starts_in(st, base, start + 1, std::min(start + count + 1, seq_len)))
       labels[p - 1 - start] = kIgnoreIndex;
+    // With a loss mask, a label that is not a target (a prompt's token) is not predicted.
+    if (st.has_targets()) {
+      const int64_t m = std::min(count, seq_len - 1 - start);  // the labelled positions [start, start + m)
+      std::vector<uint8_t> targets(static_cast<size_t>(std::max<int64_t>(m, 0)));
+      if (m > 0) {
+        s = read_wrapped_targets(st, (base + (start + 1) % n) % n, m, targets.data());
+        if (!s.ok()) return s;
+      }
+      for (int64_t k = 0; k < m; ++k)
+        if (targets[static_cast<size_t>(k)] == 0) labels[k] = kIgnoreIndex;
+    }
     if (is_answer != nullptr)
       for (int64_t k = 0; k < count; ++k) is_answer[k] = labels[k] != kIgnoreIndex ? 1 : 0;
     return Status::ok_status();
   }
 
   StatusOr<std::vector<int64_t>> document_starts(int64_t sample_index, int64_t seq_len) const override {
+    if (streams_[stream_of(sample_index)]->has_targets()) {
+      const auto [g, bin] = locate_packed(sample_index, seq_len);
+      const Packing& pk = packing(g, seq_len);
+      const int64_t first = pk.start[static_cast<size_t>(bin)], len = pk.length[static_cast<size_t>(bin)];
+      std::vector<int64_t> starts;
+      const std::vector<int64_t>& docs = streams_[g]->documents();
+      for (auto it = std::lower_bound(docs.begin(), docs.end(), first); it != docs.end() && *it < first + len; ++it)
+        starts.push_back(*it - first);
+      if (starts.empty() || starts[0] != 0) starts.insert(starts.begin(), 0);
+      if (len < seq_len) starts.push_back(len);  // the padding, a document of its own
+      return starts;
+    }
     const auto [g, base] = locate(sample_index, seq_len);
     std::vector<int64_t> starts = starts_in(*streams_[g], base, 1, seq_len);
     starts.insert(starts.begin(), 0);
@@ -189,8 +240,10 @@ class SequenceSource final : public DataSource {
     std::vector<Pass> out;
     for (size_t g = 0; g < streams_.size(); ++g) {
       const double n = static_cast<double>(streams_[g]->size());
-      const double p = shuffle_ ? static_cast<double>(drawn[g]) / static_cast<double>(per_pass(g, seq_len))
-                                : static_cast<double>(drawn[g]) * static_cast<double>(seq_len) / n;
+      const double p = streams_[g]->has_targets()
+                           ? static_cast<double>(drawn[g]) / static_cast<double>(packing(g, seq_len).start.size())
+                       : shuffle_ ? static_cast<double>(drawn[g]) / static_cast<double>(per_pass(g, seq_len))
+                                  : static_cast<double>(drawn[g]) * static_cast<double>(seq_len) / n;
       out.push_back({streams_[g]->name, p});
     }
     return out;
@@ -227,6 +280,79 @@ class SequenceSource final : public DataSource {
     return count;
   }
   int64_t per_pass(size_t g, int64_t seq_len) const { return std::max<int64_t>(1, streams_[g]->size() / seq_len); }
+
+  // A stream with a loss mask (supervised samples) is packed whole: its documents, in order, go
+  // into sequences of at most seq_len tokens (a new sequence when the next one does not fit; a
+  // document longer than seq_len alone, cut at seq_len), the rest of each sequence padding.
+  struct Packing {
+    std::vector<int64_t> start, length;  // each packed sequence's first stream token and its tokens
+  };
+  const Packing& packing(size_t g, int64_t seq_len) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto key = std::make_pair(g, seq_len);
+    auto it = packings_.find(key);
+    if (it != packings_.end()) return it->second;
+    Packing pk;
+    const Stream& st = *streams_[g];
+    std::vector<int64_t> docs = st.documents();
+    if (docs.empty()) docs.push_back(0);
+    for (size_t d = 0; d < docs.size(); ++d) {
+      const int64_t begin = docs[d], end = d + 1 < docs.size() ? docs[d + 1] : st.size();
+      const int64_t len = std::min(end - begin, seq_len);
+      if (!pk.start.empty() && pk.start.back() + pk.length.back() == begin && pk.length.back() + len <= seq_len) {
+        pk.length.back() += len;
+      } else {
+        pk.start.push_back(begin);
+        pk.length.push_back(len);
+      }
+      if (end - begin > seq_len) ++truncated_[key];
+    }
+    return packings_.emplace(key, std::move(pk)).first->second;
+  }
+  // Sample i of a packed stream: the stream and the packed sequence.
+  std::pair<size_t, int64_t> locate_packed(int64_t i, int64_t seq_len) const {
+    const size_t g = stream_of(i);
+    const int64_t k = streams_.size() == 1 ? i : drawn_before(i, g);
+    const auto p = static_cast<int64_t>(packing(g, seq_len).start.size()), pass = k / p;
+    if (!shuffle_) return {g, k % p};
+    const uint64_t key = splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(g) * 0x100000001b3ull + static_cast<uint64_t>(pass)));
+    return {g, static_cast<int64_t>(permute(static_cast<uint64_t>(k % p), static_cast<uint64_t>(p), key))};
+  }
+  Status fill_packed(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens,
+                     int32_t* labels, uint8_t* is_answer) const {
+    const auto [g, bin] = locate_packed(sample_index, seq_len);
+    const Stream& st = *streams_[g];
+    const Packing& pk = packing(g, seq_len);
+    const int64_t first = pk.start[static_cast<size_t>(bin)], len = pk.length[static_cast<size_t>(bin)];
+    // Positions [start, start + count): real tokens below len, padding (token 0, no label) above.
+    // The labels need the token after the range's last real position, and the targets of them.
+    const int64_t real_end = std::min(start + count, len);
+    const int64_t real = std::max<int64_t>(0, real_end - start);
+    std::vector<int32_t> next(static_cast<size_t>(real) + 1, 0);
+    std::vector<uint8_t> targets(static_cast<size_t>(real) + 1, 0);
+    if (real > 0) {
+      const int64_t read_n = std::min(real + 1, len - start);  // within the sequence's real tokens
+      if (Status s = st.read(first + start, read_n, next.data()); !s.ok()) return s;
+      if (Status s = st.read_targets(first + start, read_n, targets.data()); !s.ok()) return s;
+      if (read_n <= real) targets[static_cast<size_t>(real)] = 0;  // the last real token has no next
+    }
+    const std::vector<int64_t>& docs = st.documents();
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t p = start + k;
+      if (p >= len) {
+        tokens[k] = 0;
+        labels[k] = kIgnoreIndex;
+        continue;
+      }
+      tokens[k] = next[static_cast<size_t>(k)];
+      const bool has_next = p + 1 < len && targets[static_cast<size_t>(k) + 1] != 0 &&
+                            !std::binary_search(docs.begin(), docs.end(), first + p + 1);
+      labels[k] = has_next ? next[static_cast<size_t>(k) + 1] : kIgnoreIndex;
+    }
+    if (is_answer != nullptr)
+      for (int64_t k = 0; k < count; ++k) is_answer[k] = labels[k] != kIgnoreIndex ? 1 : 0;
+    return Status::ok_status();
+  }
   // Sample i: its stream and the stream position of its first token.
   std::pair<size_t, int64_t> locate(int64_t i, int64_t seq_len) const {
     const size_t g = stream_of(i);
@@ -257,6 +383,19 @@ class SequenceSource final : public DataSource {
     }
     return out;
   }
+  // The loss mask of stream positions pos, pos + 1, ... (mod N), n of them; 0 <= pos < N.
+  static Status read_wrapped_targets(const Stream& st, int64_t pos, int64_t n, uint8_t* out) {
+    const int64_t size = st.size();
+    while (n > 0) {
+      const int64_t take = std::min(n, size - pos);
+      Status s = st.read_targets(pos, take, out);
+      if (!s.ok()) return s;
+      out += take;
+      n -= take;
+      pos = 0;
+    }
+    return Status::ok_status();
+  }
   // Tokens at stream positions pos, pos + 1, ... (mod N), n of them; 0 <= pos < N.
   static Status read_wrapped(const Stream& st, int64_t pos, int64_t n, int32_t* out) {
     const int64_t size = st.size();
@@ -278,6 +417,8 @@ class SequenceSource final : public DataSource {
   bool shuffle_;
   uint64_t seed_;
   mutable std::mutex mu_;
+  mutable std::map<std::pair<size_t, int64_t>, Packing> packings_;     // (stream, seq_len) -> its packing
+  mutable std::map<std::pair<size_t, int64_t>, int64_t> truncated_;    // documents cut at seq_len
   mutable std::vector<std::vector<int64_t>> block_counts_;  // per stream, samples drawn before k * kBlock
 };
 

@@ -1253,6 +1253,10 @@ void HfTokenizer::encode_append(std::string_view text, const HfEncodeOptions& op
   impl_->encode(text, options, out);
 }
 
+bool HfTokenizer::is_special(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->id_special.size() && impl_->id_special[static_cast<size_t>(id)] != 0;
+}
+
 std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   std::string out;
   for (int32_t id : ids) {

@@ -130,16 +130,21 @@ struct TokenFileWriter::State {
   static constexpr size_t kBufferBytes = 1 << 20;
   static constexpr size_t kStartsInMemory = 1 << 20;
 
-  State(std::string p, int64_t v, int w, bool idx)
-      : path(std::move(p)), vocab(v), width(w), index(idx), tmp(path), spill(path + ".index"),
-        keep(" (any existing " + path + " is unchanged)") {}
+  State(std::string p, int64_t v, int w, bool idx, bool m)
+      : path(std::move(p)), vocab(v), width(w), index(idx), mask(m), tmp(path), spill(path + ".index"),
+        mask_spill(path + ".mask"), keep(" (any existing " + path + " is unchanged)") {}
 
   std::string path;
   int64_t vocab;
   int width;
   bool index;
+  bool mask;  // version 3: the loss mask, one bit per token
   TempFile tmp;
   TempFile spill;  // document starts beyond kStartsInMemory, until finish()
+  TempFile mask_spill;  // the mask's whole bytes beyond kBufferBytes, until finish()
+  bool mask_spill_created = false;
+  int64_t mask_spilled = 0;          // bytes in mask_spill
+  std::vector<unsigned char> bits;   // the mask bytes not yet spilled; the last may be partial
   bool spill_created = false;
   int64_t spilled = 0;
   std::string keep;
@@ -178,6 +183,12 @@ struct TokenFileWriter::State {
   }
 };
 
+namespace {
+// Appends n mask bits (targets[i] != 0) for tokens [count, count + n) to the writer's bit buffer,
+// spilling whole bytes to a temporary next to the target past 1 MiB.
+Status append_mask_bits(TokenFileWriter::State& s, std::span<const uint8_t> targets);
+}  // namespace
+
 TokenFileWriter::TokenFileWriter(std::unique_ptr<State> s) : s_(std::move(s)) {}
 TokenFileWriter::TokenFileWriter(TokenFileWriter&&) noexcept = default;
 TokenFileWriter& TokenFileWriter::operator=(TokenFileWriter&&) noexcept = default;
@@ -186,13 +197,15 @@ TokenFileWriter::~TokenFileWriter() = default;
 StatusOr<TokenFileWriter> TokenFileWriter::create(const std::string& path, int64_t vocab_size, Options options) {
   const int width = options.width_bytes == 0 ? token_width_for_vocab(vocab_size) : options.width_bytes;
   if (Status s = check_width_and_vocab(path, width, vocab_size); !s.ok()) return s;
-  auto st = std::make_unique<State>(path, vocab_size, width, options.document_index);
+  if (options.loss_mask && !options.document_index)
+    return Status::invalid_argument("a loss mask (version 3) needs the document index too: " + path);
+  auto st = std::make_unique<State>(path, vocab_size, width, options.document_index, options.loss_mask);
   if (const int err = st->tmp.create())
     return Status::io_error("cannot create a temporary file next to " + path + ": " + errno_text(err) +
                             "; check that the directory " + dir_of(path) + " exists and is writable");
   unsigned char header[kTokenFileHeaderBytes] = {};  // the count (offset 16) is patched by finish()
   std::memcpy(header, kTokenFileMagic, 8);
-  put_u32(header + 8, options.document_index ? 2 : 1);
+  put_u32(header + 8, options.loss_mask ? 3 : options.document_index ? 2 : 1);
   put_u32(header + 12, static_cast<uint32_t>(width));
   put_u64(header + 24, static_cast<uint64_t>(vocab_size));
   if (const int err = write_all(st->tmp.fd(), header, sizeof header)) return st->write_error(st->tmp.name(), err);
@@ -203,6 +216,22 @@ StatusOr<TokenFileWriter> TokenFileWriter::create(const std::string& path, int64
 void TokenFileWriter::begin_document() { s_->pending = s_->index; }
 
 Status TokenFileWriter::append(std::span<const int32_t> tokens) {
+  if (s_->mask) {  // every token a target
+    const std::vector<uint8_t> all(tokens.size(), 1);
+    return append(tokens, all);
+  }
+  return append_tokens(tokens, {});
+}
+
+Status TokenFileWriter::append(std::span<const int32_t> tokens, std::span<const uint8_t> targets) {
+  if (!s_->mask) return Status::invalid_argument("a loss mask given to " + s_->path + ", a file written without one");
+  if (targets.size() != tokens.size())
+    return Status::invalid_argument("the loss mask has " + std::to_string(targets.size()) + " values for " +
+                                    std::to_string(tokens.size()) + " tokens (" + s_->path + ")");
+  return append_tokens(tokens, targets);
+}
+
+Status TokenFileWriter::append_tokens(std::span<const int32_t> tokens, std::span<const uint8_t> targets) {
   State& s = *s_;
   if (s.closed) return Status::invalid_argument("append to " + s.path + " after finish()");
   if (!s.failed.ok()) return s.failed;
@@ -233,9 +262,36 @@ Status TokenFileWriter::append(std::span<const int32_t> tokens) {
     if (s.buf.size() + w > State::kBufferBytes)
       if (Status e = s.flush(); !e.ok()) return e;
   }
+  if (s.mask)
+    if (Status e = append_mask_bits(s, targets); !e.ok()) return e;
   s.count += static_cast<int64_t>(tokens.size());
   return Status::ok_status();
 }
+
+namespace {
+Status append_mask_bits(TokenFileWriter::State& s, std::span<const uint8_t> targets) {
+  int64_t at = s.count;  // the bit of token `at` is bit at % 8 of byte at / 8 (of the whole mask)
+  for (const uint8_t t : targets) {
+    const int64_t byte = at / 8 - s.mask_spilled;
+    if (static_cast<int64_t>(s.bits.size()) <= byte) s.bits.push_back(0);
+    if (t != 0) s.bits[static_cast<size_t>(byte)] |= static_cast<unsigned char>(1u << (at % 8));
+    ++at;
+  }
+  // Spill the whole bytes (all but a partial last one) once the buffer is large.
+  if (s.bits.size() >= TokenFileWriter::State::kBufferBytes) {
+    if (!s.mask_spill_created) {
+      if (const int err = s.mask_spill.create())
+        return s.failed = Status::io_error("cannot create a temporary file next to " + s.path + ": " + errno_text(err));
+      s.mask_spill_created = true;
+    }
+    const size_t whole = at % 8 == 0 ? s.bits.size() : s.bits.size() - 1;
+    if (const int err = write_all(s.mask_spill.fd(), s.bits.data(), whole)) return s.write_error(s.mask_spill.name(), err);
+    s.mask_spilled += static_cast<int64_t>(whole);
+    s.bits.erase(s.bits.begin(), s.bits.begin() + static_cast<std::ptrdiff_t>(whole));
+  }
+  return Status::ok_status();
+}
+}  // namespace
 
 Status TokenFileWriter::finish() {
   State& s = *s_;
@@ -267,6 +323,21 @@ Status TokenFileWriter::finish() {
       for (size_t d = 0; d < s.starts.size(); ++d) put_u64(raw.data() + 8 * d, static_cast<uint64_t>(s.starts[d]));
       err = write_all(s.tmp.fd(), raw.data(), raw.size());
     }
+  }
+  if (err == 0 && s.mask) {  // version 3: the loss mask, ceil(N / 8) bytes (spilled ones first)
+    struct DiscardMask {
+      TempFile& f;
+      ~DiscardMask() { f.discard(); }
+    } discard_mask{s.mask_spill};
+    std::vector<unsigned char> chunk(State::kBufferBytes);
+    for (int64_t off = 0; err == 0 && off < s.mask_spilled;) {
+      const auto n = static_cast<size_t>(std::min(static_cast<int64_t>(chunk.size()), s.mask_spilled - off));
+      if (pread_all(s.mask_spill.fd(), chunk.data(), n, off) != 0)
+        return Status::io_error("reading back " + s.mask_spill.name() + " failed" + s.keep);
+      err = write_all(s.tmp.fd(), chunk.data(), n);
+      off += static_cast<int64_t>(n);
+    }
+    if (err == 0 && !s.bits.empty()) err = write_all(s.tmp.fd(), s.bits.data(), s.bits.size());
   }
   if (err == 0) {  // the header's token count
     unsigned char c[8];
@@ -353,9 +424,9 @@ StatusOr<TokenFile> TokenFile::open(const std::string& path) {
   if (std::memcmp(h, kTokenFileMagic, 8) != 0) return Status::corrupt(not_ours + " (bad magic bytes)" + hint);
 
   const uint32_t version = get_u32(h + 8);
-  if (version != 1 && version != 2)
+  if (version < 1 || version > 3)
     return Status::unsupported(path + " has token file format version " + std::to_string(version) +
-                               "; this build reads versions 1 and 2" +
+                               "; this build reads versions 1 to 3" +
                                ": re-create the file with this build, or use the build that wrote it");
   const uint32_t width = get_u32(h + 12);
   if (width != 2 && width != 4)
@@ -368,14 +439,16 @@ StatusOr<TokenFile> TokenFile::open(const std::string& path) {
     return Status::corrupt(path + ": vocab size " + std::to_string(vocab) + " does not fit " +
                            std::to_string(width) + "-byte tokens (or exceeds 2^31 - 1); the file is corrupt" + redo);
   const uint64_t payload = static_cast<uint64_t>(file_bytes - kTokenFileHeaderBytes);
-  // Version 2: the document index follows the tokens.
+  // Versions 2 and 3: the document index follows the tokens (then, in 3, the loss mask).
   uint64_t index_bytes = 0;
-  if (version == 2 && count <= payload / width && payload - count * width >= 8) {
+  const uint64_t mask_bytes = version == 3 ? (count + 7) / 8 : 0;
+  if (version >= 2 && count <= payload / width && payload - count * width >= 8) {
     unsigned char m[8];
     if (const int err = pread_all(fd, m, 8, static_cast<off_t>(kTokenFileHeaderBytes + count * width)))
       return Status::io_error("cannot read the document index of " + path);
     const uint64_t docs = get_u64(m);
-    if (docs > (payload - count * width - 8) / 8 || (count > 0 && docs == 0))
+    if (docs > (payload - count * width - 8 - std::min(mask_bytes, payload - count * width - 8)) / 8 ||
+        (count > 0 && docs == 0))
       return Status::corrupt(path + ": the document index says " + std::to_string(docs) +
                              " documents, which the file does not hold; it is truncated or corrupt" + redo);
     index_bytes = 8 + 8 * docs;
@@ -392,10 +465,11 @@ StatusOr<TokenFile> TokenFile::open(const std::string& path) {
                                redo);
       file.doc_starts_[d] = static_cast<int64_t>(at);
     }
-  } else if (version == 2 && count <= payload / width) {
-    return Status::corrupt(path + ": a version 2 file without its document index; it is truncated or corrupt" + redo);
+  } else if (version >= 2 && count <= payload / width) {
+    return Status::corrupt(path + ": a version " + std::to_string(version) +
+                           " file without its document index; it is truncated or corrupt" + redo);
   }
-  if (count > payload / width || count * width + index_bytes != payload)
+  if (count > payload / width || count * width + index_bytes + mask_bytes != payload)
     return Status::corrupt(path + ": the header says " + std::to_string(count) + " tokens of " +
                            std::to_string(width) + " bytes (" + std::to_string(kTokenFileHeaderBytes) +
                            " + " + std::to_string(count) + "*" + std::to_string(width) + " bytes) but the file has " +
@@ -404,12 +478,14 @@ StatusOr<TokenFile> TokenFile::open(const std::string& path) {
   file.count_ = static_cast<int64_t>(count);
   file.vocab_ = static_cast<int64_t>(vocab);
   file.version_ = static_cast<int>(version);
+  file.mask_offset_ = version == 3 ? static_cast<int64_t>(kTokenFileHeaderBytes + count * width + index_bytes) : -1;
   return file;
 }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept
     : path_(std::move(other.path_)), fd_(other.fd_), width_(other.width_), count_(other.count_),
-      vocab_(other.vocab_), version_(other.version_), doc_starts_(std::move(other.doc_starts_)) {
+      vocab_(other.vocab_), version_(other.version_), mask_offset_(other.mask_offset_),
+      doc_starts_(std::move(other.doc_starts_)) {
   other.fd_ = -1;
 }
 
@@ -422,6 +498,7 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     count_ = other.count_;
     vocab_ = other.vocab_;
     version_ = other.version_;
+    mask_offset_ = other.mask_offset_;
     doc_starts_ = std::move(other.doc_starts_);
     other.fd_ = -1;
   }
@@ -456,6 +533,26 @@ Status TokenFile::read(int64_t start, int64_t count, int32_t* out) const {
       return Status::corrupt(path_ + ": the token at position " + std::to_string(start + i) + " is " +
                              std::to_string(t) + ", not below the vocab size " + std::to_string(vocab_) +
                              "; the file is corrupt: re-create it");
+  }
+  return Status::ok_status();
+}
+
+Status TokenFile::read_targets(int64_t start, int64_t count, uint8_t* out) const {
+  UNTIED_CHECK(start >= 0 && count >= 0 && start <= count_ - count, "read of the mask of tokens [", start, ", ",
+               start + count, ") is outside ", path_, " (", count_, " tokens)");
+  if (count == 0) return Status::ok_status();
+  if (mask_offset_ < 0) {
+    std::fill_n(out, count, uint8_t{1});
+    return Status::ok_status();
+  }
+  const int64_t first = start / 8, last = (start + count - 1) / 8;
+  std::vector<unsigned char> raw(static_cast<size_t>(last - first + 1));
+  if (const int err = pread_all(fd_, raw.data(), raw.size(), static_cast<off_t>(mask_offset_ + first)))
+    return err < 0 ? Status::corrupt(path_ + " ended inside its loss mask; it was truncated after it was opened: re-create it")
+                   : Status::io_error("reading the loss mask of " + path_ + " failed: " + errno_text(err));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t t = start + i;
+    out[i] = (raw[static_cast<size_t>(t / 8 - first)] >> (t % 8)) & 1u;
   }
   return Status::ok_status();
 }

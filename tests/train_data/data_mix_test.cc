@@ -5,6 +5,7 @@
 // data shorter than a sequence refused unless repeat; the path's globs and its errors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <numeric>
 #include <set>
@@ -181,6 +182,104 @@ TEST(DataMix, PathErrors) {
   auto wrong_count = make_data_source("tokens", a, o);
   ASSERT_FALSE(wrong_count.ok());
   EXPECT_NE(wrong_count.status().message().find("one weight per entry"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace untied
+
+namespace untied {
+namespace {
+
+using testing::TempDir;
+
+// A version 3 file: documents of the given lengths, token t is t % 1000, the mask given per token.
+std::string make_masked(const TempDir& dir, const std::vector<int>& lengths, const std::vector<uint8_t>& targets) {
+  const std::string path = dir.file("sft.tok");
+  auto created = TokenFileWriter::create(path, 1000, TokenFileWriter::Options{.loss_mask = true});
+  EXPECT_TRUE(created.ok());
+  TokenFileWriter w = std::move(created).value();
+  int t = 0;
+  for (const int n : lengths) {
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> mask;
+    for (int i = 0; i < n; ++i, ++t) {
+      tokens.push_back(t % 1000);
+      mask.push_back(targets[static_cast<size_t>(t)]);
+    }
+    w.begin_document();
+    EXPECT_TRUE(w.append(tokens, mask).ok());
+  }
+  EXPECT_TRUE(w.finish().ok());
+  return path;
+}
+
+TEST(TokenFileMask, WrittenAndReadBack) {
+  TempDir dir;
+  std::vector<uint8_t> targets(37);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = (i * 7 % 3) == 0 ? 1 : 0;
+  const std::string path = make_masked(dir, {20, 17}, targets);
+  auto f = TokenFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f.value().version(), 3);
+  EXPECT_TRUE(f.value().has_loss_mask());
+  EXPECT_EQ(f.value().document_starts(), (std::vector<int64_t>{0, 20}));
+  for (int64_t start : {0, 3, 8, 15}) {
+    std::vector<uint8_t> got(static_cast<size_t>(37 - start));
+    ASSERT_TRUE(f.value().read_targets(start, 37 - start, got.data()).ok());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], targets[static_cast<size_t>(start) + i]) << start + i;
+  }
+  // 32 + 37*2 + 8 + 16 + ceil(37/8) bytes; one byte less is refused.
+  EXPECT_EQ(std::filesystem::file_size(path), 32u + 74 + 8 + 16 + 5);
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 1);
+  auto cut = TokenFile::open(path);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("truncated or corrupt"), std::string::npos) << cut.status().message();
+}
+
+// Supervised samples are packed whole: documents of 10, 6 and 12 tokens at S = 16 make the
+// sequences [10 + 6] and [12 + padding]; labels only where the next token is a target, never
+// across a document or into the padding; the padding is a document of its own.
+TEST(DataMix, SupervisedSamplesPackedWhole) {
+  TempDir dir;
+  std::vector<uint8_t> targets(28, 0);
+  for (int t : {5, 6, 7, 8, 9, 13, 14, 15, 20, 21, 22, 23, 24, 25, 26, 27}) targets[static_cast<size_t>(t)] = 1;
+  const std::string path = make_masked(dir, {10, 6, 12}, targets);
+  auto d = source(path);
+  ASSERT_TRUE(d);
+  std::vector<int32_t> labels;
+  std::vector<int32_t> t0 = sample(*d, 0, 16, &labels);
+  for (int p = 0; p < 16; ++p) EXPECT_EQ(t0[static_cast<size_t>(p)], p);
+  for (int p = 0; p < 16; ++p) {
+    const bool want = p + 1 < 16 && targets[static_cast<size_t>(p + 1)] && p + 1 != 10;
+    EXPECT_EQ(labels[static_cast<size_t>(p)], want ? p + 1 : kIgnoreIndex) << "position " << p;
+  }
+  auto starts = d->document_starts(0, 16);
+  ASSERT_TRUE(starts.ok());
+  EXPECT_EQ(starts.value(), (std::vector<int64_t>{0, 10}));
+  std::vector<int32_t> t1 = sample(*d, 1, 16, &labels);
+  for (int p = 0; p < 12; ++p) EXPECT_EQ(t1[static_cast<size_t>(p)], 16 + p);
+  for (int p = 12; p < 16; ++p) EXPECT_EQ(labels[static_cast<size_t>(p)], kIgnoreIndex) << "padding " << p;
+  EXPECT_EQ(labels[11], kIgnoreIndex) << "the last real token has no next";
+  EXPECT_EQ(labels[3], 20);
+  starts = d->document_starts(1, 16);
+  ASSERT_TRUE(starts.ok());
+  EXPECT_EQ(starts.value(), (std::vector<int64_t>{0, 12}));
+  // Two packed sequences per pass; shards over ranks read what the whole read gives.
+  EXPECT_EQ(sample(*d, 2, 16), t0);
+  EXPECT_NEAR(d->passes(2, 16)[0].passes, 1.0, 1e-12);
+  for (int64_t c : {2, 4}) {
+    std::vector<int32_t> whole_t(16), whole_l(16);
+    ASSERT_TRUE(d->fill(1, 16, 0, 16, whole_t.data(), whole_l.data(), nullptr).ok());
+    for (int64_t r = 0; r < c; ++r) {
+      const int64_t l = 16 / c;
+      std::vector<int32_t> st(static_cast<size_t>(l)), sl(static_cast<size_t>(l));
+      ASSERT_TRUE(d->fill(1, 16, r * l, l, st.data(), sl.data(), nullptr).ok());
+      for (int64_t k = 0; k < l; ++k) {
+        EXPECT_EQ(st[static_cast<size_t>(k)], whole_t[static_cast<size_t>(r * l + k)]);
+        EXPECT_EQ(sl[static_cast<size_t>(k)], whole_l[static_cast<size_t>(r * l + k)]) << c << " ranks, position " << r * l + k;
+      }
+    }
+  }
 }
 
 }  // namespace

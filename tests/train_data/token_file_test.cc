@@ -397,8 +397,8 @@ TEST_F(CorruptTokenFile, BadMagic) {
 
 TEST_F(CorruptTokenFile, WrongVersion) {
   std::string b = bytes_;
-  put_le(&b, 8, 3, 4);
-  EXPECT_TRUE(fails_with(open_patched(b), Code::kUnsupported, {path(), "version 3", "reads versions 1 and 2"}));
+  put_le(&b, 8, 4, 4);
+  EXPECT_TRUE(fails_with(open_patched(b), Code::kUnsupported, {path(), "version 4", "reads versions 1 to 3"}));
   // A version 1 file relabelled 2 has no document index.
   b = bytes_;
   put_le(&b, 8, 2, 4);

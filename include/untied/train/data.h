@@ -20,8 +20,9 @@
 //            from an offset that the pass draws in [0, N - P*S] (so the tail is read too).
 // Every sample is a pure function of (options, paths, i): deterministic, the same on every rank,
 // and a resumed run reads what an uninterrupted one would.
-// Labels: the next token (kIgnoreIndex at the sequence's last position and before a document's
-// first token); is_answer marks every labelled position, so the accuracy metric is top-1
+// Labels: the next token (kIgnoreIndex at the sequence's last position, before a document's
+// first token, and, in a token file with a loss mask (version 3: supervised fine-tuning), before
+// a token that is not a target); is_answer marks every labelled position, so the accuracy metric is top-1
 // next-token accuracy. For "kv", see kv_task.h.
 #pragma once
 

@@ -113,6 +113,8 @@ class HfTokenizer {
   // The id of a token (an added token's content, or a vocab entry as written in the file, in the
   // byte-level alphabet: " hello" is "Ġhello"); none when there is no such token.
   std::optional<int32_t> token_to_id(std::string_view token) const;
+  // An added token marked special (<|eot_id|>, <|im_end|>; not Qwen3's <think>).
+  bool is_special(int32_t id) const;
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
   bool adds_bos() const;

@@ -3,7 +3,8 @@
 // Byte layout (every integer little-endian, whatever the host):
 //     offset  size  field
 //          0     8  magic, the ASCII bytes "UNTIEDTK"
-//          8     4  u32 format version: 1 (one token stream) or 2 (with a document index)
+//          8     4  u32 format version: 1 (one token stream), 2 (with a document index) or 3 (with
+//                   a document index and a loss mask)
 //         12     4  u32 token width in bytes: 2 (uint16 tokens) or 4 (uint32 tokens)
 //         16     8  u64 token count N
 //         24     8  u64 vocab size V (1 <= V <= 2^31 - 1; V <= 65536 when the width is 2)
@@ -11,8 +12,13 @@
 //   version 2 only, the document index (packed documents):
 //   32 + N*w     8  u64 document count M (>= 1 when N >= 1)
 //   40 + N*w   8*M  u64 document starts: token indices, strictly increasing, the first 0, each < N
-// The file is exactly 32 + N*w bytes (version 1) or 40 + N*w + 8*M bytes (version 2) long;
-// anything else is reported as corrupt. A version 1 file is one stream with no boundaries.
+//   version 3 only, the loss mask (supervised fine-tuning: which tokens are trained on):
+//   40 + N*w + 8*M  ceil(N/8)  bit t % 8 (least significant first) of byte t / 8: 1 when token t is
+//                   a target (the loss of predicting it counts), 0 when it is context only (a
+//                   prompt); the bits past N in the last byte are 0
+// The file is exactly 32 + N*w bytes (version 1), 40 + N*w + 8*M bytes (version 2) or
+// 40 + N*w + 8*M + ceil(N/8) bytes (version 3) long; anything else is reported as corrupt. A
+// version 1 file is one stream with no boundaries; in versions 1 and 2 every token is a target.
 //
 // Writing is atomic: the bytes go to a temporary file next to the target, which is flushed
 // (fsync) and renamed over the target only when complete. A failed write returns a Status,
@@ -38,7 +44,7 @@
 namespace untied {
 
 inline constexpr char kTokenFileMagic[8] = {'U', 'N', 'T', 'I', 'E', 'D', 'T', 'K'};
-inline constexpr uint32_t kTokenFileVersion = 2;  // the newest version; 1 is still read
+inline constexpr uint32_t kTokenFileVersion = 3;  // the newest version; 1 and 2 are still read
 inline constexpr int64_t kTokenFileHeaderBytes = 32;
 
 // The narrowest supported width for a vocab size: 2 when vocab <= 65536, else 4.
@@ -70,6 +76,7 @@ class TokenFileWriter {
   struct Options {
     int width_bytes = 0;          // 2 or 4; 0: token_width_for_vocab(vocab_size)
     bool document_index = true;   // version 2 (with the index) or 1
+    bool loss_mask = false;       // version 3 (the index and a loss mask; needs document_index)
   };
   // Creates the temporary and writes a provisional header. Errors: invalid_argument for a width
   // that is not 2 or 4 or a vocab size outside [1, 2^31 - 1] or too large for the width (nothing
@@ -95,6 +102,10 @@ class TokenFileWriter {
     begin_document();
     return append(tokens);
   }
+  // Version 3: appends tokens with their loss mask (targets[i] != 0: token i is a target); plain
+  // append() marks every token a target. invalid_argument when the writer has no mask or the
+  // sizes differ.
+  Status append(std::span<const int32_t> tokens, std::span<const uint8_t> targets);
   // Writes the index, patches the header, flushes and renames onto the target. Once called, the
   // writer is closed whatever the outcome; a second call returns invalid_argument.
   Status finish();
@@ -104,9 +115,12 @@ class TokenFileWriter {
   int width_bytes() const;
   const std::string& path() const;
 
+ public:
+  struct State;  // the writer's state (token_file.cc)
+
  private:
-  struct State;
   explicit TokenFileWriter(std::unique_ptr<State> s);
+  Status append_tokens(std::span<const int32_t> tokens, std::span<const uint8_t> targets);
   std::unique_ptr<State> s_;
 };
 
@@ -133,8 +147,13 @@ class TokenFile {
   int64_t vocab_size() const { return vocab_; }
   int width_bytes() const { return width_; }
   int version() const { return version_; }
-  // Version 2: the document starts (token indices; read and validated at open). Version 1: empty.
+  // Version 2 and 3: the document starts (token indices; read and validated at open). Version 1: empty.
   const std::vector<int64_t>& document_starts() const { return doc_starts_; }
+  // Version 3: the file has a loss mask.
+  bool has_loss_mask() const { return mask_offset_ >= 0; }
+  // out[i] = 1 when token start + i is a target, else 0 (every token is one without a mask).
+  // Reads only the mask bytes of the range. REQUIRES as read().
+  Status read_targets(int64_t start, int64_t count, uint8_t* out) const;
 
   // out[i] = token start + i, for i < count (overwrites out[0, count)). Reads count * width
   // bytes at offset 32 + start * width and nothing else.
@@ -153,6 +172,7 @@ class TokenFile {
   int64_t count_ = 0;
   int64_t vocab_ = 0;
   int version_ = 1;
+  int64_t mask_offset_ = -1;  // version 3: the byte offset of the loss mask
   std::vector<int64_t> doc_starts_;
 };
 
