@@ -171,6 +171,14 @@ class SequenceSource final : public DataSource {
     return n;
   }
 
+  int64_t samples_per_pass(int64_t seq_len) const override {
+    int64_t n = 0;
+    for (size_t g = 0; g < streams_.size(); ++g)
+      n += streams_[g]->has_targets() ? static_cast<int64_t>(packing(g, seq_len).start.size())
+                                      : streams_[g]->size() / seq_len;
+    return n;
+  }
+
   Status fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens, int32_t* labels,
               uint8_t* is_answer) const override {
     UNTIED_CHECK(sample_index >= 0 && seq_len >= 1 && start >= 0 && count >= 0 && start <= seq_len - count,

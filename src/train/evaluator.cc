@@ -70,11 +70,11 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
                                   "): tokenize with the model's own tokenizer");
   else if (samples == 0 && data.stream_tokens() == 0)
     ds = Status::invalid_argument("--samples is needed: data '" + std::string(data.kind()) + "' has no end");
-  else if (samples == 0 && data.stream_tokens() < S)
+  else if (samples == 0 && data.samples_per_pass(S) == 0)
     ds = Status::invalid_argument("the data holds " + std::to_string(data.stream_tokens()) +
                                   " tokens, fewer than one sequence of --seq " + std::to_string(S) +
                                   ": lower --seq or pass --samples (samples then wrap around the data)");
-  if (ds.ok() && samples == 0) samples = data.stream_tokens() / S;
+  if (ds.ok() && samples == 0) samples = data.samples_per_pass(S);
   int64_t lo = samples, hi = samples;
   comm.all_reduce(&lo, &lo, 1, DType::kI64, ReduceOp::kMin);
   comm.all_reduce(&hi, &hi, 1, DType::kI64, ReduceOp::kMax);

@@ -505,7 +505,7 @@ StatusOr<EvalResult> evaluate_during_training(Device& dev, Communicator& comm, c
   const int64_t S = o.decoder.seq;
   EvalOptions eo{.model = o.model, .decoder = o.decoder, .samples = o.eval_samples, .buckets = 1,
                  .window = o.window, .doc_mask = o.doc_mask};
-  if (eo.samples == 0) eo.samples = data.stream_tokens() / S;
+  if (eo.samples == 0) eo.samples = data.samples_per_pass(S);
   watchdog_note(1, "eval");
   auto r = evaluate_weights(dev, comm, data, eo, params, decoder);
   if (r.ok() && comm.rank() == 0)
@@ -561,7 +561,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       es = Status::invalid_argument("the --eval-data vocabulary (" + std::to_string(o.eval_data->vocab_size()) +
                                     ") is larger than the model's (" + std::to_string(o.model.vocab) +
                                     "): tokenize it with the model's own tokenizer");
-    else if (o.eval_samples == 0 && o.eval_data->stream_tokens() < o.decoder.seq)
+    else if (o.eval_samples == 0 && o.eval_data->samples_per_pass(o.decoder.seq) == 0)
       es = Status::invalid_argument("the --eval-data holds " + std::to_string(o.eval_data->stream_tokens()) +
                                     " tokens, fewer than one sequence of --seq " + std::to_string(o.decoder.seq) +
                                     ": give more, or --eval-samples (samples then wrap around it)");

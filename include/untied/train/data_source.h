@@ -33,6 +33,10 @@ class DataSource {
   // The tokens of the stream the samples tile (a token file's, a text's) before they wrap around
   // it; 0 for a synthetic source without end.
   virtual int64_t stream_tokens() const { return 0; }
+  // The samples of seq_len tokens that one pass over the data makes (what eval reads by default):
+  // stream_tokens() / seq_len, or the packed sequences of supervised samples (data.h); 0 for a
+  // synthetic source.
+  virtual int64_t samples_per_pass(int64_t seq_len) const { return stream_tokens() / seq_len; }
 
   // Positions [start, start + count) of sample `sample_index`, a sequence of seq_len tokens:
   //   tokens[i]    = the token at position p = start + i;
