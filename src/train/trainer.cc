@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -38,6 +39,7 @@
 #include "untied/train/metrics.h"
 #include "untied/train/evaluator.h"
 #include "untied/train/rank_sample.h"
+#include "untied/train/tensorboard.h"
 #include "untied/dist/sharded_params.h"
 
 namespace untied {
@@ -497,6 +499,11 @@ void note_data_passes(const DataSource& data, const TrainOptions& o, int64_t S, 
   (*line)["data_passes"] = passes;
 }
 
+// Seconds since the epoch (the TensorBoard events' wall time).
+double wall_clock_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // --eval-data: eval's loop over the run's current weights, with its strategy and ranks; the
 // result on every rank, a line on rank 0's stderr.
 StatusOr<EvalResult> evaluate_during_training(Device& dev, Communicator& comm, const TrainOptions& o,
@@ -590,6 +597,16 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   auto opened = open_metrics(o, comm, start);
   if (!opened.ok()) return opened.status();
   MetricsFile metrics = std::move(opened).value();
+  std::optional<TensorBoardWriter> board;  // rank 0's, with --tensorboard
+  {
+    Status bs;
+    if (comm.rank() == 0 && !o.tensorboard_dir.empty() && !o.rehearsal) {
+      auto b = TensorBoardWriter::open(o.tensorboard_dir, wall_clock_s());
+      if (b.ok()) board.emplace(std::move(b).value());
+      else bs = b.status();
+    }
+    if (Status all = first_failure(comm, bs); !all.ok()) return all;
+  }
 
   const Fault fault = fault_from_environment(comm.rank());
   int64_t skipped = 0;  // non-finite steps skipped (skip_nonfinite)
@@ -663,6 +680,9 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       eval_figures = EvalResult{};
     }
     Status ms = metrics.write(line);
+    if (ms.ok() && board) ms = board->add_scalars(step, wall_clock_s(), metrics_scalars(line));
+    if (!o.tensorboard_dir.empty() && o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok())
+      return stop_with_checkpoint(o, comm, step, id, params, ms);
     if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok())  // a checkpoint first, then stop
       return stop_with_checkpoint(o, comm, step, id, params, ms);
     if (comm.rank() == 0) progress.step_done(step, f.loss, f.accuracy, tps);
