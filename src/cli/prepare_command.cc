@@ -27,11 +27,13 @@
 #include <cstring>
 #include <algorithm>
 #include <optional>
+#include <filesystem>
 #include <set>
 
 #include "cli/args.h"
 #include "untied/core/file_io.h"
 #include "untied/core/input_reader.h"
+#include "cli/prepare_sft.h"
 #include "cli/commands.h"
 #include "untied/core/allocator.h"
 #include "untied/core/json.h"
@@ -48,8 +50,11 @@ void add_prepare_flags(FlagSet& f) {
         "it name BOS and EOS)");
   f.add("input", FlagKind::kString, "", "an input file, plain or .gz / .zst, or - for standard input (repeat --input, or name the files after the flags)");
   f.add("output", FlagKind::kString, "", "the token file to write (nothing is there until it is complete)");
-  f.add_choice("format", {"text", "jsonl"}, "",
-        "text or jsonl (default: by each file's extension, .jsonl and .json are jsonl, anything else text)");
+  f.add_choice("format", {"text", "jsonl", "prompt-completion", "messages"}, "",
+        "text or jsonl (default: by each file's extension, .jsonl and .json are jsonl, anything else text); for "
+        "supervised fine-tuning, JSONL of prompt-completion ({\"prompt\", \"completion\"}) or messages "
+        "({\"messages\": [{\"role\", \"content\"}, ...]}, rendered with the model's chat template): a token file "
+        "with a loss mask, trained on the completion or the assistant's turns only");
   f.add("field", FlagKind::kString, "text", "jsonl: the field that holds each document's text");
   f.add_checked("split", "blank-lines",
                 "text: documents are blocks between blank lines (blank-lines), single lines (lines) or whole files "
@@ -281,11 +286,13 @@ class TextSplitter {
   bool term_cr_ = false;        // blank-lines: the last non-blank line ended with "\r\n"
 };
 
-// One JSON object per line; the document is its `field` string.
+// One JSON object per line; the document is its `field` string, or (with an SftEncoder) the
+// supervised sample the encoder makes of the object, written with its loss mask.
 class JsonlReader {
  public:
-  JsonlReader(std::string path, std::string field, DocumentEncoder* doc)
-      : path_(std::move(path)), field_(std::move(field)), doc_(doc) {}
+  JsonlReader(std::string path, std::string field, DocumentEncoder* doc, SftEncoder* sft = nullptr,
+              TokenFileWriter* out = nullptr)
+      : path_(std::move(path)), field_(std::move(field)), doc_(doc), sft_(sft), out_(out) {}
   Status feed(std::string_view bytes) {
     for (size_t pos = 0; pos < bytes.size();) {
       const size_t nl = bytes.find('\n', pos);
@@ -315,6 +322,13 @@ class JsonlReader {
                                         "); each line must be one JSON object");
       }
       if (!j.is_object()) return Status::invalid_argument(where + ": not a JSON object; each line must be one object");
+      if (sft_ != nullptr) {
+        line_.clear();
+        auto sample = sft_->encode(j, where);
+        if (!sample.ok()) return sample.status();
+        out_->begin_document();
+        return out_->append(sample.value().tokens, sample.value().targets);
+      }
       if (!j.contains(field_))
         return Status::invalid_argument(where + ": no field \"" + field_ + "\"; name the text's field with --field");
       if (!j[field_].is_string())
@@ -330,13 +344,15 @@ class JsonlReader {
 
   std::string path_, field_;
   DocumentEncoder* doc_;
+  SftEncoder* sft_;
+  TokenFileWriter* out_;
   std::string line_;
   int64_t number_ = 0;
 };
 
 // By the name, a compression suffix (.gz, .zst, .zstd) set aside: data.jsonl.gz is JSONL.
 bool is_jsonl(std::string path, const std::string& format) {
-  if (!format.empty()) return format == "jsonl";
+  if (!format.empty()) return format != "text";
   const auto ends_with = [&](const char* ext) {
     return path.size() >= std::strlen(ext) && path.compare(path.size() - std::strlen(ext), std::string::npos, ext) == 0;
   };
@@ -375,6 +391,7 @@ struct Run {
   HfTokenizer* tok;
   TokenFileWriter* out;
   DocumentEncoder* doc;
+  SftEncoder* sft;  // --format prompt-completion or messages; else null
   Progress* progress;
   std::string format, field;
   DocumentSplit split;
@@ -385,7 +402,7 @@ struct Run {
 Status prepare_file(Run& r, Input& in) {
   const bool jsonl = is_jsonl(in.path, r.format);
   TextSplitter text(r.split, r.doc);
-  JsonlReader lines(in.path, r.field, r.doc);
+  JsonlReader lines(in.path, r.field, r.doc, r.sft, r.out);
   std::optional<InputReader> opened;
   if (!in.stdin_) {
     StatusOr<InputReader> o = InputReader::open(in.path);
@@ -470,13 +487,29 @@ int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args) 
                    token_name(bos).c_str(), token_name(eos).c_str(), inputs.size(), format_bytes(total).c_str(),
                    out_path.c_str());
 
-    StatusOr<TokenFileWriter> created = TokenFileWriter::create(out_path, tok.vocab_size());
+    const bool supervised = format == "prompt-completion" || format == "messages";
+    std::optional<SftEncoder> sft;
+    if (supervised) {
+      std::error_code ec;
+      const std::string given = flags.get_string("tokenizer");
+      const std::string model_dir = std::filesystem::is_directory(given, ec)
+                                        ? given
+                                        : std::filesystem::path(given).parent_path().string();
+      auto e = SftEncoder::create(&tok, format == "messages" ? SftFormat::kMessages : SftFormat::kPromptCompletion,
+                                  model_dir.empty() ? "." : model_dir, bos, eos_choice != Choice::kNo,
+                                  flags.get_bool("parse-special"));
+      if (!e.ok()) return runtime_error(e.status().message());
+      sft.emplace(std::move(e).value());
+      if (show) std::fprintf(stderr, "untied prepare: supervised samples: %s\n", sft->describe().c_str());
+    }
+    StatusOr<TokenFileWriter> created =
+        TokenFileWriter::create(out_path, tok.vocab_size(), TokenFileWriter::Options{.loss_mask = supervised});
     if (!created.ok()) return runtime_error(created.status().message());
     TokenFileWriter out = std::move(created).value();
     const auto block = static_cast<size_t>(flags.get_bytes("block-bytes"));
     DocumentEncoder doc(&tok, &out, bos, eos, flags.get_bool("parse-special"), block);
     Progress progress(show, total);
-    Run run{&tok, &out, &doc, &progress, format, flags.get_string("field"), split.value(), block};
+    Run run{&tok, &out, &doc, sft ? &*sft : nullptr, &progress, format, flags.get_string("field"), split.value(), block};
     for (Input& in : inputs)
       if (Status s = prepare_file(run, in); !s.ok())
         return runtime_error(s.message() + "; nothing was written to " + out_path);
@@ -495,6 +528,10 @@ int prepare_main(int* argc, char*** argv, const std::vector<std::string>& args) 
         (long long)docs, (long long)tokens, (long long)tok.vocab_size(), width, inputs.size(),
         inputs.size() == 1 ? "" : "s", format_bytes(total).c_str(), secs, total / 1e6 / secs, tokens / secs,
         out_path.c_str());
+    if (sft && sft->seam_mismatches() > 0)
+      std::printf("note: in %lld samples the prompt's tokens are not the first tokens of prompt + completion (a "
+                  "merge across the seam); they are trained on from where the two part, as TRL's are\n",
+                  (long long)sft->seam_mismatches());
     if (tok.invalid_utf8_replaced() > 0)
       std::printf("note: %lld ill-formed UTF-8 sequences in the input were tokenized as U+FFFD\n",
                   (long long)tok.invalid_utf8_replaced());
