@@ -46,9 +46,13 @@ print(f"eval at S=1024, {after['samples']} sequences, {after['tokens']} predicte
 print(f"  {'':18} {'loss':>8} {'perplexity':>11}")
 for name, j in (("before", before), ("after", after)):
     print(f"  {name + ' fine-tune':18} {j['loss']:8.4f} {j['perplexity']:11.2f}")
-print("  loss by position     before    after")
+print(f"  loss by position in the {'document' if after.get('loss_by') == 'doc-position' else 'window'}"
+      "     before    after")
 for b, a in zip(before["loss_by_position"], after["loss_by_position"]):
-    print(f"  [{b['begin']:4}, {b['end']:4})   {b['loss']:8.4f} {a['loss']:8.4f}")
+    if b["loss"] is None or a["loss"] is None:
+        continue
+    end = "..." if b["end"] is None else b["end"]
+    print(f"  [{b['begin']:5}, {end:>5})   {b['loss']:8.4f} {a['loss']:8.4f}")
 print(f"  tokens/s (forward, {after['ranks']} ranks): {after['tokens_per_s']}")
 PY
 echo "files: $work/{code.tok,base/,long/,before.json,after.json,loss.svg}"

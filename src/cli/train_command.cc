@@ -114,6 +114,9 @@ void add_train_flags(FlagSet& f) {
         "skip (no update) up to N steps whose loss or gradient is NaN/Inf; past that, or with 0, training stops");
   f.add("stop-after", FlagKind::kInt, "0", "stop (and save) after this step, as an interrupted run would");
   f.add("metrics", FlagKind::kString, "", "append one JSON line per step to this file");
+  f.add_number("peak-tflops", "0",
+               "one rank's device peak TFLOP/s for the metrics' MFU (0: the GPU's known bf16/TF32 peak; none on a CPU)",
+               non_negative_number());
   f.add("tensorboard", FlagKind::kString, "",
         "write every step's metrics as TensorBoard scalars (an event file) into this directory (rank 0)");
   f.add("progress", FlagKind::kBool, "true", "progress bar on rank 0 (--no-progress to turn off)");
@@ -256,6 +259,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->stop_after = f.get_int("stop-after");
   o->metrics_path = f.get_string("metrics");
   o->tensorboard_dir = f.get_string("tensorboard");
+  o->peak_tflops = f.get_number("peak-tflops");
   o->progress = f.get_bool("progress");
   d->kv.seed = 1234 + o->seed;
   d->kv.num_keys = f.get_int("kv-keys");

@@ -236,6 +236,8 @@ StatusOr<InputReader> InputReader::open(const std::string& path) {
     if (::fstat(0, &st) == 0 && S_ISREG(st.st_mode)) r.size_bytes_ = st.st_size;
   } else {
     StatusOr<int> fd = open_regular_file(path, "input");
+    if (!fd.ok() && fd.status().code() == Status::Code::kNotFound)
+      return Status::not_found("cannot open input " + path + ": " + std::strerror(errno) + "; check the path");
     if (!fd.ok()) return fd.status();
     r.fd_ = Fd(fd.value(), /*owned=*/true);
     if (::fstat(r.fd_.fd, &st) != 0)

@@ -240,6 +240,21 @@ class SequenceSource final : public DataSource {
     return starts;
   }
 
+  bool has_documents() const override {
+    for (const auto& st : streams_)
+      if (!st->documents().empty() || st->has_targets()) return true;
+    return false;
+  }
+
+  int64_t first_document_offset(int64_t sample_index, int64_t seq_len) const override {
+    if (streams_[stream_of(sample_index)]->has_targets()) return 0;  // packed whole
+    const auto [g, base] = locate(sample_index, seq_len);
+    const std::vector<int64_t>& docs = streams_[g]->documents();
+    if (docs.empty()) return base;  // one stream: positions count from its start
+    const auto it = std::upper_bound(docs.begin(), docs.end(), base);
+    return base - *(it - 1);
+  }
+
   std::vector<Pass> passes(int64_t samples, int64_t seq_len) const override {
     std::vector<int64_t> drawn(streams_.size(), 0);
     if (streams_.size() == 1) drawn[0] = samples;

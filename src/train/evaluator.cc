@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "untied/attention/token_layout.h"
 #include "untied/core/check.h"
@@ -117,8 +118,12 @@ StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const Dat
   // Buckets: B equal ranges of [0, S).
   const int64_t B = o.buckets;
   for (int64_t b = 0; b <= B; ++b) r.bucket_begin.push_back(b * S / B);
-  std::vector<double> bucket_sum(static_cast<size_t>(B), 0.0);
-  std::vector<int64_t> bucket_count(static_cast<size_t>(B), 0);
+  r.by_doc_position = o.by_doc_position;
+  // By document position, one more bucket [S, inf) for the tail of documents longer than S.
+  const int64_t buckets = B + (o.by_doc_position ? 1 : 0);
+  if (o.by_doc_position) r.bucket_begin.push_back(std::numeric_limits<int64_t>::max());
+  std::vector<double> bucket_sum(static_cast<size_t>(buckets), 0.0);
+  std::vector<int64_t> bucket_count(static_cast<size_t>(buckets), 0);
   // The b with bucket_begin[b] <= p < bucket_begin[b + 1].
   auto bucket_of = [&](int64_t p) {
     return static_cast<int64_t>(std::upper_bound(r.bucket_begin.begin(), r.bucket_begin.end(), p) -
@@ -148,13 +153,29 @@ StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const Dat
     loss_sum += e.loss_sum;
     count += e.count;
     correct += e.correct;
+    // Where each position counts: its place in the window, or in its document (the starts of the
+    // sample's documents, the first one's tokens before the sample).
+    std::vector<int64_t> doc_starts;
+    int64_t first_offset = 0;
+    if (o.by_doc_position && dev.backed()) {
+      auto starts = data.document_starts(i, S);
+      if (!starts.ok()) return starts.status();
+      doc_starts = std::move(starts).value();
+      first_offset = data.first_document_offset(i, S);
+    }
+    const auto counted_at = [&](int64_t p) {
+      if (!o.by_doc_position) return p;
+      const auto it = std::upper_bound(doc_starts.begin(), doc_starts.end(), p) - 1;
+      return p - *it + (it == doc_starts.begin() ? first_offset : 0);
+    };
     if (dev.backed())
       for (const TokenSegment& seg : segments)
         for (int64_t k = 0; k < seg.length; ++k) {
           const int64_t row = seg.first_row + k, p = seg.first_position + k;
           if (p >= S || labels[static_cast<size_t>(row)] == kIgnoreIndex) continue;
-          bucket_sum[static_cast<size_t>(bucket_of(p))] += row_loss[static_cast<size_t>(row)];
-          bucket_count[static_cast<size_t>(bucket_of(p))] += 1;
+          const auto b = static_cast<size_t>(bucket_of(counted_at(p)));
+          bucket_sum[b] += row_loss[static_cast<size_t>(row)];
+          bucket_count[b] += 1;
         }
     if (dump) {  // every rank's rows to rank 0, which writes them in sequence order
       std::vector<float> all(comm.rank() == 0 ? static_cast<size_t>(Sp * V) : 0);
@@ -175,8 +196,13 @@ StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const Dat
 
   double sums[3] = {loss_sum, static_cast<double>(count), static_cast<double>(correct)};
   comm.all_reduce(sums, sums, 3, DType::kF64, ReduceOp::kSum);
-  comm.all_reduce(bucket_sum.data(), bucket_sum.data(), B, DType::kF64, ReduceOp::kSum);
-  comm.all_reduce(bucket_count.data(), bucket_count.data(), B, DType::kI64, ReduceOp::kSum);
+  comm.all_reduce(bucket_sum.data(), bucket_sum.data(), buckets, DType::kF64, ReduceOp::kSum);
+  comm.all_reduce(bucket_count.data(), bucket_count.data(), buckets, DType::kI64, ReduceOp::kSum);
+  if (o.by_doc_position && bucket_count.back() == 0) {  // no document reached S: no overflow bucket
+    bucket_sum.pop_back();
+    bucket_count.pop_back();
+    r.bucket_begin.pop_back();
+  }
   comm.all_reduce(&forward_s, &forward_s, 1, DType::kF64, ReduceOp::kMax);
   r.samples = samples;
   r.tokens = static_cast<int64_t>(sums[1]);
@@ -186,7 +212,7 @@ StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const Dat
   r.seconds = forward_s;
   r.tokens_per_s = forward_s > 0 ? static_cast<double>(samples * S) / forward_s : 0.0;
   r.bucket_tokens = bucket_count;
-  for (int64_t b = 0; b < B; ++b)
+  for (size_t b = 0; b < bucket_count.size(); ++b)
     r.bucket_loss.push_back(bucket_count[b] > 0 ? bucket_sum[b] / static_cast<double>(bucket_count[b]) : 0.0);
   r.peak = alloc.stats();
   for (auto& p : r.peak.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
@@ -198,20 +224,69 @@ StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const Dat
   return r;
 }
 
+StatusOr<std::vector<NeedleCell>> evaluate_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
+                                                  const NeedleTokenizer& tok, const DataSource* haystack,
+                                                  const EvalOptions& o, const NeedleOptions& n) {
+  for (const int64_t length : n.lengths) {
+    EvalOptions at = o;
+    at.decoder.seq = length;
+    at.buckets = 1;
+    if (Status vs = validate(at, comm.size()); !vs.ok()) return vs;
+  }
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
+  int64_t checkpoint_step = -1;
+  if (Status ws = load_weights(o, comm, dev, params, &checkpoint_step); !ws.ok()) return ws;
+  std::vector<NeedleCell> cells;
+  for (const int64_t length : n.lengths) {
+    EvalOptions at = o;
+    at.decoder.seq = length;
+    at.buckets = 1;
+    at.samples = 1;
+    at.doc_mask = false;  // one document
+    at.logits_path.clear();
+    Decoder decoder(dev, dev_comm, o.model, at.decoder);
+    for (const int64_t depth : n.depths) {
+      auto seqs = make_needle_cell(tok, haystack, n, length, depth);
+      Status cs = first_failure(comm, seqs.ok() ? Status::ok_status() : seqs.status());
+      if (!cs.ok()) return cs;
+      NeedleCell cell{.length = length, .depth = depth, .trials = n.trials};
+      double correct = 0, tokens = 0, exact = 0, loglik = 0;
+      for (const NeedleSequence& s : seqs.value()) {
+        const NeedleCellSource one({s}, o.model.vocab);
+        auto r = evaluate_weights(dev, comm, one, at, params, decoder);
+        if (!r.ok()) return r.status();
+        const double t = static_cast<double>(r.value().tokens), c = r.value().accuracy * t;
+        correct += c;
+        tokens += t;
+        exact += std::llround(c) == r.value().tokens ? 1 : 0;
+        loglik += -r.value().loss * t;
+      }
+      cell.key_tokens = static_cast<int64_t>(tokens);
+      cell.accuracy = tokens > 0 ? correct / tokens : 0;
+      cell.exact = exact / static_cast<double>(n.trials);
+      cell.loglik = loglik / static_cast<double>(n.trials);
+      cells.push_back(cell);
+    }
+  }
+  return cells;
+}
+
 LossCurve loss_curve(const EvalResult& r, const std::string& label) {
   LossCurve c;
   c.label = label;
+  c.axis_end = static_cast<double>(r.bucket_begin[std::min(r.bucket_loss.size(), r.bucket_begin.size() - 1)]);
   for (size_t b = 0; b < r.bucket_loss.size(); ++b) {
-    if (r.bucket_tokens[b] == 0) continue;
+    if (r.bucket_tokens[b] == 0 || r.bucket_begin[b + 1] == std::numeric_limits<int64_t>::max()) continue;
     c.position.push_back(0.5 * static_cast<double>(r.bucket_begin[b] + r.bucket_begin[b + 1]));
     c.loss.push_back(r.bucket_loss[b]);
   }
   return c;
 }
 
-std::string position_loss_svg(const std::vector<LossCurve>& curves, const std::string& title) {
+std::string position_loss_svg(const std::vector<LossCurve>& curves, const std::string& title, const std::string& x_label) {
   const double W = 720, H = 420, left = 70, right = 20, top = 40, bottom = 60;
   double x_max = 1, y_min = 1e300, y_max = -1e300;
+  for (const LossCurve& c : curves) x_max = std::max(x_max, c.axis_end < 1e300 ? c.axis_end : 1.0);
   for (const LossCurve& c : curves)
     for (size_t i = 0; i < c.loss.size(); ++i) {
       x_max = std::max(x_max, c.position[i]);
@@ -253,10 +328,11 @@ std::string position_loss_svg(const std::vector<LossCurve>& curves, const std::s
   }
   std::snprintf(buf, sizeof buf,
                 "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\"/>\n"
-                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">position in the sequence (token)</text>\n"
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n"
                 "<text x=\"16\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 16 %.1f)\">mean next-token "
                 "loss (nats)</text>\n",
-                left, top, W - left - right, H - top - bottom, (left + W - right) / 2, H - 18, (top + H - bottom) / 2,
+                left, top, W - left - right, H - top - bottom, (left + W - right) / 2, H - 18, esc(x_label).c_str(),
+                (top + H - bottom) / 2,
                 (top + H - bottom) / 2);
   svg += buf;
   static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};

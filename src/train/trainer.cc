@@ -38,6 +38,7 @@
 #include "untied/train/memory_plan.h"
 #include "untied/train/metrics.h"
 #include "untied/train/evaluator.h"
+#include "untied/train/flops.h"
 #include "untied/train/rank_sample.h"
 #include "untied/train/tensorboard.h"
 #include "untied/dist/sharded_params.h"
@@ -624,6 +625,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   Progress progress(start, end, o.steps, comm.rank() == 0 && o.progress,
                     data.kind() == "kv" ? "answer acc" : "next-token acc");
   EvalResult eval_figures;  // this step's evaluation (--eval-every), for its metrics line
+  const TokenFlops flops = flops_per_token(o.model, g.S, o.decoder.recompute);
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops : known_peak_tflops(dev.name(), g.dtype).value_or(0.0);
   for (int64_t s = start; s < end; ++s) {
     const int64_t step = s + 1;
     watchdog_note(0, "step " + std::to_string(step));
@@ -672,6 +675,15 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
         .tokens_per_s_per_rank = tps, .step_s = f.step_s, .data_s = t1 - t0, .forward_backward_s = t2 - t1,
         .optimizer_s = t3 - t2, .mem = &f.mem, .ops = op_times.seconds.empty() ? nullptr : &op_times});
     if (comm.rank() == 0) note_data_passes(data, o, g.S, step, &line);
+    {  // what users compare across systems (flops.h)
+      const double tokens = static_cast<double>(g.S * o.batch);
+      const double model = flops.model * tokens / f.step_s / comm.size() / 1e12;
+      line["model_tflops_per_rank"] = as_printed("%.4g", model);
+      line["hardware_tflops_per_rank"] = as_printed("%.4g", flops.hardware * tokens / f.step_s / comm.size() / 1e12);
+      line["mfu"] = peak > 0 ? Json(as_printed("%.4f", model / peak)) : Json(nullptr);
+      line["tokens_seen"] = step * o.batch * g.S;
+      line["peak_bytes"] = f.mem.peak_total;
+    }
     if (eval_figures.samples > 0) {
       line["eval_loss"] = as_printed("%.6f", eval_figures.loss);
       line["eval_perplexity"] = as_printed("%.6g", eval_figures.perplexity);

@@ -286,6 +286,59 @@ TEST(Evaluator, RefusesWhatCannotWork) {
   EXPECT_NE(validate(o, 1).message().find("not both"), std::string::npos);
 }
 
+// Loss by position in the document: documents of known lengths give known bucket counts. Token
+// file: documents of 24 tokens (a period of 24), read at S = 32 in 4 buckets of 8. Each labelled
+// token counts at its position in its document (a document running over from the sample before
+// counts on from where it began), so every bucket [0, 8), [8, 16), [16, 24) holds the same share
+// and [24, 32) none; by window position all four fill. 1 rank and 4 ranks agree.
+TEST(Evaluator, LossByDocumentPosition) {
+  const std::string path = ::testing::TempDir() + "docpos_" + std::to_string(::getpid()) + ".tok";
+  std::vector<int32_t> tokens(24 * 8);
+  std::vector<int64_t> starts;
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1 + i % 50);
+  for (int64_t d = 0; d < 8; ++d) starts.push_back(24 * d);
+  ASSERT_TRUE(write_token_file(path, tokens, 64, 2, starts).ok());
+  auto data = make_data_source("tokens", path, DataOptions{});
+  ASSERT_TRUE(data.ok());
+  auto preset = model_preset("tiny");
+  ASSERT_TRUE(preset.ok());
+  EvalOptions o{.model = preset.value(), .decoder = {.seq = 32}, .samples = 6, .buckets = 4};
+  o.model.vocab = 64;
+  o.by_doc_position = true;
+  for (int ranks : {1, 4}) {
+    const EvalResult r = run_eval(*data.value(), o, ranks);
+    ASSERT_EQ(r.bucket_tokens.size(), 4u) << "no document reaches S: no overflow bucket";
+    // 6 samples x 32 positions = 192 tokens = 8 documents; labelled: all but each document's last
+    // token (its next starts another) and each sample's last position.
+    int64_t total = 0;
+    for (int64_t t : r.bucket_tokens) total += t;
+    EXPECT_EQ(total, r.tokens);
+    // Document positions 0..23, each document once: position q is labelled unless q = 23 or it
+    // is a sample's last position (sample ends at stream 32k - 1: document position (32k - 1) % 24).
+    std::vector<int64_t> want(4, 0);
+    for (int64_t t = 0; t < 192; ++t) {
+      const int64_t q = t % 24;
+      if (q == 23 || t % 32 == 31) continue;
+      ++want[static_cast<size_t>(q / 8)];
+    }
+    EXPECT_EQ(r.bucket_tokens, want) << ranks << " ranks";
+    EXPECT_EQ(r.bucket_tokens[3], 0);
+  }
+  o.by_doc_position = false;
+  const EvalResult w = run_eval(*data.value(), o, 1);
+  for (int64_t t : w.bucket_tokens) EXPECT_GT(t, 0) << "by window position every bucket fills";
+  // A document longer than S counts on past S, in one more bucket.
+  std::vector<int64_t> one = {0};
+  ASSERT_TRUE(write_token_file(path, tokens, 64, 2, one).ok());
+  auto long_doc = make_data_source("tokens", path, DataOptions{});
+  ASSERT_TRUE(long_doc.ok());
+  o.by_doc_position = true;
+  const EvalResult l = run_eval(*long_doc.value(), o, 2);
+  ASSERT_EQ(l.bucket_tokens.size(), 5u);
+  EXPECT_EQ(l.bucket_tokens[4], 5 * 31) << "samples 1..5 lie past position 32 of the one document";
+  std::filesystem::remove(path);
+}
+
 TEST(Evaluator, SvgHasEveryCurve) {
   const std::string svg = position_loss_svg(
       {LossCurve{"before", {8, 24, 40}, {3.0, 2.5, 2.4}}, LossCurve{"after <ft>", {8, 24, 40}, {2.0, 1.5, 1.2}}}, "t");

@@ -65,6 +65,17 @@ class DataSource {
     return std::vector<int64_t>{0};
   }
 
+  // How many tokens of the sample's first document come before the sample (0 when the sample
+  // begins with a document, or for a source without documents): with document_starts, a
+  // token's position in its document. A pure function, like fill().
+  virtual int64_t first_document_offset(int64_t sample_index, int64_t seq_len) const {
+    (void)sample_index;
+    (void)seq_len;
+    return 0;
+  }
+  // The source has document boundaries (a token file with an index, text, packed samples).
+  virtual bool has_documents() const { return false; }
+
   // How far the first `samples` samples (indices 0 .. samples - 1) of seq_len tokens have gone
   // through each stream of the data: one entry per stream (a file, a group of files, a text),
   // `passes` the sequences' tokens drawn from it over its size (2.5: the middle of the third

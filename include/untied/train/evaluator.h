@@ -20,6 +20,7 @@
 #include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
 #include "untied/train/data_source.h"
+#include "untied/train/needle.h"
 
 namespace untied {
 
@@ -27,7 +28,11 @@ struct EvalOptions {
   ModelConfig model;
   DecoderOptions decoder;      // seq S, strategy, ring, dtype, ...
   int64_t samples = 0;         // 0: every whole sample of the data (stream tokens / S); > 0: that many
-  int64_t buckets = 16;        // the loss by position: S split into this many equal ranges
+  int64_t buckets = 16;        // the loss by position: [0, S) split into this many equal ranges
+  // The position a token is counted at: in its document (true: documents longer than S count
+  // on from where they began, in one more bucket [S, inf) when any token reaches it), or in
+  // the S-token window (false).
+  bool by_doc_position = false;
   int64_t window = 0;          // sliding-window attention (0: none)
   bool doc_mask = true;        // attend within documents only
   std::string hf_model;        // weights from this Hugging Face directory, or
@@ -45,7 +50,9 @@ struct EvalResult {
   double accuracy = 0;           // top-1 next-token accuracy
   double seconds = 0;            // the forwards (max over ranks), data reads excluded
   double tokens_per_s = 0;       // samples * S / seconds: tokens run (all ranks together)
-  std::vector<int64_t> bucket_begin;  // bucket b holds positions [bucket_begin[b], bucket_begin[b + 1])
+  bool by_doc_position = false;       // buckets are positions in the document (else in the window)
+  std::vector<int64_t> bucket_begin;  // bucket b holds positions [bucket_begin[b], bucket_begin[b + 1]);
+                                      // by document position, a last bucket [S, 2^63 - 1) when used
   std::vector<int64_t> bucket_tokens; // labelled positions in each
   std::vector<double> bucket_loss;    // their mean loss (0 when empty)
   MemoryStats peak;              // max over ranks
@@ -67,16 +74,25 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
 StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const DataSource& data, const EvalOptions& o,
                                       ShardedParams& params, Decoder& decoder);
 
+// --needle (needle.h): the weights as evaluate() loads them, then every cell of the grid, each
+// trial one forward at S = its length with o's strategy, ranks and dtype. Collective; the same
+// cells on every rank.
+StatusOr<std::vector<NeedleCell>> evaluate_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
+                                                  const NeedleTokenizer& tok, const DataSource* haystack,
+                                                  const EvalOptions& o, const NeedleOptions& n);
+
 // One curve of the loss-by-position plot: the mean loss of each bucket at the bucket's middle
 // position.
 struct LossCurve {
   std::string label;
   std::vector<double> position, loss;
+  double axis_end = 0;  // the x axis runs to here (S); 0: to the last point
 };
 LossCurve loss_curve(const EvalResult& r, const std::string& label);
 
 // The curves as one SVG line plot (position on a linear axis, loss on the other, a legend),
 // self-contained: no script, no external font or style.
-std::string position_loss_svg(const std::vector<LossCurve>& curves, const std::string& title);
+std::string position_loss_svg(const std::vector<LossCurve>& curves, const std::string& title,
+                              const std::string& x_label = "position in the sequence (token)");
 
 }  // namespace untied

@@ -53,7 +53,8 @@ struct StepMetrics {
   const OpTimes* ops = nullptr;      // rank 0's kernel ops in this step; null: none timed (a GPU, rehearsal)
 };
 // {"step", "loss", "accuracy", "lr", "grad_norm", "tokens_per_s_per_rank", "step_ms", "phase_ms",
-// ["op_ms",] "peak_bytes_by_tag"}.
+// ["op_ms",] "peak_bytes_by_tag"}; the trainer adds model_tflops_per_rank, hardware_tflops_per_rank,
+// mfu (flops.h), tokens_seen, peak_bytes, data_passes [, epoch] [, eval_*].
 Json metrics_line(const StepMetrics& m);
 
 // The progress line of rank 0 (stderr): a bar redrawn in place on a terminal, else about 20

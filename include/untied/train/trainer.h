@@ -42,6 +42,8 @@ struct TrainOptions {
   // rank count, strategy, ring and U (load_checkpoint reshards it).
   int64_t resume_from = 0;
   std::string metrics_path;    // empty: no metrics file
+  // The peak TFLOP/s of one rank's device for MFU; 0: the device's known peak (flops.h), or no MFU.
+  double peak_tflops = 0;
   std::string tensorboard_dir; // non-empty: rank 0 writes every metrics line's numbers there as TensorBoard scalars
   // Evaluation while training: every eval_every steps (and after the last), eval_samples samples
   // (0: every whole sequence) of eval_data, with the run's strategy, ranks and current weights
