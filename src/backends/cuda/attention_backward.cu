@@ -31,6 +31,8 @@
 //   dQ accumulator  seq_q * H * D * 4 bytes   only when dq is bf16 (f32 dq accumulates in place)
 #include <algorithm>
 
+#include "backends/cuda/attention_select.h"
+#include "backends/cuda/cudnn_attention.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/attention_tiles.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -553,6 +555,11 @@ ScratchRequest attention_backward_scratch(const Device&, const AttentionBackward
 void attention_backward(Device& dev, const AttentionBackwardCall& c, const Scratch& scratch) {
   using namespace attn;
   const AttentionShape& s = c.s;
+  // cuDNN's fused attention where it takes the case (attention_select.h).
+  const StatusOr<AttentionKernel> asked = attention_kernel_requested();
+  if (asked.ok() && choose_attention_kernel(asked.value(), cudnn_attention_ready(), s, true, c.delta_source) ==
+                        AttentionKernel::kCudnn)
+    return cudnn_attention_backward(dev, c);
   const AttentionBackwardTensors& t = c.t;
   const AttnGeom a = make_attn_geom(s);
   const bool dq_direct = s.dtype == DType::kF32 || s.f32_results;

@@ -23,6 +23,8 @@
 //
 // Workspace: none (the forward allocates nothing; every intermediate is in registers or shared
 // memory).
+#include "backends/cuda/attention_select.h"
+#include "backends/cuda/cudnn_attention.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/attention_tiles.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -407,6 +409,11 @@ void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch&) {
 void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch&) {
   using namespace attn;
   const AttentionShape& s = c.s;
+  // cuDNN's fused attention where it takes the case (attention_select.h).
+  const StatusOr<AttentionKernel> asked = attention_kernel_requested();
+  if (asked.ok() && choose_attention_kernel(asked.value(), cudnn_attention_ready(), s, false, DeltaSource::kFromOut) ==
+                        AttentionKernel::kCudnn)
+    return cudnn_attention_forward(dev, c);
   const AttentionForwardTensors& t = c.t;
   const AttnGeom a = make_attn_geom(s);
   const FwdParams p{.a = a, .q = t.q, .k = t.k, .v = t.v, .out = t.out, .lse = t.lse, .out_f32 = s.f32_results ? 1 : 0};

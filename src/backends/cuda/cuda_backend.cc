@@ -1,17 +1,17 @@
 // The CUDA backend's kernel table: every op, its scratch and its refusals (cuda_kernels.h).
 #include "backends/cuda/cuda_kernels.h"
 
+#include "backends/cuda/attention_select.h"
+
 #include <cstdlib>
 #include <string>
 
 namespace untied::cuda {
 
 StatusOr<bool> attention_wgmma_requested() {
-  const char* e = std::getenv("UNTIED_CUDA_ATTENTION");
-  const std::string v = e == nullptr ? "" : e;
-  if (v.empty() || v == "mma") return false;
-  if (v == "wgmma") return true;
-  return Status::invalid_argument("UNTIED_CUDA_ATTENTION='" + v + "': use mma (the default) or wgmma");
+  const StatusOr<AttentionKernel> k = attention_kernel_requested();
+  if (!k.ok()) return k.status();
+  return k.value() == AttentionKernel::kWgmma;
 }
 
 const KernelTable& kernel_table() {

@@ -36,8 +36,8 @@ Status attention_backward_supports(const AttentionBackwardCall& c);
 
 void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch& scratch);  // attention_forward.cu
 
-// UNTIED_CUDA_ATTENTION (cuda_backend.cc): true for "wgmma" (the Hopper attention kernels where
-// they can run), false when unset, empty or "mma"; any other value is refused, saying what to
+// UNTIED_CUDA_ATTENTION (attention_select.h): true for "wgmma" (the Hopper attention kernels
+// where they can run), false for auto, cudnn and mma; any other value is refused, saying what to
 // write (make_cuda_device refuses it on every rank before any compute).
 StatusOr<bool> attention_wgmma_requested();
 
