@@ -35,7 +35,7 @@ TEST(AttentionSelect, EnvironmentValues) {
   }
   auto bad = parse_attention_kernel("fast");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("use auto"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("use auto (the default), cudnn, mma or wgmma"), std::string::npos);
   ::setenv("UNTIED_CUDA_ATTENTION", "cudnn", 1);
   EXPECT_EQ(attention_kernel_requested().value(), AttentionKernel::kCudnn);
   ::unsetenv("UNTIED_CUDA_ATTENTION");
@@ -82,12 +82,16 @@ TEST(AttentionSelect, ChoiceFallsBackWithTheReason) {
   const Status ready = Status::ok_status();
   const Status absent = Status::unsupported("cuDNN attention: not here");
   std::string why;
+  // auto takes cuDNN once a GPU run has checked it (kAutoTakesCudnn), ours until then.
   EXPECT_EQ(choose_attention_kernel(AttentionKernel::kAuto, ready, causal_bf16(), false, DeltaSource::kFromOut, &why),
+            kAutoTakesCudnn ? AttentionKernel::kCudnn : AttentionKernel::kMma);
+  EXPECT_EQ(why.empty(), kAutoTakesCudnn);
+  EXPECT_EQ(choose_attention_kernel(AttentionKernel::kCudnn, ready, causal_bf16(), false, DeltaSource::kFromOut, &why),
             AttentionKernel::kCudnn);
   EXPECT_EQ(why, "");
   EXPECT_EQ(choose_attention_kernel(AttentionKernel::kCudnn, ready, causal_bf16(), true, DeltaSource::kFromOut, &why),
             AttentionKernel::kCudnn);
-  EXPECT_EQ(choose_attention_kernel(AttentionKernel::kAuto, absent, causal_bf16(), false, DeltaSource::kFromOut, &why),
+  EXPECT_EQ(choose_attention_kernel(AttentionKernel::kCudnn, absent, causal_bf16(), false, DeltaSource::kFromOut, &why),
             AttentionKernel::kMma);
   EXPECT_EQ(why, "cuDNN attention: not here");
   AttentionShape ring = causal_bf16();

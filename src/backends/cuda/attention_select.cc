@@ -15,7 +15,7 @@ StatusOr<AttentionKernel> parse_attention_kernel(const std::string& v) {
   if (v == "mma") return AttentionKernel::kMma;
   if (v == "wgmma") return AttentionKernel::kWgmma;
   return Status::invalid_argument("UNTIED_CUDA_ATTENTION='" + v +
-                                  "': use auto (the default: cuDNN where it takes the case), cudnn, mma or wgmma");
+                                  "': use auto (the default), cudnn, mma or wgmma");
 }
 
 StatusOr<AttentionKernel> attention_kernel_requested() {
@@ -59,6 +59,11 @@ AttentionKernel choose_attention_kernel(AttentionKernel requested, const Status&
   if (requested == AttentionKernel::kMma || requested == AttentionKernel::kWgmma) {
     if (why != nullptr) *why = std::string("UNTIED_CUDA_ATTENTION=") + attention_kernel_name(requested);
     return requested;
+  }
+  if (requested == AttentionKernel::kAuto && !kAutoTakesCudnn) {
+    if (why != nullptr)
+      *why = "auto runs our kernels until a GPU run has checked cuDNN's (UNTIED_CUDA_ATTENTION=cudnn takes them)";
+    return AttentionKernel::kMma;
   }
   Status st = cudnn_ready.ok() ? cudnn_supports(s, backward, delta) : cudnn_ready;
   if (st.ok()) return AttentionKernel::kCudnn;

@@ -4,8 +4,10 @@
 //
 // UNTIED_CUDA_ATTENTION:
 //   auto (also unset or empty)  cuDNN where it takes the case and can run here, else ours (mma;
-//                               the Hopper wgmma kernels only when asked for). A measured choice
-//                               per case replaces this rule once GPU timings exist (docs/gpu.md).
+//                               the Hopper wgmma kernels only when asked for) -- once a GPU run has
+//                               checked the cuDNN path (kAutoTakesCudnn); until then ours. A
+//                               measured choice per case replaces this rule once GPU timings exist
+//                               (docs/gpu.md).
 //   cudnn                       cuDNN where it takes the case; a case it cannot take runs ours
 //                               and cudnn_supports() says why (as auto does).
 //   mma | wgmma                 our kernels (wgmma: the Hopper ones where they can run).
@@ -28,6 +30,10 @@ namespace untied::cuda {
 
 enum class AttentionKernel { kAuto, kCudnn, kMma, kWgmma };
 
+// Whether `auto` takes cuDNN: false until scripts/gpu-check has run the cuDNN path against the CPU
+// on a GPU (it has not yet: docs/gpu.md); `cudnn` takes it regardless.
+inline constexpr bool kAutoTakesCudnn = false;
+
 // UNTIED_CUDA_ATTENTION parsed: invalid_argument naming the choices for any other value.
 StatusOr<AttentionKernel> attention_kernel_requested();
 StatusOr<AttentionKernel> parse_attention_kernel(const std::string& value);
@@ -37,7 +43,7 @@ const char* attention_kernel_name(AttentionKernel k);
 // source); else unsupported, saying which property keeps it on our kernels.
 Status cudnn_supports(const AttentionShape& s, bool backward, DeltaSource delta = DeltaSource::kFromOut);
 
-// The kernel that runs a call: cuDNN when requested is auto or cudnn, `cudnn_ready` (the library
+// The kernel that runs a call: cuDNN when requested is cudnn (or auto, with kAutoTakesCudnn), `cudnn_ready` (the library
 // opened, the build has the frontend) is ok and cudnn_supports(...) is ok; else kMma or kWgmma
 // (as requested; auto and cudnn fall back to kMma). *why (when not null) says why cuDNN was not
 // taken, or "" when it was.
