@@ -36,12 +36,17 @@ void add_eval_flags(FlagSet& f) {
   f.add("vocab", FlagKind::kInt, "0", "--preset: vocabulary size (0 = the data's)");
   add_rope_theta_flag(f, "", "RoPE base, replacing the model's (to try a base before training with it)");
   f.add_int("seed", "0", "--preset: seed of the initial weights", {.min = 0});
-  f.add_checked("data", "tokens", "data: tokens (a token file, `untied prepare`) or text (byte-level)",
+  f.add_checked("data", "tokens",
+                "data: tokens (a token file, `untied prepare`) or text (byte-level); with --needle also kv (the built-in "
+                "task's answers by the depth of their pair)",
                 [](const std::string& v) {
-                  if (v == "tokens" || v == "text") return Status::ok_status();
-                  return Status::invalid_argument(v == "kv" ? "eval reads tokens or text, not kv"
-                                                            : "'" + v + "': use tokens or text");
+                  if (v == "tokens" || v == "text" || v == "kv") return Status::ok_status();
+                  return Status::invalid_argument("'" + v + "': use tokens or text (or kv with --needle)");
                 });
+  f.add("kv-keys", FlagKind::kInt, "16", "--needle --data kv: K, the task's keys (as train's)");
+  f.add("kv-values", FlagKind::kInt, "4", "--needle --data kv: V, the task's values (as train's)");
+  f.add("kv-pairs", FlagKind::kInt, "0", "--needle --data kv: pairs per sample (0: as many as fit, as train's)");
+  f.add("kv-fused", FlagKind::kBool, "true", "--needle --data kv: each pair one token (as train's --kv-fused; --no-kv-fused)");
   f.add("data-path", FlagKind::kString, "", "the token file (--data tokens) or UTF-8 text (--data text)");
   f.add_checked("text-split", "blank-lines", "--data text: documents are blank-line blocks, lines or the file",
                 [](const std::string& v) { return parse_document_split(v).status(); });
@@ -77,6 +82,7 @@ void add_eval_flags(FlagSet& f) {
         "a built-in English filler); --svg draws the heatmap");
   f.add("needle-lengths", FlagKind::kString, "", "context lengths (comma-separated, 4K style; default S/8, S/4, S/2, S)");
   f.add("needle-depths", FlagKind::kString, "0,10,20,30,40,50,60,70,80,90,100", "needle depths, percent of the haystack");
+  f.add_int("needle-seed", "0", "--needle: the seed of the keys, names and depths (and of the kv samples)", {.min = 0});
   f.add_int("needle-trials", "4", "sequences per cell (each its own key and haystack)", {.min = 1, .max = 1000});
   f.add_int("needle-keys", "1", "needles per sequence, one asked (multi-key, as RULER's)", {.min = 1, .max = 16});
   f.add_choice("needle-key", {"digits", "word"}, "digits", "the key: 7 random digits or a word");
@@ -268,8 +274,13 @@ int needle_main(int* argc, char*** argv, const FlagSet& flags, const EvalOptions
   n.trials = flags.get_int("needle-trials");
   n.keys = flags.get_int("needle-keys");
   n.key_kind = flags.get_string("needle-key");
-  n.seed = opts.seed;
-  auto tok = needle_tokenizer(flags, opts);
+  n.seed = static_cast<uint64_t>(flags.get_int("needle-seed"));
+  const auto* kv = dynamic_cast<const KvTask*>(haystack);
+  if (kv != nullptr && kv->vocab_size() > opts.model.vocab)
+    return refuse(Status::invalid_argument("the kv task's vocabulary (" + std::to_string(kv->vocab_size()) +
+                                           ") is larger than the model's (" + std::to_string(opts.model.vocab) +
+                                           "): give the --kv-keys and --kv-values the model was trained with"));
+  auto tok = kv != nullptr ? StatusOr<NeedleTokenizer>(NeedleTokenizer{}) : needle_tokenizer(flags, opts);
   if (!tok.ok()) return refuse(tok.status());
   std::optional<Json> compare;
   if (!flags.get_string("compare").empty()) {
@@ -287,13 +298,15 @@ int needle_main(int* argc, char*** argv, const FlagSet& flags, const EvalOptions
     check_all_ranks(comm, validate(opts, comm.size()));
     RankDevice rd = make_rank_device(comm, RankDeviceOptions{.device = device, .threads = threads,
                                                              .budget_bytes = flags.get_bytes("mem-budget")});
-    auto r = evaluate_needle(rd.dev(), rd.comm(), comm, tok.value(), haystack, opts, n);
+    auto r = kv != nullptr ? evaluate_kv_needle(rd.dev(), rd.comm(), comm, *kv, opts, n)
+                           : evaluate_needle(rd.dev(), rd.comm(), comm, tok.value(), haystack, opts, n);
     check_all_ranks(comm, r.ok() ? Status::ok_status() : r.status());
     if (comm.rank() != 0) return;
     Json table = needle_json(r.value(), n, label);
     table["strategy"] = std::string(strategy_name(opts.decoder.strategy));
     table["ranks"] = comm.size();
-    table["haystack"] = haystack == nullptr ? "built-in filler" : flags.get_string("data-path");
+    table["haystack"] = kv != nullptr ? "kv task (answers by the depth of their pair)"
+                        : haystack == nullptr ? "built-in filler" : flags.get_string("data-path");
     if (flags.get_bool("json")) {
       std::printf("%s\n", table.dump(2).c_str());
     } else {
@@ -313,7 +326,7 @@ int needle_main(int* argc, char*** argv, const FlagSet& flags, const EvalOptions
       }
       std::printf("  mean %.4f\n", table["accuracy"].get<double>());
     }
-    if (!flags.get_string("needle-dump").empty()) {
+    if (!flags.get_string("needle-dump").empty() && kv == nullptr) {
       Json dump = Json::array();
       for (const int64_t l : n.lengths)
         for (const int64_t dp : n.depths) {
@@ -356,9 +369,16 @@ int eval_main(int* argc, char*** argv, const std::vector<std::string>& args) {
   if (!st.ok()) return refuse(st);
   DataOptions dopts;
   dopts.text_split = parse_document_split(flags.get_string("text-split")).value();
-  const bool needle_filler = flags.get_bool("needle") && flags.get_string("data-path").empty();
+  const bool kv = flags.get_string("data") == "kv";
+  if (kv && !flags.get_bool("needle"))
+    return refuse(Status::invalid_argument("eval reads tokens or text; the kv task only with --needle (its answers by "
+                                           "depth)"));
+  const bool needle_filler = flags.get_bool("needle") && !kv && flags.get_string("data-path").empty();
+  dopts.kv = KvTaskOptions{.seed = 999 + static_cast<uint64_t>(flags.get_int("needle-seed")),
+                           .num_keys = flags.get_int("kv-keys"), .num_values = flags.get_int("kv-values"),
+                           .num_pairs = flags.get_int("kv-pairs"), .fused_pairs = flags.get_bool("kv-fused")};
   auto data = needle_filler ? StatusOr<std::unique_ptr<DataSource>>(std::unique_ptr<DataSource>())
-                            : make_data_source(flags.get_string("data"), flags.get_string("data-path"), dopts);
+                            : make_data_source(flags.get_string("data"), kv ? "" : flags.get_string("data-path"), dopts);
   if (!data.ok()) return refuse(data.status());
   if (opts.hf_model.empty() && opts.checkpoint_dir.empty() && flags.get_int("vocab") == 0 &&
       !preset_keeps_vocabulary(opts.model.name))

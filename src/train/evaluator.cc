@@ -247,7 +247,16 @@ StatusOr<std::vector<NeedleCell>> evaluate_needle(Device& dev, Communicator& dev
     Decoder decoder(dev, dev_comm, o.model, at.decoder);
     for (const int64_t depth : n.depths) {
       auto seqs = make_needle_cell(tok, haystack, n, length, depth);
-      Status cs = first_failure(comm, seqs.ok() ? Status::ok_status() : seqs.status());
+      Status cs = seqs.ok() ? Status::ok_status() : seqs.status();
+      for (size_t q = 0; cs.ok() && q < seqs.value().size(); ++q)
+        for (const int32_t id : seqs.value()[q].tokens)
+          if (id < 0 || id >= o.model.vocab) {
+            cs = Status::invalid_argument("the needle's token " + std::to_string(id) + " is outside the model's "
+                                          "vocabulary (" + std::to_string(o.model.vocab) +
+                                          "): give the model's own tokenizer (--tokenizer)");
+            break;
+          }
+      cs = first_failure(comm, cs);
       if (!cs.ok()) return cs;
       NeedleCell cell{.length = length, .depth = depth, .trials = n.trials};
       double correct = 0, tokens = 0, exact = 0, loglik = 0;
@@ -265,6 +274,84 @@ StatusOr<std::vector<NeedleCell>> evaluate_needle(Device& dev, Communicator& dev
       cell.accuracy = tokens > 0 ? correct / tokens : 0;
       cell.exact = exact / static_cast<double>(n.trials);
       cell.loglik = loglik / static_cast<double>(n.trials);
+      cells.push_back(cell);
+    }
+  }
+  return cells;
+}
+
+namespace {
+
+// The kv task's answers whose pair lies nearest to one depth of the grid: the others unlabelled.
+class KvDepthSource final : public DataSource {
+ public:
+  KvDepthSource(const KvTask& kv, std::vector<int64_t> depths, size_t which)
+      : kv_(kv), depths_(std::move(depths)), which_(which) {}
+  std::string_view kind() const override { return "kv"; }
+  int64_t vocab_size() const override { return kv_.vocab_size(); }
+  Status fill(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens, int32_t* labels,
+              uint8_t* is_answer) const override {
+    std::vector<uint8_t> answer(static_cast<size_t>(count));
+    if (Status s = kv_.fill(sample_index, seq_len, start, count, tokens, labels, answer.data()); !s.ok()) return s;
+    auto l = kv_.layout(seq_len);
+    auto depth = kv_.answer_depths(sample_index, seq_len);
+    if (!l.ok()) return l.status();
+    if (!depth.ok()) return depth.status();
+    for (int64_t k = 0; k < count; ++k) {
+      bool keep = false;
+      if (answer[static_cast<size_t>(k)] != 0) {
+        const int64_t i = (start + k - l.value().query_begin - 1) / 3;
+        keep = nearest(100.0 * depth.value()[static_cast<size_t>(i)]) == which_;
+      }
+      if (!keep) labels[k] = kIgnoreIndex;
+      if (is_answer != nullptr) is_answer[k] = keep ? 1 : 0;
+    }
+    return Status::ok_status();
+  }
+
+ private:
+  size_t nearest(double percent) const {
+    size_t best = 0;
+    for (size_t b = 1; b < depths_.size(); ++b)
+      if (std::abs(static_cast<double>(depths_[b]) - percent) < std::abs(static_cast<double>(depths_[best]) - percent))
+        best = b;
+    return best;
+  }
+  const KvTask& kv_;
+  std::vector<int64_t> depths_;
+  size_t which_;
+};
+
+}  // namespace
+
+StatusOr<std::vector<NeedleCell>> evaluate_kv_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
+                                                     const KvTask& kv, const EvalOptions& o, const NeedleOptions& n) {
+  for (const int64_t length : n.lengths) {
+    EvalOptions at = o;
+    at.decoder.seq = length;
+    at.buckets = 1;
+    if (Status vs = validate(at, comm.size()); !vs.ok()) return vs;
+    if (Status ls = kv.layout(length).status(); !ls.ok()) return ls;
+  }
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
+  int64_t checkpoint_step = -1;
+  if (Status ws = load_weights(o, comm, dev, params, &checkpoint_step); !ws.ok()) return ws;
+  std::vector<NeedleCell> cells;
+  for (const int64_t length : n.lengths) {
+    EvalOptions at = o;
+    at.decoder.seq = length;
+    at.buckets = 1;
+    at.samples = n.trials;
+    at.logits_path.clear();
+    Decoder decoder(dev, dev_comm, o.model, at.decoder);
+    for (size_t b = 0; b < n.depths.size(); ++b) {
+      const KvDepthSource source(kv, n.depths, b);
+      auto r = evaluate_weights(dev, comm, source, at, params, decoder);
+      if (!r.ok()) return r.status();
+      NeedleCell cell{.length = length, .depth = n.depths[b], .trials = n.trials, .key_tokens = r.value().tokens};
+      cell.accuracy = r.value().tokens > 0 ? r.value().accuracy : 0;
+      cell.exact = cell.accuracy;
+      cell.loglik = -r.value().loss * static_cast<double>(r.value().tokens) / static_cast<double>(n.trials);
       cells.push_back(cell);
     }
   }

@@ -162,4 +162,18 @@ Status KvTask::fill_one(int64_t sample_index, int64_t seq_len, int64_t start, in
   return Status::ok_status();
 }
 
+StatusOr<std::vector<double>> KvTask::answer_depths(int64_t sample_index, int64_t seq_len) const {
+  if (options_.num_docs != 1) return Status::invalid_argument("kv answer depths: one document per sample (--kv-docs 1)");
+  StatusOr<KvLayout> lo = layout(seq_len);
+  if (!lo.ok()) return lo.status();
+  const KvLayout& l = lo.value();
+  const std::vector<int64_t> order =
+      permutation(options_.seed, stream_of(sample_index, kQueryOrder), l.num_pairs, l.num_pairs);
+  std::vector<double> depth(static_cast<size_t>(l.num_pairs));
+  for (int64_t i = 0; i < l.num_pairs; ++i)
+    depth[static_cast<size_t>(i)] =
+        static_cast<double>(l.slot_begin(order[static_cast<size_t>(i)]) - 1) / static_cast<double>(l.pair_span);
+  return depth;
+}
+
 }  // namespace untied

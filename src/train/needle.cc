@@ -161,7 +161,7 @@ Json needle_json(const std::vector<NeedleCell>& cells, const NeedleOptions& o, c
 }
 
 std::string needle_svg(const std::vector<Json>& tables, const std::string& title) {
-  const double cell_w = 56, cell_h = 22, left = 70, top = 56, gap = 60;
+  const double cell_w = 56, cell_h = 22, left = 70, top = 66, gap = 60;
   std::string body;
   char buf[512];
   double x0 = left, width = 0, height = 0;

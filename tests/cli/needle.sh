@@ -45,7 +45,19 @@ tok=$fx/tokenizers/llama3_style
 "$untied" prepare --tokenizer "$tok" --output "$d/hay.tok" --no-progress "$tok/sample.txt" > /dev/null || fail "prepare"
 "$untied" eval --preset tiny --vocab 3750 --data-path "$d/hay.tok" --tokenizer "$tok" "${grid[@]}" > "$d/hay.json" 2> "$d/err" ||
   { cat "$d/err"; fail "token-file haystack failed"; }
+# The kv task's needle (its answers by the depth of their pair): equal on 1 rank and ring on 3 MPI ranks.
+kvgrid=(--preset tiny --vocab 87 --needle --data kv --needle-lengths 128,256 --needle-depths 0,50,100 --needle-trials 2 --json)
+"$untied" eval "${kvgrid[@]}" > "$d/kv1.json" 2> "$d/err" || { cat "$d/err"; fail "kv needle failed"; }
+"$mpirun" --oversubscribe -np 3 "$untied" eval "${kvgrid[@]}" --strategy ring > "$d/kv3.json" 2> "$d/err" ||
+  { cat "$d/err"; fail "kv needle on 3 MPI ranks failed"; }
+python3 - "$d/kv1.json" "$d/kv3.json" <<'PY' || fail "the kv needle differs between layouts"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert len(a["cells"]) == 6 and all(c["key_tokens"] > 0 for c in a["cells"]), a["cells"]
+for x, y in zip(a["cells"], b["cells"]):
+    assert x["accuracy"] == y["accuracy"] and abs(x["loglik"] - y["loglik"]) <= 1e-5 * abs(x["loglik"]), (x, y)
+PY
 # Too short: refused with the reason.
 "$untied" eval --preset tiny --needle --needle-lengths 128 --needle-keys 4 > "$d/short" 2>&1 && fail "a 128-token needle with 4 keys ran"
 grep -q "tokens of haystack beside the needles" "$d/short" || { cat "$d/short"; fail "no reason given"; }
-echo "needle: multi-key (4 words), a token-file haystack, the heatmap with --compare (18 cells), short lengths refused"
+echo "needle: multi-key (4 words), a token-file haystack, the kv task by depth (1 rank = ring on 3 MPI ranks), the heatmap with --compare (18 cells), short lengths refused"

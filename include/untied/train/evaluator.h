@@ -20,6 +20,7 @@
 #include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
 #include "untied/train/data_source.h"
+#include "untied/train/kv_task.h"
 #include "untied/train/needle.h"
 
 namespace untied {
@@ -80,6 +81,13 @@ StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const Dat
 StatusOr<std::vector<NeedleCell>> evaluate_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
                                                   const NeedleTokenizer& tok, const DataSource* haystack,
                                                   const EvalOptions& o, const NeedleOptions& n);
+
+// --needle --data kv: the built-in task's own needle: for each length, `n.trials` kv samples of
+// that length, each answer counted at the depth of its pair (KvTask::answer_depths, nearest of
+// n.depths); per cell the answer accuracy, its share (exact = accuracy: one token per answer) and
+// the mean log-likelihood per trial. So a model trained on the kv task reports as real models do.
+StatusOr<std::vector<NeedleCell>> evaluate_kv_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
+                                                     const KvTask& kv, const EvalOptions& o, const NeedleOptions& n);
 
 // One curve of the loss-by-position plot: the mean loss of each bucket at the bucket's middle
 // position.

@@ -105,6 +105,12 @@ class KvTask final : public DataSource {
   // num_docs > 1: the documents' starts d * (S / num_docs).
   StatusOr<std::vector<int64_t>> document_starts(int64_t sample_index, int64_t seq_len) const override;
 
+  // The depth of each answer of a sample (num_docs = 1): for query i, answered at position
+  // answer_position(i) (its label sits at that position), how deep in the pair section its pair
+  // lies, (slot_begin(m) - 1) / pair_span in [0, 1), m = order[i]; indexed by i. The kv task's
+  // needle depth (eval --needle --data kv).
+  StatusOr<std::vector<double>> answer_depths(int64_t sample_index, int64_t seq_len) const;
+
  private:
   // One document (a whole sample when num_docs = 1).
   Status fill_one(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens,
