@@ -5,22 +5,37 @@ tests/train/hf_weights_test.cc and tests/train/evaluator_test.cc:
                  all within the sequence: theta 100, head_dim 8, original_max_position_embeddings
                  64), float32, saved as sharded safetensors (model.safetensors.index.json);
   hf_qwen3_tiny  Qwen3: QK-norm, tied embeddings (no lm_head.weight in the file), GQA, bfloat16
-                 tensors in one model.safetensors, the config as transformers 5 writes it.
+                 tensors in one model.safetensors, the config as transformers 5 writes it;
+  hf_mistral_tiny  Mistral: sliding-window attention with the window (12) shorter than the
+                 sequence (48), GQA, untied embeddings, float32 tensors in one model.safetensors.
+                 Transformers' Mistral masks with create_sliding_window_causal_mask, i.e.
+                 masking_utils.sliding_window_causal_mask_function: the query at position i sees
+                 the keys j with i - sliding_window < j <= i, `sliding_window` keys including
+                 itself (fewer near the start). The script checks this: the mask transformers
+                 builds, and its logits (eager and sdpa) against attention masked by hand, where
+                 windows one key longer or shorter give other logits.
 Each has expected.json with a token sequence and transformers' own loss on it (labels = the
 tokens, shifted inside transformers) and logits.npy, transformers' float32 logits (S, V) for it;
-hf_qwen3_tiny also grads/NAME.npy, the gradient of that loss for every parameter.
+hf_qwen3_tiny and hf_mistral_tiny also grads/NAME.npy, the gradient of that loss for every
+parameter. hf_mistral_tiny's expected.json also has sliding_window, keys_seen_per_query and
+loss_without_window (the same model and tokens with sliding_window None, full causal attention).
 
-usage: python3 reference/make_hf_fixtures.py   (needs torch and transformers; tests do not)
+usage: python3 reference/make_hf_fixtures.py [llama] [qwen3] [mistral]   (all three when none is
+named; needs torch and transformers; tests do not)
 """
 import json
 import os
+import sys
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+from transformers.masking_utils import create_sliding_window_causal_mask
 
 OUT = "reference/fixtures/hf_llama_tiny"
 QWEN = "reference/fixtures/hf_qwen3_tiny"
+MISTRAL = "reference/fixtures/hf_mistral_tiny"
 
 
 def write_logits(model, tokens, out):
@@ -62,7 +77,114 @@ def qwen3():
     print(f"qwen3 loss {out.loss.item():.10f}; wrote {QWEN}")
 
 
-def main():
+def rms_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate(x, pos, theta):  # rotate_half RoPE, the halves of each head paired, as in transformers
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = pos[:, None].float() * inv[None, :]
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def hand_logits(model, tokens, keys_seen):
+    """The Mistral forward written out, its attention masked by hand: the query at i sees the keys
+    j with i - keys_seen < j <= i."""
+    cfg, m = model.config, model.model
+    h_n, kv_n, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    s = tokens.shape[1]
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    allowed = (j <= i) & (j > i - keys_seen)
+    pos = torch.arange(s)
+    x = m.embed_tokens.weight[tokens[0]]
+    for layer in m.layers:
+        a = layer.self_attn
+        y = rms_norm(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
+        q = (y @ a.q_proj.weight.T).view(s, h_n, hd).transpose(0, 1)
+        k = (y @ a.k_proj.weight.T).view(s, kv_n, hd).transpose(0, 1)
+        v = (y @ a.v_proj.weight.T).view(s, kv_n, hd).transpose(0, 1)
+        q, k = rotate(q, pos, cfg.rope_parameters["rope_theta"]), rotate(k, pos, cfg.rope_parameters["rope_theta"])
+        k, v = k.repeat_interleave(h_n // kv_n, 0), v.repeat_interleave(h_n // kv_n, 0)
+        sc = (q @ k.transpose(1, 2)) / hd ** 0.5
+        sc = sc.masked_fill(~allowed, float("-inf")).softmax(-1)
+        x = x + (sc @ v).transpose(0, 1).reshape(s, h_n * hd) @ a.o_proj.weight.T
+        y = rms_norm(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
+        mlp = layer.mlp
+        x = x + (torch.nn.functional.silu(y @ mlp.gate_proj.weight.T) * (y @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+    return rms_norm(x, m.norm.weight, cfg.rms_norm_eps) @ model.lm_head.weight.T
+
+
+def check_window(model, tokens, window):
+    """Asserts that transformers' Mistral sees `window` keys per query, itself included."""
+    s = tokens.shape[1]
+    # The mask transformers builds (eager: an additive float mask, 0 where a key is seen).
+    model.config._attn_implementation = "eager"
+    embeds = model.model.embed_tokens(tokens)
+    mask = create_sliding_window_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=None,
+                                             cache=None, position_ids=torch.arange(s)[None])
+    seen = (mask[0, 0] == 0) if mask.dtype != torch.bool else mask[0, 0]
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    assert torch.equal(seen, (j <= i) & (j > i - window)), "transformers' mask is not i - window < j <= i"
+    assert seen.sum(-1).tolist() == [min(q + 1, window) for q in range(s)]
+    # Its logits, eager and sdpa, against attention masked by hand.
+    with torch.no_grad():
+        ref = {w: hand_logits(model, tokens, w) for w in (window - 1, window, window + 1)}
+        for impl in ("eager", "sdpa"):
+            model.config._attn_implementation = impl
+            got = model(input_ids=tokens).logits[0]
+            err = (got - ref[window]).abs().max().item()
+            off = min((got - ref[w]).abs().max().item() for w in (window - 1, window + 1))
+            print(f"mistral {impl}: max |logits - hand-masked, {window} keys| {err:.2e}; "
+                  f"{window}+-1 keys: {off:.2e}")
+            assert err < 1e-4 and off > 1e-2
+    model.config._attn_implementation = "eager"
+
+
+def mistral():
+    torch.manual_seed(13)
+    window, vocab = 12, 72
+    cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
+                        max_position_embeddings=256, tie_word_embeddings=False, sliding_window=window,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, dtype="float32")
+    model = MistralForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    os.makedirs(MISTRAL, exist_ok=True)
+    model.save_pretrained(MISTRAL, safe_serialization=True)
+    model = MistralForCausalLM.from_pretrained(MISTRAL, dtype=torch.float32, attn_implementation="eager").eval()
+    assert model.config.sliding_window == window
+    tokens = torch.randint(0, vocab, (1, 48), generator=torch.Generator().manual_seed(7))
+    check_window(model, tokens, window)
+    with torch.no_grad():
+        out = model(input_ids=tokens, labels=tokens)
+        # The fixture is meaningful only if the window changes the result.
+        model.config.sliding_window = None
+        full = model(input_ids=tokens, labels=tokens).loss.item()
+        model.config.sliding_window = window
+    assert abs(full - out.loss.item()) > 1e-3
+    json.dump({"tokens": tokens[0].tolist(), "loss": out.loss.item(),
+               "logits_first_row": out.logits[0, 0, :8].tolist(), "sliding_window": window,
+               "keys_seen_per_query": "sliding_window including itself: keys j with i - sliding_window < j <= i",
+               "loss_without_window": full},
+              open(f"{MISTRAL}/expected.json", "w"), indent=1)
+    write_logits(model, tokens, MISTRAL)
+    model.zero_grad()
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    os.makedirs(f"{MISTRAL}/grads", exist_ok=True)
+    for name, p in model.named_parameters():
+        np.save(f"{MISTRAL}/grads/{name}.npy", p.grad.float().numpy().astype(np.float32))
+    print(f"mistral loss {out.loss.item():.10f} (window {window}), {full:.10f} without the window; wrote {MISTRAL}")
+
+
+def llama():
     torch.manual_seed(11)
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
@@ -84,7 +206,12 @@ def main():
                "logits_first_row": out.logits[0, 0, :8].tolist()}, open(f"{OUT}/expected.json", "w"), indent=1)
     write_logits(model, tokens, OUT)
     print(f"llama loss {out.loss.item():.10f}; wrote {OUT}")
-    qwen3()
+
+
+def main():
+    which = sys.argv[1:] or ["llama", "qwen3", "mistral"]
+    for name in which:
+        {"llama": llama, "qwen3": qwen3, "mistral": mistral}[name]()
 
 
 if __name__ == "__main__":
