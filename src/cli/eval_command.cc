@@ -57,7 +57,7 @@ void add_eval_flags(FlagSet& f) {
                "the loss by position counts each token at its position in its document (doc-position: documents "
                "longer than S count on, past S in one more bucket) or in the S-token window (window); auto: "
                "doc-position when the data has documents and --doc-mask is on");
-  f.add("window", FlagKind::kInt, "0", "sliding-window attention (0 = none)");
+  f.add("window", FlagKind::kInt, "0", "sliding-window attention (0 = none, or the model's sliding_window)");
   f.add("doc-mask", FlagKind::kBool, "true", "attend only inside each document (--no-doc-mask: across them)");
   add_strategy_flag(f, "attention strategy: local, ulysses, upipe or ring");
   f.add("upipe-heads", FlagKind::kInt, "0", "heads per UPipe stage (0 = ranks per ring group)");
@@ -146,6 +146,10 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
   o->samples = f.get_int("samples");
   o->buckets = f.get_int("buckets");
   if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
+  if (!f.was_set("window") && (!hf.empty() || !ck.empty())) {  // Mistral's own window
+    auto c = read_hf_config(hf.empty() ? ck : hf);
+    if (c.ok()) o->window = c.value().sliding_window;
+  }
   o->doc_mask = f.get_bool("doc-mask");
   o->logits_path = f.get_string("dump-logits");
   *threads = threads_from_flags(f, ranks);

@@ -70,7 +70,8 @@ void add_train_flags(FlagSet& f) {
   f.add("kv-fused", FlagKind::kBool, "true", "kv task: each pair one token (one-hop retrieval; --no-kv-fused: key then value, a two-hop task that learns far slower)");
   f.add("seq", FlagKind::kInt, "256",
         "sequence length S (any: padded to a multiple of the ranks, or of 2*ranks with a ring; no loss on the padding)");
-  f.add("window", FlagKind::kInt, "0", "sliding-window attention: a query at p sees keys in (p-W, p] (default: none)");
+  f.add("window", FlagKind::kInt, "0",
+        "sliding-window attention: a query at p sees keys in (p-W, p] (default: none, or the --hf-model's sliding_window)");
   f.add("doc-mask", FlagKind::kBool, "true",
         "attend only inside each document of packed data (--no-doc-mask: across them, with RoPE still restarting "
         "per document: what a lost mask does, for measuring what it is worth)");
@@ -267,6 +268,10 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   d->kv.num_pairs = f.get_int("kv-pairs");
   d->kv.fused_pairs = f.get_bool("kv-fused");
   if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
+  if (!f.was_set("window") && !f.get_string("hf-model").empty()) {  // Mistral's own window
+    auto hf = read_hf_config(f.get_string("hf-model"));
+    if (hf.ok()) o->window = hf.value().sliding_window;
+  }
   o->doc_mask = f.get_bool("doc-mask");
   d->kv.num_docs = f.get_int("kv-docs");
   d->text_split = parse_document_split(f.get_string("text-split")).value();

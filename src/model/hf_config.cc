@@ -100,14 +100,22 @@ StatusOr<HfModelConfig> parse_hf_config(const std::string& text, const std::stri
     c.architecture = j["architectures"][0].get<std::string>();
   } else if (j.contains("model_type") && j["model_type"].is_string()) {  // a bare config: its model type
     const std::string t = j["model_type"].get<std::string>();
-    c.architecture = t == "llama" ? "LlamaForCausalLM" : t == "qwen3" ? "Qwen3ForCausalLM" : "model_type " + t;
+    c.architecture = t == "llama"     ? "LlamaForCausalLM"
+                     : t == "qwen3"   ? "Qwen3ForCausalLM"
+                     : t == "mistral" ? "MistralForCausalLM"
+                                      : "model_type " + t;
   } else {
     return Status::invalid_argument(where + ": neither 'architectures' nor 'model_type' says what model this is");
   }
-  const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
-  if (c.architecture != "LlamaForCausalLM" && !qwen3)
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM", mistral = c.architecture == "MistralForCausalLM";
+  if (c.architecture != "LlamaForCausalLM" && !qwen3 && !mistral)
     return Status::unsupported(where + ": architecture '" + c.architecture +
-                               "' is not supported (LlamaForCausalLM and Qwen3ForCausalLM are)");
+                               "' is not supported (LlamaForCausalLM, Qwen3ForCausalLM and MistralForCausalLM are)");
+  if (mistral && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    if (!j["sliding_window"].is_number_integer() || j["sliding_window"].get<int64_t>() < 1)
+      return Status::invalid_argument(where + ": sliding_window must be a positive integer or null");
+    c.sliding_window = j["sliding_window"].get<int64_t>();
+  }
   Keys k(j, where);
   ModelConfig& m = c.model;
   m.name = c.architecture;

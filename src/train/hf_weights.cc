@@ -262,6 +262,9 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
     if (!keep_dtype && c.contains("dtype")) c["dtype"] = torch_dtype;
     if (!keep_dtype && (c.contains("torch_dtype") || !c.contains("dtype"))) c["torch_dtype"] = torch_dtype;
     c["tie_word_embeddings"] = m.tied_embeddings;
+    const bool mistral = c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty() &&
+                         c["architectures"][0] == "MistralForCausalLM";
+    if (mistral && o.window >= 0) c["sliding_window"] = o.window > 0 ? Json(o.window) : Json(nullptr);
     config = c.dump(2) + "\n";
   }
   const std::string path = dir + "/config.json";

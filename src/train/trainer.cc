@@ -250,7 +250,8 @@ Status prepare_outputs(const TrainOptions& o, Communicator& comm) {
     s = write_hf_config(o.checkpoint_dir, o.model,
                         SaveHfOptions{.max_position = std::max<int64_t>(o.decoder.seq, 4096),
                                       .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json",
-                                      .dtype = o.hf_model.empty() ? "F32" : ""});
+                                      .dtype = o.hf_model.empty() ? "F32" : "",
+                                      .window = o.window});
   // The tokenizer travels with the checkpoints, so that `untied export` writes a complete directory.
   if (s.ok() && comm.rank() == 0 && !o.checkpoint_dir.empty() && !o.rehearsal && !o.hf_model.empty())
     s = copy_tokenizer_files(o.hf_model, o.checkpoint_dir);
@@ -533,7 +534,8 @@ Status save_hf(const TrainOptions& o, Device& dev, Communicator& comm, ShardedPa
                                      .source_config = o.hf_model.empty() ? "" : o.hf_model + "/config.json",
                                      .dtype = o.save_hf_dtype.empty() ? hf_dtype_of_config(o.hf_model + "/config.json")
                                                                       : o.save_hf_dtype,
-                                     .tokenizer_from = o.hf_model});
+                                     .tokenizer_from = o.hf_model,
+                                     .window = o.window});
 }
 
 // ---- fault injection (tests only: fault.h) ------------------------------------------------------

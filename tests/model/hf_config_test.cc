@@ -64,6 +64,28 @@ TEST(HfConfig, Llama31) {
   EXPECT_EQ(c.value().torch_dtype, "bfloat16");
 }
 
+// Mistral: Llama's layers with one sliding window on every layer (null: none).
+TEST(HfConfig, MistralSlidingWindow) {
+  const std::string base = R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
+    "intermediate_size": 96, "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+    "vocab_size": 100, "rms_norm_eps": 1e-05, "rope_parameters": {"rope_theta": 1000.0, "rope_type": "default"},
+    "sliding_window": )";
+  auto w = parse_hf_config(base + "4096}");
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(w.value().sliding_window, 4096);
+  EXPECT_EQ(w.value().architecture, "MistralForCausalLM");
+  EXPECT_FALSE(w.value().model.qk_norm);
+  EXPECT_EQ(w.value().model.rope_theta, 1000.0);
+  auto none = parse_hf_config(base + "null}");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none.value().sliding_window, 0);
+  for (const char* bad : {"0}", "-3}", "\"4096\"}"}) {
+    auto b = parse_hf_config(base + bad);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("sliding_window must be a positive integer or null"), std::string::npos);
+  }
+}
+
 TEST(HfConfig, Llama32TiedAndQwen3) {
   auto l = parse_hf_config(kLlama32);
   ASSERT_TRUE(l.ok()) << l.status().message();
@@ -108,8 +130,8 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
 
 TEST(HfConfig, RefusalsNameTheKey) {
   using C = Status::Code;
-  EXPECT_TRUE(refused(replaced(kLlama31, "LlamaForCausalLM", "MistralForCausalLM"), C::kUnsupported,
-                      "architecture 'MistralForCausalLM' is not supported"));
+  EXPECT_TRUE(refused(replaced(kLlama31, "LlamaForCausalLM", "MixtralForCausalLM"), C::kUnsupported,
+                      "architecture 'MixtralForCausalLM' is not supported"));
   EXPECT_TRUE(refused(replaced(kLlama31, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""), C::kUnsupported,
                       "rope_type 'yarn' is not supported"));
   EXPECT_TRUE(refused(replaced(kLlama31, "\"vocab_size\": 128256", "\"vocab\": 128256"), C::kInvalidArgument,

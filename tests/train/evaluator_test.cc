@@ -111,6 +111,7 @@ TEST_P(AgainstTransformers, LossAndLogitsInEveryStrategy) {
     EvalOptions o{.model = cfg.value().model,
                   .decoder = {.seq = S, .strategy = r.strategy, .ring = r.ring},
                   .buckets = 4,
+                  .window = cfg.value().sliding_window,  // Mistral's, shorter than S: 0 for the others
                   .hf_model = dir,
                   .logits_path = temp_path("eval_logits") + ".npy"};
     const EvalResult e = run_eval(*data.value(), o, r.ranks);
@@ -133,7 +134,45 @@ TEST_P(AgainstTransformers, LossAndLogitsInEveryStrategy) {
               GetParam().c_str(), worst_loss, worst_logits);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, AgainstTransformers, ::testing::Values("hf_llama_tiny", "hf_qwen3_tiny"));
+INSTANTIATE_TEST_SUITE_P(Models, AgainstTransformers,
+                         ::testing::Values("hf_llama_tiny", "hf_qwen3_tiny", "hf_mistral_tiny"));
+
+// Mistral: its sliding_window (shorter than the sequence) read from config.json, and every
+// gradient as transformers computes it with that window, in every strategy.
+TEST(Mistral, SlidingWindowGradientsEqualTransformers) {
+  const std::string dir = kFixtures + "/hf_mistral_tiny";
+  auto cfg = read_hf_config(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  const ModelConfig& m = cfg.value().model;
+  const Json expected = read_json(dir + "/expected.json");
+  const std::vector<int32_t> tokens = expected["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(cfg.value().sliding_window, expected["sliding_window"].get<int64_t>());
+  ASSERT_LT(cfg.value().sliding_window, static_cast<int64_t>(tokens.size())) << "the window must bind";
+  auto w = HfWeights::open(dir);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  std::vector<int32_t> labels(tokens.size(), -100);
+  for (size_t i = 0; i + 1 < tokens.size(); ++i) labels[i] = tokens[i + 1];
+  const std::vector<ParamDesc> descs = parameter_descriptors(m);
+  double worst = 0;
+  for (const StrategyRun& r : kRuns) {
+    SCOPED_TRACE(name_of(r));
+    const test::DecoderStep step = test::run_decoder_step(
+        m, DecoderOptions{.seq = static_cast<int64_t>(tokens.size()), .strategy = r.strategy, .ring = r.ring}, r.ranks,
+        tokens, labels, [&](ShardedParams& params, int) { ASSERT_TRUE(load_hf_weights(w.value(), params).ok()); }, {},
+        cfg.value().sliding_window);
+    for (size_t i = 0; i < descs.size(); ++i) {
+      std::vector<int64_t> shape;
+      std::vector<float> want;
+      ASSERT_TRUE(read_npy(dir + "/grads/" + hf_tensor_name(descs[i].name) + ".npy", &shape, &want).ok())
+          << descs[i].name;
+      const double e = scaled_error(step.grads[i], want);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 1e-4) << descs[i].name;
+    }
+  }
+  std::printf("  worst gradient error against transformers (max |diff| / max |grad|, Mistral, window %lld of %zu): %.3e\n",
+              (long long)cfg.value().sliding_window, tokens.size(), worst);
+}
 
 // The tied embedding's gradient is the sum of the embedding's and the LM head's; every other
 // parameter's as transformers computes it, in every strategy.

@@ -1,5 +1,5 @@
-// A Hugging Face model's config.json as untied's model: LlamaForCausalLM (Llama 3, 3.1, 3.2) and
-// Qwen3ForCausalLM.
+// A Hugging Face model's config.json as untied's model: LlamaForCausalLM (Llama 3, 3.1, 3.2),
+// Qwen3ForCausalLM and MistralForCausalLM (Llama's layers with a sliding window on every layer).
 //
 // Keys read: architectures (or, in a bare config, model_type llama / qwen3), vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads (default: the heads), head_dim (default: hidden / heads),
@@ -10,7 +10,10 @@
 // block holding rope_theta too; rope_type (or the older `type`) "default", "linear" (factor) or
 // "llama3" (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings). Any
 // other architecture or rope type, a missing key or a value of the wrong type is refused with a
-// message naming it. Qwen3 sets qk_norm (RMSNorm of each q and k head).
+// message naming it. Qwen3 sets qk_norm (RMSNorm of each q and k head). Mistral: sliding_window
+// (an integer, or null for full attention) is the window of every layer, with transformers'
+// semantics, which are untied's --window: a query at position i sees the keys j with
+// i - sliding_window < j <= i, itself included.
 #pragma once
 
 #include <string>
@@ -26,6 +29,7 @@ struct HfModelConfig {
   bool tied_embeddings = false; // the LM head is the embedding (tie_word_embeddings)
   int64_t max_position = 0;     // max_position_embeddings (0 when absent)
   std::string torch_dtype;      // "bfloat16", "float32", ... ("" when absent)
+  int64_t sliding_window = 0;   // Mistral's sliding_window: keys a query sees (0: all, null or absent)
 };
 
 // `where` names the file in messages.

@@ -68,6 +68,8 @@ struct SaveHfOptions {
   // A Hugging Face directory whose tokenizer files (kTokenizerFiles) are copied beside the
   // model, or "" for none.
   std::string tokenizer_from;
+  // The run's sliding window, written as a Mistral source's sliding_window (0: null); -1 keeps it.
+  int64_t window = -1;
 };
 
 // The files of a Hugging Face directory that are not the model's weights or config but make it
