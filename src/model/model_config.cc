@@ -3,7 +3,7 @@
 namespace untied {
 
 bool preset_keeps_vocabulary(const std::string& name) {
-  return name == "llama3-8b" || name == "llama3-70b" || name == "qwen3-32b";
+  return name == "llama3-8b" || name == "llama3-70b" || name == "mistral-7b" || name == "qwen3-32b";
 }
 
 StatusOr<ModelConfig> model_preset(const std::string& name) {
@@ -21,6 +21,9 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
   } else if (name == "llama3-70b") {
     m.vocab = 128256, m.hidden = 8192, m.layers = 80, m.heads = 64, m.kv_heads = 8, m.head_dim = 128;
     m.ffn = 28672, m.rope_theta = 500000.0;
+  } else if (name == "mistral-7b") {  // Mistral-7B v0.3 (sliding_window null: full attention)
+    m.vocab = 32768, m.hidden = 4096, m.layers = 32, m.heads = 32, m.kv_heads = 8, m.head_dim = 128;
+    m.ffn = 14336, m.rope_theta = 1000000.0, m.norm_eps = 1e-5f;
   } else if (name == "qwen3-32b") {
     m.vocab = 151936, m.hidden = 5120, m.layers = 64, m.heads = 64, m.kv_heads = 8, m.head_dim = 128;
     m.ffn = 25600, m.rope_theta = 1000000.0, m.norm_eps = 1e-6f, m.qk_norm = true;
@@ -30,7 +33,7 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
   return m;
 }
 
-std::string model_preset_names() { return "tiny, small, llama3-8b, llama3-70b, qwen3-32b"; }
+std::string model_preset_names() { return "tiny, small, llama3-8b, llama3-70b, mistral-7b, qwen3-32b"; }
 
 Status validate(const ModelConfig& m) {
   auto bad = [](const std::string& s) { return Status::invalid_argument(s); };
