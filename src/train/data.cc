@@ -240,6 +240,18 @@ class SequenceSource final : public DataSource {
     return starts;
   }
 
+  int64_t samples_cut(int64_t seq_len) const override {
+    int64_t n = 0;
+    for (size_t g = 0; g < streams_.size(); ++g) {
+      if (!streams_[g]->has_targets()) continue;
+      packing(g, seq_len);
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = truncated_.find({g, seq_len});
+      n += it == truncated_.end() ? 0 : it->second;
+    }
+    return n;
+  }
+
   bool has_documents() const override {
     for (const auto& st : streams_)
       if (!st->documents().empty() || st->has_targets()) return true;

@@ -626,6 +626,11 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   const int64_t end = o.stop_after > 0 ? std::min(o.steps, o.stop_after) : o.steps;
   Progress progress(start, end, o.steps, comm.rank() == 0 && o.progress,
                     data.kind() == "kv" ? "answer acc" : "next-token acc");
+  if (const int64_t cut = data.samples_cut(g.S); cut > 0 && comm.rank() == 0)
+    std::fprintf(stderr,
+                 "untied train: data: %lld supervised samples are longer than S = %lld and are cut at S (their tail "
+                 "is not trained on): raise --seq to keep them whole\n",
+                 (long long)cut, (long long)g.S);
   EvalResult eval_figures;  // this step's evaluation (--eval-every), for its metrics line
   const TokenFlops flops = flops_per_token(o.model, g.S, o.decoder.recompute);
   const double peak = o.peak_tflops > 0 ? o.peak_tflops : known_peak_tflops(dev.name(), g.dtype).value_or(0.0);

@@ -266,6 +266,8 @@ TEST(DataMix, SupervisedSamplesPackedWhole) {
   EXPECT_EQ(starts.value(), (std::vector<int64_t>{0, 12}));
   // Two packed sequences per pass; shards over ranks read what the whole read gives.
   EXPECT_EQ(sample(*d, 2, 16), t0);
+  EXPECT_EQ(d->samples_cut(16), 0);
+  EXPECT_EQ(d->samples_cut(8), 2) << "the 10- and 12-token samples do not fit 8";
   EXPECT_NEAR(d->passes(2, 16)[0].passes, 1.0, 1e-12);
   for (int64_t c : {2, 4}) {
     std::vector<int32_t> whole_t(16), whole_l(16);

@@ -75,6 +75,11 @@ class DataSource {
   }
   // The source has document boundaries (a token file with an index, text, packed samples).
   virtual bool has_documents() const { return false; }
+  // Supervised samples (packed whole, data.h) longer than seq_len, which are cut at seq_len.
+  virtual int64_t samples_cut(int64_t seq_len) const {
+    (void)seq_len;
+    return 0;
+  }
 
   // How far the first `samples` samples (indices 0 .. samples - 1) of seq_len tokens have gone
   // through each stream of the data: one entry per stream (a file, a group of files, a text),
