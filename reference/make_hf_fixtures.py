@@ -14,14 +14,22 @@ tests/train/hf_weights_test.cc and tests/train/evaluator_test.cc:
                  itself (fewer near the start). The script checks this: the mask transformers
                  builds, and its logits (eager and sdpa) against attention masked by hand, where
                  windows one key longer or shorter give other logits.
+  hf_qwen2_tiny  Qwen2: biases on the q, k and v projections (Qwen2Attention builds q_proj, k_proj
+                 and v_proj with bias=True whatever the config says, o_proj without), drawn
+                 normal(0, 0.5) so that they matter; GQA, untied embeddings, use_sliding_window
+                 false (full causal attention in every layer), float32 tensors in one
+                 model.safetensors. The script checks transformers' logits against the forward
+                 written out by hand with the biases added.
 Each has expected.json with a token sequence and transformers' own loss on it (labels = the
 tokens, shifted inside transformers) and logits.npy, transformers' float32 logits (S, V) for it;
-hf_qwen3_tiny and hf_mistral_tiny also grads/NAME.npy, the gradient of that loss for every
-parameter. hf_mistral_tiny's expected.json also has sliding_window, keys_seen_per_query and
-loss_without_window (the same model and tokens with sliding_window None, full causal attention).
+hf_qwen3_tiny, hf_mistral_tiny and hf_qwen2_tiny also grads/NAME.npy, the gradient of that loss for
+every parameter (hf_qwen2_tiny's biases included: ...self_attn.q_proj.bias.npy and so on).
+hf_mistral_tiny's expected.json also has sliding_window, keys_seen_per_query and loss_without_window
+(the same model and tokens with sliding_window None, full causal attention); hf_qwen2_tiny's has
+loss_without_biases (the same model and tokens with the q/k/v biases zeroed).
 
-usage: python3 reference/make_hf_fixtures.py [llama] [qwen3] [mistral]   (all three when none is
-named; needs torch and transformers; tests do not)
+usage: python3 reference/make_hf_fixtures.py [llama] [qwen3] [mistral] [qwen2]   (all four when
+none is named; needs torch and transformers; tests do not)
 """
 import json
 import os
@@ -29,13 +37,14 @@ import sys
 
 import numpy as np
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.masking_utils import create_sliding_window_causal_mask
 
 OUT = "reference/fixtures/hf_llama_tiny"
 QWEN = "reference/fixtures/hf_qwen3_tiny"
 MISTRAL = "reference/fixtures/hf_mistral_tiny"
+QWEN2 = "reference/fixtures/hf_qwen2_tiny"
 
 
 def write_logits(model, tokens, out):
@@ -91,8 +100,9 @@ def rotate(x, pos, theta):  # rotate_half RoPE, the halves of each head paired, 
 
 
 def hand_logits(model, tokens, keys_seen):
-    """The Mistral forward written out, its attention masked by hand: the query at i sees the keys
-    j with i - keys_seen < j <= i."""
+    """The Mistral (or Qwen2) forward written out, its attention masked by hand: the query at i sees
+    the keys j with i - keys_seen < j <= i. The q/k/v projections' biases are added where the
+    model has them (Qwen2)."""
     cfg, m = model.config, model.model
     h_n, kv_n, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     s = tokens.shape[1]
@@ -103,9 +113,10 @@ def hand_logits(model, tokens, keys_seen):
     for layer in m.layers:
         a = layer.self_attn
         y = rms_norm(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
-        q = (y @ a.q_proj.weight.T).view(s, h_n, hd).transpose(0, 1)
-        k = (y @ a.k_proj.weight.T).view(s, kv_n, hd).transpose(0, 1)
-        v = (y @ a.v_proj.weight.T).view(s, kv_n, hd).transpose(0, 1)
+        proj = [(y @ f.weight.T + (f.bias if f.bias is not None else 0)) for f in (a.q_proj, a.k_proj, a.v_proj)]
+        q = proj[0].view(s, h_n, hd).transpose(0, 1)
+        k = proj[1].view(s, kv_n, hd).transpose(0, 1)
+        v = proj[2].view(s, kv_n, hd).transpose(0, 1)
         q, k = rotate(q, pos, cfg.rope_parameters["rope_theta"]), rotate(k, pos, cfg.rope_parameters["rope_theta"])
         k, v = k.repeat_interleave(h_n // kv_n, 0), v.repeat_interleave(h_n // kv_n, 0)
         sc = (q @ k.transpose(1, 2)) / hd ** 0.5
@@ -184,6 +195,60 @@ def mistral():
     print(f"mistral loss {out.loss.item():.10f} (window {window}), {full:.10f} without the window; wrote {MISTRAL}")
 
 
+def qwen2():
+    torch.manual_seed(14)
+    vocab = 76
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                      max_position_embeddings=256, tie_word_embeddings=False, use_sliding_window=False,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, dtype="float32")
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):  # q/k/v biases, large enough to change the result
+                p.normal_(0, 0.5)
+            else:
+                raise AssertionError(f"unexpected parameter {name}")
+    biases = sorted(n for n, _ in model.named_parameters() if n.endswith(".bias"))
+    assert biases == sorted(f"model.layers.{i}.self_attn.{x}_proj.bias" for i in range(2) for x in "qkv"), biases
+    os.makedirs(QWEN2, exist_ok=True)
+    model.save_pretrained(QWEN2, safe_serialization=True)
+    model = Qwen2ForCausalLM.from_pretrained(QWEN2, dtype=torch.float32, attn_implementation="eager").eval()
+    assert all(t == "full_attention" for t in model.config.layer_types)
+    tokens = torch.randint(0, vocab, (1, 48), generator=torch.Generator().manual_seed(9))
+    s = tokens.shape[1]
+    with torch.no_grad():
+        out = model(input_ids=tokens, labels=tokens)
+        err = (out.logits[0] - hand_logits(model, tokens, s)).abs().max().item()
+        print(f"qwen2: max |logits - by hand with the biases| {err:.2e}")
+        assert err < 1e-4
+        # The fixture is meaningful only if the biases change the result.
+        saved = {n: p.clone() for n, p in model.named_parameters() if n.endswith(".bias")}
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.zero_()
+        no_bias = model(input_ids=tokens, labels=tokens).loss.item()
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.copy_(saved[n])
+        assert torch.equal(model(input_ids=tokens).logits, out.logits)
+    assert abs(no_bias - out.loss.item()) > 1e-3
+    json.dump({"tokens": tokens[0].tolist(), "loss": out.loss.item(),
+               "logits_first_row": out.logits[0, 0, :8].tolist(), "loss_without_biases": no_bias},
+              open(f"{QWEN2}/expected.json", "w"), indent=1)
+    write_logits(model, tokens, QWEN2)
+    model.zero_grad()
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    os.makedirs(f"{QWEN2}/grads", exist_ok=True)
+    for name, p in model.named_parameters():
+        np.save(f"{QWEN2}/grads/{name}.npy", p.grad.float().numpy().astype(np.float32))
+    print(f"qwen2 loss {out.loss.item():.10f}, {no_bias:.10f} without the biases; wrote {QWEN2}")
+
+
 def llama():
     torch.manual_seed(11)
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -209,9 +274,9 @@ def llama():
 
 
 def main():
-    which = sys.argv[1:] or ["llama", "qwen3", "mistral"]
+    which = sys.argv[1:] or ["llama", "qwen3", "mistral", "qwen2"]
     for name in which:
-        {"llama": llama, "qwen3": qwen3, "mistral": mistral}[name]()
+        {"llama": llama, "qwen3": qwen3, "mistral": mistral, "qwen2": qwen2}[name]()
 
 
 if __name__ == "__main__":
