@@ -76,6 +76,8 @@ void add_eval_flags(FlagSet& f) {
   f.add("compare", FlagKind::kString, "", "with --svg: also plot the curve of this earlier `eval --json` output");
   f.add("label", FlagKind::kString, "", "this run's name in the plot and the JSON (default: the model's directory)");
   f.add("dump-logits", FlagKind::kString, "", "write the first sequence's logits (S, V) float32 here (.npy)");
+  f.add_int("step", "0", "with --checkpoint-dir: the checkpoint's step to evaluate (0: the newest, the one `latest` names)",
+            {.min = 0});
   f.add("needle", FlagKind::kBool, "false",
         "needle in a haystack: a key hidden at a grid of depths in contexts of a grid of lengths, asked for at the "
         "end, scored by the key tokens' teacher-forced accuracy and log-likelihood (the haystack: --data-path, or "
@@ -114,6 +116,8 @@ StatusOr<std::vector<int64_t>> parse_int_list(const std::string& flag, const std
 Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device, int* threads, int ranks) {
   const std::string hf = f.get_string("hf-model"), ck = f.get_string("checkpoint-dir");
   if (!hf.empty() && !ck.empty()) return Status::invalid_argument("give --hf-model or --checkpoint-dir, not both");
+  if (f.was_set("step") && ck.empty())
+    return Status::invalid_argument("--step picks a step of --checkpoint-dir: give the checkpoint directory");
   if (!hf.empty() || !ck.empty()) {
     for (const char* flag : {"preset", "vocab", "seed"})
       if (f.was_set(flag))
@@ -129,6 +133,7 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
     o->model = c.value().model;
     o->hf_model = hf;
     o->checkpoint_dir = ck;
+    o->checkpoint_step = f.get_int("step");
   } else {
     auto m = model_preset(f.get_string("preset"));
     if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());

@@ -34,7 +34,7 @@ Status load_weights(const EvalOptions& o, Communicator& comm, Device& dev, Shard
     st = w.ok() ? w.value().check(o.model) : w.status();
     if (st.ok() && dev.backed()) st = load_hf_weights(w.value(), params);
   } else if (!o.checkpoint_dir.empty()) {
-    auto w = CheckpointWeights::open(o.checkpoint_dir, false);
+    auto w = CheckpointWeights::open(o.checkpoint_dir, false, o.checkpoint_step);
     st = w.ok() ? w.value().check(o.model) : w.status();
     if (st.ok() && dev.backed()) st = load_checkpoint_weights(w.value(), params);
     if (st.ok()) *step = w.value().step();

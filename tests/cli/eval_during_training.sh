@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Evaluation while training (--eval-data, --eval-every): the metrics lines hold the eval loss at
 # the given steps, equal to a separate `untied eval` of the checkpoint of that step (the newest,
-# and step 2 through an export), for UPipe on 2 in-process ranks and ring on 3 MPI ranks.
+# step 2 with --step 2, and step 2 through an export), for UPipe on 2 in-process ranks and ring on
+# 3 MPI ranks.
 # Usage: eval_during_training.sh UNTIED MPIRUN TOKENIZER_DIR
 set -u
 untied=$1
@@ -40,5 +41,9 @@ for layout in "inproc:--ranks 2 --strategy upipe" "mpi:--strategy ring"; do
   at2=$("${launch[@]}" eval --hf-model "$d/step2_$name" --data-path "$d/valid.tok" --seq 96 $flags --json | eval_loss) ||
     fail "$name: eval of step 2 failed"
   same "$(metric "$d/$name.jsonl" 2 eval_loss)" "$at2" "$name, step 2"
+  # shellcheck disable=SC2086
+  at2c=$("${launch[@]}" eval --checkpoint-dir "$d/ck_$name" --step 2 --data-path "$d/valid.tok" --seq 96 $flags --json |
+         eval_loss) || fail "$name: eval --step 2 failed"
+  same "$(metric "$d/$name.jsonl" 2 eval_loss)" "$at2c" "$name, eval --checkpoint-dir --step 2"
   echo "$name ($flags): eval loss in the metrics at step 2 $(metric "$d/$name.jsonl" 2 eval_loss), step 4 $(metric "$d/$name.jsonl" 4 eval_loss); untied eval of those checkpoints: $at2, $at4"
 done

@@ -37,7 +37,8 @@ struct EvalOptions {
   int64_t window = 0;          // sliding-window attention (0: none)
   bool doc_mask = true;        // attend within documents only
   std::string hf_model;        // weights from this Hugging Face directory, or
-  std::string checkpoint_dir;  // from this untied checkpoint (its `latest` step), or neither: init(seed)
+  std::string checkpoint_dir;  // from this untied checkpoint (its `latest` step, or checkpoint_step), or neither: init(seed)
+  int64_t checkpoint_step = 0; // with checkpoint_dir: the step to read (0: the one `latest` names)
   uint64_t seed = 0;
   std::string logits_path;     // non-empty: the first sample's logits, (S, V) float32 .npy in sequence order
                                // (gathered on every rank: refused above 1 GiB)
