@@ -5,6 +5,7 @@ namespace untied {
 
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
+std::string cuda_attention_description() { return ""; }
 
 StatusOr<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions&) {
   return Status::unsupported(

@@ -614,6 +614,7 @@ int bench_kernels_main(int* argc, char*** argv, const std::vector<std::string>& 
     Units units;
     const std::string header = table_header(rd.dev(), rd.comm(), o, &units);
     print_rows_table(rows, header, static_cast<double>(o.ratio_seq), units);
+    if (o.gpu()) std::fputs(cpu_kernels_lines(o.device).c_str(), stdout);  // which attention kernels ran, and why
   });
 }
 

@@ -193,6 +193,7 @@ std::vector<float> host_f32(Device& dev, const Tensor& t) {
 }
 
 std::string cpu_kernels_lines(DeviceChoice device) {
+  if (device == DeviceChoice::kCuda) return "attention: " + cuda_attention_description() + "\n";
   if (device != DeviceChoice::kCpu) return "";
   const CpuKernelsInfo info = cpu_kernels_info();
   std::string s = "kernels: " + cpu_kernels_description(info) + "\n";

@@ -66,7 +66,7 @@ RankDevice make_rank_device(Communicator& world, const RankDeviceOptions& opts);
 
 // The banner line of the CPU kernels ("kernels: OpenBLAS 0.3.21 SkylakeX kernels (OpenMP
 // threads), attention tiles avx512 12x32"), with a warning line when they are slower than the
-// CPU allows; "" for a GPU device.
+// CPU allows; for a GPU device, which attention kernels run and why ("attention: ...").
 std::string cpu_kernels_lines(DeviceChoice device);
 
 // Ranks whose devices share one GPU: the world's size in process, 1 under mpirun (one GPU each).

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "untied/core/status.h"
 #include "untied/device/device.h"
@@ -38,5 +39,10 @@ struct CudaMemoryInfo {
   int64_t total_bytes = 0;
 };
 StatusOr<CudaMemoryInfo> cuda_memory_info(int index);
+
+// Which attention kernels a CUDA run takes and why (UNTIED_CUDA_ATTENTION, whether cuDNN's can
+// run here), one line for the banners; "" without the CUDA backend. With cudnn asked for, the first
+// call opens libcudnn.
+std::string cuda_attention_description();
 
 }  // namespace untied

@@ -2,11 +2,34 @@
 #include "backends/cuda/cuda_kernels.h"
 
 #include "backends/cuda/attention_select.h"
+#include "backends/cuda/cudnn_attention.h"
 
 #include <cstdlib>
 #include <string>
 
 namespace untied::cuda {
+
+std::string attention_description() {
+  const StatusOr<AttentionKernel> k = attention_kernel_requested();
+  if (!k.ok()) return k.status().message();
+  switch (k.value()) {
+    case AttentionKernel::kMma: return "our mma kernels (UNTIED_CUDA_ATTENTION=mma)";
+    case AttentionKernel::kWgmma:
+      return "the Hopper wgmma kernels where they run, else mma (UNTIED_CUDA_ATTENTION=wgmma)";
+    case AttentionKernel::kAuto:
+      if (!kAutoTakesCudnn)
+        return "our mma kernels (auto: cuDNN's fused attention is taken once a GPU run has checked it; "
+               "UNTIED_CUDA_ATTENTION=cudnn takes it now)";
+      [[fallthrough]];
+    case AttentionKernel::kCudnn: {
+      const Status ready = cudnn_attention_ready();
+      if (!ready.ok()) return "our mma kernels: " + ready.message();
+      return "cuDNN's fused attention where it takes the case (bf16, D 64 or 128, one causal or full sequence), "
+             "else our mma kernels";
+    }
+  }
+  return "";
+}
 
 StatusOr<bool> attention_wgmma_requested() {
   const StatusOr<AttentionKernel> k = attention_kernel_requested();

@@ -246,6 +246,8 @@ void CudaDevice::synchronize() { UNTIED_CUDA_CHECK(cudaStreamSynchronize(stream_
 
 bool cuda_built() { return true; }
 
+std::string cuda_attention_description() { return cuda::attention_description(); }
+
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -40,6 +40,8 @@ void attention_merge(Device& dev, const AttentionMergeCall& c, const Scratch& sc
 // where they can run), false for auto, cudnn and mma; any other value is refused, saying what to
 // write (make_cuda_device refuses it on every rank before any compute).
 StatusOr<bool> attention_wgmma_requested();
+// One line: which attention kernels run and why (cuda_attention_description, device/cuda.h).
+std::string attention_description();
 
 void rope(Device& dev, const RopeCall& c, const Scratch& scratch);  // rope.cu
 Status rope_supports(const RopeCall& c);
