@@ -116,6 +116,7 @@ StatusOr<std::vector<int64_t>> parse_int_list(const std::string& flag, const std
 Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device, int* threads, int ranks) {
   const std::string hf = f.get_string("hf-model"), ck = f.get_string("checkpoint-dir");
   if (!hf.empty() && !ck.empty()) return Status::invalid_argument("give --hf-model or --checkpoint-dir, not both");
+  int64_t model_window = 0;  // Mistral's sliding_window, the default of --window
   if (f.was_set("step") && ck.empty())
     return Status::invalid_argument("--step picks a step of --checkpoint-dir: give the checkpoint directory");
   if (!hf.empty() || !ck.empty()) {
@@ -131,6 +132,7 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
       return c.status();
     }
     o->model = c.value().model;
+    model_window = c.value().sliding_window;
     o->hf_model = hf;
     o->checkpoint_dir = ck;
     o->checkpoint_step = f.get_int("step");
@@ -151,10 +153,7 @@ Status options_from_flags(const FlagSet& f, EvalOptions* o, DeviceChoice* device
   o->samples = f.get_int("samples");
   o->buckets = f.get_int("buckets");
   if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
-  if (!f.was_set("window") && (!hf.empty() || !ck.empty())) {  // Mistral's own window
-    auto c = read_hf_config(hf.empty() ? ck : hf);
-    if (c.ok()) o->window = c.value().sliding_window;
-  }
+  if (!f.was_set("window")) o->window = model_window;
   o->doc_mask = f.get_bool("doc-mask");
   o->logits_path = f.get_string("dump-logits");
   *threads = threads_from_flags(f, ranks);

@@ -185,6 +185,7 @@ constexpr float kFineTuneLr = 2e-5f;
 constexpr int64_t kFineTuneWarmupPercent = 3;
 
 Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOptions* d, DeviceChoice* device) {
+  int64_t model_window = 0;  // Mistral's sliding_window, the default of --window
   if (!f.get_string("hf-model").empty()) {
     for (const char* flag : {"preset", "vocab", "layers"})
       if (f.was_set(flag))
@@ -193,6 +194,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     if (!hf.ok()) return hf.status();
     o->model = hf.value().model;
     o->hf_model = f.get_string("hf-model");
+    model_window = hf.value().sliding_window;
   } else {
     auto m = model_preset(f.get_string("preset"));
     if (!m.ok()) return Status::invalid_argument("--preset: " + m.status().message());
@@ -268,10 +270,7 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   d->kv.num_pairs = f.get_int("kv-pairs");
   d->kv.fused_pairs = f.get_bool("kv-fused");
   if (Status s = window_from_flags(f, &o->window); !s.ok()) return s;
-  if (!f.was_set("window") && !f.get_string("hf-model").empty()) {  // Mistral's own window
-    auto hf = read_hf_config(f.get_string("hf-model"));
-    if (hf.ok()) o->window = hf.value().sliding_window;
-  }
+  if (!f.was_set("window")) o->window = model_window;
   o->doc_mask = f.get_bool("doc-mask");
   d->kv.num_docs = f.get_int("kv-docs");
   d->text_split = parse_document_split(f.get_string("text-split")).value();

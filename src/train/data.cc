@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -47,40 +48,18 @@ class TokenFilesStream final : public Stream {
       at += f.size();
     }
     size_ = at;
+    has_targets_ = std::any_of(files_.begin(), files_.end(), [](const TokenFile& f) { return f.has_loss_mask(); });
     name = files_[0].path() + (files_.size() > 1 ? "+" + std::to_string(files_.size() - 1) + " more" : "");
   }
   int64_t size() const override { return size_; }
   Status read(int64_t first, int64_t n, int32_t* out) const override {
-    size_t f = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), first) - offsets_.begin()) - 1;
-    while (n > 0) {
-      const int64_t in_file = first - offsets_[f], take = std::min(n, files_[f].size() - in_file);
-      if (take > 0) {
-        if (Status s = files_[f].read(in_file, take, out); !s.ok()) return s;
-      }
-      out += take;
-      first += take;
-      n -= take;
-      ++f;
-    }
-    return Status::ok_status();
+    return across_files(first, n, out, [](const TokenFile& f, int64_t at, int64_t k, int32_t* o) { return f.read(at, k, o); });
   }
   const std::vector<int64_t>& documents() const override { return docs_; }
-  bool has_targets() const override {
-    return std::any_of(files_.begin(), files_.end(), [](const TokenFile& f) { return f.has_loss_mask(); });
-  }
+  bool has_targets() const override { return has_targets_; }
   Status read_targets(int64_t first, int64_t n, uint8_t* out) const override {
-    size_t f = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), first) - offsets_.begin()) - 1;
-    while (n > 0) {
-      const int64_t in_file = first - offsets_[f], take = std::min(n, files_[f].size() - in_file);
-      if (take > 0) {
-        if (Status s = files_[f].read_targets(in_file, take, out); !s.ok()) return s;
-      }
-      out += take;
-      first += take;
-      n -= take;
-      ++f;
-    }
-    return Status::ok_status();
+    return across_files(first, n, out,
+                        [](const TokenFile& f, int64_t at, int64_t k, uint8_t* o) { return f.read_targets(at, k, o); });
   }
   int64_t vocab_size() const {
     int64_t v = 0;
@@ -89,10 +68,29 @@ class TokenFilesStream final : public Stream {
   }
 
  private:
+  // Stream items [first, first + n) (first + n <= size()) read file by file: read_one(file,
+  // first item in it, count, out).
+  template <typename T, typename ReadOne>
+  Status across_files(int64_t first, int64_t n, T* out, ReadOne read_one) const {
+    size_t f = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), first) - offsets_.begin()) - 1;
+    while (n > 0) {
+      const int64_t in_file = first - offsets_[f], take = std::min(n, files_[f].size() - in_file);
+      if (take > 0) {
+        if (Status s = read_one(files_[f], in_file, take, out); !s.ok()) return s;
+      }
+      out += take;
+      first += take;
+      n -= take;
+      ++f;
+    }
+    return Status::ok_status();
+  }
+
   std::vector<TokenFile> files_;
   std::vector<int64_t> offsets_;
   std::vector<int64_t> docs_;
   int64_t size_ = 0;
+  bool has_targets_ = false;  // some file has a loss mask
 };
 
 // Text tokenized in memory; every document begins with BOS (tokenizer.h): that is where the
@@ -210,7 +208,7 @@ class SequenceSource final : public DataSource {
       const int64_t m = std::min(count, seq_len - 1 - start);  // the labelled positions [start, start + m)
       std::vector<uint8_t> targets(static_cast<size_t>(std::max<int64_t>(m, 0)));
       if (m > 0) {
-        s = read_wrapped_targets(st, (base + (start + 1) % n) % n, m, targets.data());
+        s = read_wrapped(st, (base + (start + 1) % n) % n, m, targets.data());
         if (!s.ok()) return s;
       }
       for (int64_t k = 0; k < m; ++k)
@@ -344,13 +342,17 @@ class SequenceSource final : public DataSource {
     }
     return packings_.emplace(key, std::move(pk)).first->second;
   }
+  // The seed of stream g's pass: its order of sequences (and, unpacked, its offset).
+  uint64_t pass_key(size_t g, int64_t pass) const {
+    return splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(g) * 0x100000001b3ull + static_cast<uint64_t>(pass)));
+  }
   // Sample i of a packed stream: the stream and the packed sequence.
   std::pair<size_t, int64_t> locate_packed(int64_t i, int64_t seq_len) const {
     const size_t g = stream_of(i);
     const int64_t k = streams_.size() == 1 ? i : drawn_before(i, g);
     const auto p = static_cast<int64_t>(packing(g, seq_len).start.size()), pass = k / p;
     if (!shuffle_) return {g, k % p};
-    const uint64_t key = splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(g) * 0x100000001b3ull + static_cast<uint64_t>(pass)));
+    const uint64_t key = pass_key(g, pass);
     return {g, static_cast<int64_t>(permute(static_cast<uint64_t>(k % p), static_cast<uint64_t>(p), key))};
   }
   Status fill_packed(int64_t sample_index, int64_t seq_len, int64_t start, int64_t count, int32_t* tokens,
@@ -396,7 +398,7 @@ class SequenceSource final : public DataSource {
     using u128 = unsigned __int128;
     if (!shuffle_) return {g, static_cast<int64_t>((static_cast<u128>(k) * static_cast<u128>(seq_len)) % static_cast<u128>(n))};
     const int64_t p = per_pass(g, seq_len), pass = k / p;
-    const uint64_t key = splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(g) * 0x100000001b3ull + static_cast<uint64_t>(pass)));
+    const uint64_t key = pass_key(g, pass);
     const int64_t j = static_cast<int64_t>(permute(static_cast<uint64_t>(k % p), static_cast<uint64_t>(p), key));
     const int64_t slack = std::max<int64_t>(0, n - p * seq_len);
     const int64_t offset = slack > 0 ? static_cast<int64_t>(splitmix64(key) % static_cast<uint64_t>(slack + 1)) : 0;
@@ -418,25 +420,15 @@ class SequenceSource final : public DataSource {
     }
     return out;
   }
-  // The loss mask of stream positions pos, pos + 1, ... (mod N), n of them; 0 <= pos < N.
-  static Status read_wrapped_targets(const Stream& st, int64_t pos, int64_t n, uint8_t* out) {
+  // Tokens (or their loss mask) at stream positions pos, pos + 1, ... (mod N), n of them; 0 <= pos < N.
+  template <typename T>
+  static Status read_wrapped(const Stream& st, int64_t pos, int64_t n, T* out) {
     const int64_t size = st.size();
     while (n > 0) {
       const int64_t take = std::min(n, size - pos);
-      Status s = st.read_targets(pos, take, out);
-      if (!s.ok()) return s;
-      out += take;
-      n -= take;
-      pos = 0;
-    }
-    return Status::ok_status();
-  }
-  // Tokens at stream positions pos, pos + 1, ... (mod N), n of them; 0 <= pos < N.
-  static Status read_wrapped(const Stream& st, int64_t pos, int64_t n, int32_t* out) {
-    const int64_t size = st.size();
-    while (n > 0) {
-      const int64_t take = std::min(n, size - pos);
-      Status s = st.read(pos, take, out);
+      Status s;
+      if constexpr (std::is_same_v<T, int32_t>) s = st.read(pos, take, out);
+      else s = st.read_targets(pos, take, out);
       if (!s.ok()) return s;
       out += take;
       n -= take;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 
 #include "untied/attention/token_layout.h"
@@ -224,26 +225,41 @@ StatusOr<EvalResult> evaluate_weights(Device& dev, Communicator& comm, const Dat
   return r;
 }
 
+namespace {
+
+// o for the needle's sequences of `length` tokens: one bucket, no logits dump.
+EvalOptions at_length(const EvalOptions& o, int64_t length) {
+  EvalOptions at = o;
+  at.decoder.seq = length;
+  at.buckets = 1;
+  at.logits_path.clear();
+  return at;
+}
+
+// What both needle evaluations start with: every length checked (with `check` too, when given),
+// then the weights loaded.
+Status start_needle(Device& dev, Communicator& comm, const EvalOptions& o, const NeedleOptions& n,
+                    ShardedParams& params, const std::function<Status(int64_t length)>& check = nullptr) {
+  for (const int64_t length : n.lengths) {
+    if (Status vs = validate(at_length(o, length), comm.size()); !vs.ok()) return vs;
+    if (Status cs = check ? check(length) : Status::ok_status(); !cs.ok()) return cs;
+  }
+  int64_t checkpoint_step = -1;
+  return load_weights(o, comm, dev, params, &checkpoint_step);
+}
+
+}  // namespace
+
 StatusOr<std::vector<NeedleCell>> evaluate_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
                                                   const NeedleTokenizer& tok, const DataSource* haystack,
                                                   const EvalOptions& o, const NeedleOptions& n) {
-  for (const int64_t length : n.lengths) {
-    EvalOptions at = o;
-    at.decoder.seq = length;
-    at.buckets = 1;
-    if (Status vs = validate(at, comm.size()); !vs.ok()) return vs;
-  }
   ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
-  int64_t checkpoint_step = -1;
-  if (Status ws = load_weights(o, comm, dev, params, &checkpoint_step); !ws.ok()) return ws;
+  if (Status s = start_needle(dev, comm, o, n, params); !s.ok()) return s;
   std::vector<NeedleCell> cells;
   for (const int64_t length : n.lengths) {
-    EvalOptions at = o;
-    at.decoder.seq = length;
-    at.buckets = 1;
+    EvalOptions at = at_length(o, length);
     at.samples = 1;
     at.doc_mask = false;  // one document
-    at.logits_path.clear();
     Decoder decoder(dev, dev_comm, o.model, at.decoder);
     for (const int64_t depth : n.depths) {
       auto seqs = make_needle_cell(tok, haystack, n, length, depth);
@@ -326,23 +342,14 @@ class KvDepthSource final : public DataSource {
 
 StatusOr<std::vector<NeedleCell>> evaluate_kv_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
                                                      const KvTask& kv, const EvalOptions& o, const NeedleOptions& n) {
-  for (const int64_t length : n.lengths) {
-    EvalOptions at = o;
-    at.decoder.seq = length;
-    at.buckets = 1;
-    if (Status vs = validate(at, comm.size()); !vs.ok()) return vs;
-    if (Status ls = kv.layout(length).status(); !ls.ok()) return ls;
-  }
   ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
-  int64_t checkpoint_step = -1;
-  if (Status ws = load_weights(o, comm, dev, params, &checkpoint_step); !ws.ok()) return ws;
+  if (Status s = start_needle(dev, comm, o, n, params, [&](int64_t length) { return kv.layout(length).status(); });
+      !s.ok())
+    return s;
   std::vector<NeedleCell> cells;
   for (const int64_t length : n.lengths) {
-    EvalOptions at = o;
-    at.decoder.seq = length;
-    at.buckets = 1;
+    EvalOptions at = at_length(o, length);
     at.samples = n.trials;
-    at.logits_path.clear();
     Decoder decoder(dev, dev_comm, o.model, at.decoder);
     for (size_t b = 0; b < n.depths.size(); ++b) {
       const KvDepthSource source(kv, n.depths, b);

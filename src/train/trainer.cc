@@ -700,9 +700,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     }
     Status ms = metrics.write(line);
     if (ms.ok() && board) ms = board->add_scalars(step, wall_clock_s(), metrics_scalars(line));
-    if (!o.tensorboard_dir.empty() && o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok())
-      return stop_with_checkpoint(o, comm, step, id, params, ms);
-    if (!o.metrics_path.empty() && !(ms = first_failure(comm, ms)).ok())  // a checkpoint first, then stop
+    if ((!o.metrics_path.empty() || !o.tensorboard_dir.empty()) &&  // a checkpoint first, then stop
+        !(ms = first_failure(comm, ms)).ok())
       return stop_with_checkpoint(o, comm, step, id, params, ms);
     if (comm.rank() == 0) progress.step_done(step, f.loss, f.accuracy, tps);
 

@@ -76,23 +76,36 @@ void build(fe::graph::Graph& g, cudnnHandle_t h, const CudnnGraphKey& key, int64
   check_fe(g.get_workspace_size(*workspace), key, "get_workspace_size");
 }
 
+// A graph of bf16 tensors with fp32 intermediates and compute.
+std::shared_ptr<fe::graph::Graph> new_graph() {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+// The key's scale and, when causal, the mask (forward and backward attributes alike).
+template <typename Attributes>
+Attributes& with_scale_and_mask(Attributes& a, const CudnnGraphKey& key) {
+  float scale;
+  std::memcpy(&scale, &key.scale_bits, 4);
+  a.set_attn_scale(scale);
+  if (key.causal) a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  return a;
+}
+
 std::shared_ptr<ForwardGraph> forward_graph(const CudnnGraphKey& key, cudnnHandle_t h) {
   auto it = g_forward.find(key);
   if (it != g_forward.end()) return it->second;
   auto fg = std::make_shared<ForwardGraph>();
-  fg->graph = std::make_shared<fe::graph::Graph>();
+  fg->graph = new_graph();
   fe::graph::Graph& g = *fg->graph;
-  g.set_io_data_type(fe::DataType_t::BFLOAT16)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
   fg->q = tensor(g, "Q", key.heads, key.seq_q, key.head_dim, key.q_row_stride);
   fg->k = tensor(g, "K", key.kv_heads, key.seq_k, key.head_dim, key.kv_row_stride);
   fg->v = tensor(g, "V", key.kv_heads, key.seq_k, key.head_dim, key.kv_row_stride);
-  float scale;
-  std::memcpy(&scale, &key.scale_bits, 4);
-  auto options = fe::graph::SDPA_attributes().set_name("untied_sdpa").set_generate_stats(true).set_attn_scale(scale);
-  if (key.causal) options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  auto [o, stats] = g.sdpa(fg->q, fg->k, fg->v, options);
+  auto options = fe::graph::SDPA_attributes().set_name("untied_sdpa").set_generate_stats(true);
+  auto [o, stats] = g.sdpa(fg->q, fg->k, fg->v, with_scale_and_mask(options, key));
   o->set_output(true)
       .set_dim({1, key.heads, key.seq_q, key.head_dim})
       .set_stride({key.seq_q * key.q_row_stride, key.head_dim, key.q_row_stride, 1});
@@ -109,11 +122,8 @@ std::shared_ptr<BackwardGraph> backward_graph(const CudnnGraphKey& key, cudnnHan
   auto it = g_backward.find(key);
   if (it != g_backward.end()) return it->second;
   auto bg = std::make_shared<BackwardGraph>();
-  bg->graph = std::make_shared<fe::graph::Graph>();
+  bg->graph = new_graph();
   fe::graph::Graph& g = *bg->graph;
-  g.set_io_data_type(fe::DataType_t::BFLOAT16)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
   bg->q = tensor(g, "Q", key.heads, key.seq_q, key.head_dim, key.q_row_stride);
   bg->k = tensor(g, "K", key.kv_heads, key.seq_k, key.head_dim, key.kv_row_stride);
   bg->v = tensor(g, "V", key.kv_heads, key.seq_k, key.head_dim, key.kv_row_stride);
@@ -124,11 +134,9 @@ std::shared_ptr<BackwardGraph> backward_graph(const CudnnGraphKey& key, cudnnHan
                            .set_dim({1, key.heads, key.seq_q, 1})
                            .set_stride({key.heads * key.seq_q, key.seq_q, 1, 1})
                            .set_data_type(fe::DataType_t::FLOAT));
-  float scale;
-  std::memcpy(&scale, &key.scale_bits, 4);
-  auto options = fe::graph::SDPA_backward_attributes().set_name("untied_sdpa_backward").set_attn_scale(scale);
-  if (key.causal) options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  auto [dq, dk, dv] = g.sdpa_backward(bg->q, bg->k, bg->v, bg->o, bg->dout, bg->stats, options);
+  auto options = fe::graph::SDPA_backward_attributes().set_name("untied_sdpa_backward");
+  auto [dq, dk, dv] =
+      g.sdpa_backward(bg->q, bg->k, bg->v, bg->o, bg->dout, bg->stats, with_scale_and_mask(options, key));
   dq->set_output(true)
       .set_dim({1, key.heads, key.seq_q, key.head_dim})
       .set_stride({key.seq_q * key.q_row_stride, key.head_dim, key.q_row_stride, 1});
