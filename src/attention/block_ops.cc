@@ -18,20 +18,26 @@ void check_one(const Tensor& t, const Shape& shape, DType dtype, const char* wha
 }
 }  // namespace
 
-// The four projections and the optional q/k norms, as weights (prefix "") or gradients ("d").
-void check_weight_set(const AttentionConfig& c, const Tensor* const (&t)[6], const std::string& prefix) {
+// The four projections, the optional q/k norms and the optional q/k/v biases, as weights (prefix
+// "") or gradients ("d").
+void check_weight_set(const AttentionConfig& c, const Tensor* const (&t)[9], const std::string& prefix) {
   const int64_t E = c.hidden, HD = c.heads * c.head_dim, GD = c.kv_heads * c.head_dim, D = c.head_dim;
-  const Shape shapes[6] = {{HD, E}, {GD, E}, {GD, E}, {E, HD}, {D}, {D}};
-  const char* names[6] = {"wq (H*D, E)", "wk (G*D, E)", "wv (G*D, E)", "wo (E, H*D)", "q_norm (D)", "k_norm (D)"};
-  for (int i = 0; i < (c.qk_norm ? 6 : 4); ++i) check_one(*t[i], shapes[i], c.dtype, (prefix + names[i]).c_str());
+  const Shape shapes[9] = {{HD, E}, {GD, E}, {GD, E}, {E, HD}, {D}, {D}, {HD}, {GD}, {GD}};
+  const char* names[9] = {"wq (H*D, E)", "wk (G*D, E)", "wv (G*D, E)", "wo (E, H*D)", "q_norm (D)",
+                          "k_norm (D)",  "bq (H*D)",    "bk (G*D)",    "bv (G*D)"};
+  for (int i = 0; i < 9; ++i) {
+    if ((i == 4 || i == 5) && !c.qk_norm) continue;
+    if (i >= 6 && !c.qkv_bias) continue;
+    check_one(*t[i], shapes[i], c.dtype, (prefix + names[i]).c_str());
+  }
 }
 
 void check_weights(const AttentionConfig& c, const AttentionWeights& w) {
-  check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm}, "");
+  check_weight_set(c, {&w.wq, &w.wk, &w.wv, &w.wo, &w.q_norm, &w.k_norm, &w.bq, &w.bk, &w.bv}, "");
 }
 
 void check_grad_weights(const AttentionConfig& c, const AttentionGrads& g) {
-  check_weight_set(c, {&g.dwq, &g.dwk, &g.dwv, &g.dwo, &g.dq_norm, &g.dk_norm}, "d");
+  check_weight_set(c, {&g.dwq, &g.dwk, &g.dwv, &g.dwo, &g.dq_norm, &g.dk_norm, &g.dbq, &g.dbk, &g.dbv}, "d");
 }
 
 void check_tensors(const AttentionConfig& c, int64_t rows, const Tensor& x, const AttentionWeights& w,
@@ -132,6 +138,48 @@ void project_blocks(Device& dev, const PackedHeads& dst, int64_t r0, DType out_t
       dev.copy_2d(dst.slot(p, 0) + (r0 + a) * block * es, block * es, out.as<char>() + p * block * es, wide * es,
                   block * es, m);
   }
+}
+
+namespace {
+// fn(k0, n) over the runs of consecutive heads in `heads`: heads[k0 .. k0 + n) are h, h + 1, ...
+void for_each_run(const std::vector<int64_t>& heads, const std::function<void(size_t k0, size_t n)>& fn) {
+  for (size_t k0 = 0; k0 < heads.size();) {
+    size_t n = 1;
+    while (k0 + n < heads.size() && heads[k0 + n] == heads[k0] + static_cast<int64_t>(n)) ++n;
+    fn(k0, n);
+    k0 += n;
+  }
+}
+}  // namespace
+
+void add_head_biases(Device& dev, const PackedHeads& dst, int64_t r0, int64_t n, DType t, const Tensor& bias,
+                     const std::vector<std::vector<int64_t>>& heads) {
+  if (bias.ndim() == 0) return;
+  const int64_t d = dst.d, bs = dtype_size(bias.dtype());
+  for (size_t p = 0; p < heads.size(); ++p)
+    for_each_run(heads[p], [&](size_t k0, size_t m) {
+      add_bias(dev, dst.slot(static_cast<int64_t>(p), static_cast<int64_t>(k0)) + r0 * dst.ld() * dst.elem_bytes, t,
+               dst.ld(), n, static_cast<int64_t>(m) * d,
+               static_cast<const char*>(bias.data()) + heads[p][k0] * d * bs, bias.dtype());
+    });
+}
+
+void head_bias_grads(Device& dev, const std::vector<HeadBlock>& blocks, int64_t ld_g, DType g_t, int64_t rows,
+                     int64_t d, const Tensor& db, Write db_write) {
+  if (db.ndim() == 0) return;
+  const int64_t es = dtype_size(db.dtype()), gs = dtype_size(g_t);
+  // A head met again (a KV head replicated over ranks) adds to its first sums.
+  std::vector<bool> seen(static_cast<size_t>(db.numel() / d), db_write == Write::kAccumulate);
+  for (const HeadBlock& b : blocks)
+    for_each_run(b.heads, [&](size_t k0, size_t m) {
+      const int64_t h = b.heads[k0];
+      // A run accumulates as a whole when its first head was met (runs repeat whole, or not at all).
+      const bool add = seen[static_cast<size_t>(h)];
+      bias_grad(dev, static_cast<char*>(db.data()) + h * d * es, db.dtype(),
+                static_cast<const char*>(b.g) + static_cast<int64_t>(k0) * d * gs, g_t, ld_g, rows,
+                static_cast<int64_t>(m) * d, add);
+      for (size_t k = 0; k < m; ++k) seen[static_cast<size_t>(h) + k] = true;
+    });
 }
 
 int64_t InputRows::max_rows() const {

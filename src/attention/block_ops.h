@@ -87,6 +87,12 @@ void project_out_grad_heads(Device& dev, void* dst, int64_t ld_dst, DType dst_t,
 void project_blocks(Device& dev, const PackedHeads& dst, int64_t r0, DType out_t, const void* x, DType x_t, int64_t n,
                     const Tensor& w, const std::vector<std::vector<int64_t>>& heads, HeadWeights::Side side);
 
+// Qwen2's q/k/v biases (AttentionConfig::qkv_bias; nothing when `bias` is empty): rows [r0, r0 + n)
+// of every block of dst (its slots holding heads[p]) += the bias (model heads * D) of each
+// slot's head, one add_bias per run of consecutive heads.
+void add_head_biases(Device& dev, const PackedHeads& dst, int64_t r0, int64_t n, DType t, const Tensor& bias,
+                     const std::vector<std::vector<int64_t>>& heads);
+
 // The block input as the projections read it: whole (an (L, E) tensor), or a tile of rows at a
 // time (TiledInput, attention_block.h), each tile written into a scratch buffer first.
 class InputRows {
@@ -135,6 +141,11 @@ struct HeadBlock {
 // sums over tiles need) and are written or added into dw per head.
 void head_weight_grads(Device& dev, const std::vector<HeadBlock>& blocks, int64_t ld_g, DType g_t, const InputRows& x,
                        int64_t d, const Tensor& dw, Write dw_write);
+// The bias side (qkv_bias; nothing when db is empty): db[head] (D) = or += (per db_write) the sum
+// over the rows of each head's D columns of g; a head in several blocks (a KV head replicated
+// over ranks) adds up.
+void head_bias_grads(Device& dev, const std::vector<HeadBlock>& blocks, int64_t ld_g, DType g_t, int64_t rows,
+                     int64_t d, const Tensor& db, Write db_write);
 // The input side: dx (rows, E) (f32 accumulator) += g (rows, n*D) W, W = HeadWeights(w, heads, kRows).
 void heads_input_grad(Device& dev, float* dx, const void* g, int64_t ld_g, DType g_t, int64_t rows, const Tensor& w,
                       const std::vector<int64_t>& heads, int64_t d);

@@ -126,6 +126,7 @@ void HeadPipeline::project_q(const AttentionWeights& w, const InputRows& x, int6
   const std::vector<std::vector<int64_t>> heads = q_heads_of_blocks(s);
   x.for_each([&](int64_t r0, int64_t n, const void* xr) {
     project_blocks(dev_, q, r0, t, xr, x.dtype(), n, w.wq, heads, HeadWeights::kRows);
+    add_head_biases(dev_, q, r0, n, t, w.bq, heads);
   });
   normalise(dev_, cfg_, send, w.q_norm, keep, st.q_norm);
   rope_blocks(dev_, send.data(), t, C, L, u, D, cfg_.rope_theta, cfg_.rope_scaling, rank_rows(), Rope::kForward);
@@ -140,6 +141,7 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const InputRows& x, int
   // k is normed (qk_norm) and rotated like q; v is neither.
   struct Part {
     const Tensor& w;
+    const Tensor& bias;  // empty without qkv_bias
     TensorBuffer& recv;
     const Tensor* norm_w;  // k only
     SavedQkNorm* kept;     // k only
@@ -147,14 +149,15 @@ void HeadPipeline::project_kv(const AttentionWeights& w, const InputRows& x, int
     const char* recv_what;
   };
   const Part parts[] = {
-      {w.wk, rd.k, &w.k_norm, &rd.k_norm, "k projection (send layout)", "k all-to-all receive (resident)"},
-      {w.wv, rd.v, nullptr, nullptr, "v projection (send layout)", "v all-to-all receive (resident)"}};
+      {w.wk, w.bk, rd.k, &w.k_norm, &rd.k_norm, "k projection (send layout)", "k all-to-all receive (resident)"},
+      {w.wv, w.bv, rd.v, nullptr, nullptr, "v projection (send layout)", "v all-to-all receive (resident)"}};
   for (const Part& part : parts) {  // one pass over x each (tiled: k's send goes before v's is made)
     TensorBuffer send(dev_.allocator(), t, {C, L, nkv, D}, Tag::kAttnWorkspace, part.send_what);
     const PackedHeads kv = packed(send.data(), nkv);
     const std::vector<std::vector<int64_t>> heads = kv_heads_of_blocks(round);
     x.for_each([&](int64_t r0, int64_t n, const void* xr) {
       project_blocks(dev_, kv, r0, t, xr, x.dtype(), n, part.w, heads, HeadWeights::kRows);
+      add_head_biases(dev_, kv, r0, n, t, part.bias, heads);
     });
     if (part.norm_w != nullptr) {
       normalise(dev_, cfg_, send, *part.norm_w, keep, *part.kept);
@@ -446,6 +449,7 @@ void HeadPipeline::finish_dq(int64_t s, TensorBuffer& recv, SavedStage& st, cons
     if (stash == nullptr) heads_input_grad(dev_, dx_acc, dq_seq.slot(p, 0), dq_seq.ld(), t, L, w.wq, blocks.back().heads, D);
   }
   head_weight_grads(dev_, blocks, dq_seq.ld(), t, x, D, g.dwq, Write::kOverwrite);
+  head_bias_grads(dev_, blocks, dq_seq.ld(), t, L, D, g.dbq, Write::kOverwrite);
   if (stash != nullptr) stash->keep(stash->q, std::move(recv), "dq (kept for dx, host)");
   recv.reset();
 }
@@ -460,12 +464,13 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
     TensorBuffer& sum;
     const Tensor& w;
     const Tensor& dw;
+    const Tensor& db;  // empty without qkv_bias
     bool is_k;
     const char* send_what;
     const char* recv_what;
   };
-  const Part parts[] = {{acc.dk, w.wk, g.dwk, true, "dk all-to-all send", "dk all-to-all receive"},
-                        {acc.dv, w.wv, g.dwv, false, "dv all-to-all send", "dv all-to-all receive"}};
+  const Part parts[] = {{acc.dk, w.wk, g.dwk, g.dbk, true, "dk all-to-all send", "dk all-to-all receive"},
+                        {acc.dv, w.wv, g.dwv, g.dbv, false, "dv all-to-all send", "dv all-to-all receive"}};
   for (const Part& part : parts) {
     // The sums, RoPE undone (their rows are the whole sequence in order), go back in the block's
     // dtype, as dq does: half the bytes of fp32 for bf16, and every GEMM operand of the
@@ -497,6 +502,7 @@ void HeadPipeline::return_round_dkv(int64_t round, RoundGrads& acc, SavedRound& 
         heads_input_grad(dev_, dx_acc, grad.slot(p, 0), grad.ld(), t, L, part.w, blocks.back().heads, D);
     }
     head_weight_grads(dev_, blocks, grad.ld(), t, x, D, part.dw, Write::kAccumulate);
+    head_bias_grads(dev_, blocks, grad.ld(), t, L, D, part.db, Write::kAccumulate);
     if (stash != nullptr)
       stash->keep(part.is_k ? stash->k : stash->v, std::move(through_norm ? dk_pre : recv),
                   part.is_k ? "dk (kept for dx, host)" : "dv (kept for dx, host)");
@@ -673,6 +679,10 @@ void HeadPipeline::run_backward(const Tensor* dx_whole, const TiledGrad* tiled, 
   }
   dev_.fill_zero(g.dwk.data(), g.dwk.bytes());
   dev_.fill_zero(g.dwv.data(), g.dwv.bytes());
+  if (cfg_.qkv_bias) {
+    dev_.fill_zero(g.dbk.data(), g.dbk.bytes());
+    dev_.fill_zero(g.dbv.data(), g.dbv.bytes());
+  }
 
   QkNorm qk(dev_, cfg_, QkGrads::kAccumulate);
   // The stages run last first (backward_stage), so that upipe starts with the last stage's q and

@@ -45,9 +45,13 @@ void LocalAttention::forward(const Tensor& y, const Tensor& x, const AttentionWe
   k = TensorBuffer(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "k (local)");
   v = TensorBuffer(alloc, t, {S, G, D}, Tag::kAttnWorkspace, "v (local)");
   // q = x wq^T, k = x wk^T, v = x wv^T
-  for (auto [dst, wt, n] : {std::tuple{&q, &w.wq, H * D}, {&k, &w.wk, G * D}, {&v, &w.wv, G * D}})
+  // (+ bq, bk, bv with qkv_bias)
+  for (auto [dst, wt, bias, n] : {std::tuple{&q, &w.wq, &w.bq, H * D}, {&k, &w.wk, &w.bk, G * D},
+                                  {&v, &w.wv, &w.bv, G * D}}) {
     gemm(dev_, GemmParams{.trans_b = true, .m = S, .n = n, .k = E, .a = x.data(), .lda = E, .a_dtype = x.dtype(),
                           .b = wt->data(), .ldb = E, .b_dtype = wt->dtype(), .c = dst->data(), .ldc = n, .c_dtype = t});
+    if (cfg_.qkv_bias) add_bias(dev_, dst->data(), t, n, S, n, bias->data(), bias->dtype());
+  }
   // Qwen3: per-head RMSNorm of q and k before RoPE; the pre-norm tensors are kept for backward.
   if (cfg_.qk_norm) {
     QkNorm qk(dev_, cfg_, QkGrads::kNone);
@@ -103,7 +107,7 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
     dq = qk.backward(QkPart::kQ, st.q_norm.pre, st.q_norm.rstd, w.q_norm, dq);
     dk = qk.backward(QkPart::kK, rd.k_norm.pre, rd.k_norm.rstd, w.k_norm, dk);
   }
-  // dx = dq wq + dk wk + dv wv (fp32 accumulation);  dw = d^T x
+  // dx = dq wq + dk wk + dv wv (fp32 accumulation);  dw = d^T x;  db = column sums of d (qkv_bias)
   Buffer dx_acc_buf;
   float* dx_acc = dx.as<float>();
   if (dx.dtype() != DType::kF32) {
@@ -111,8 +115,9 @@ void LocalAttention::backward(const Tensor& dx, AttentionGrads& g, const Tensor&
     dx_acc = dx_acc_buf.as<float>();
   }
   float beta = 0.0f;
-  for (auto [d, wt, dw, n] : {std::tuple{&dq, &w.wq, &g.dwq, H * D}, {&dk, &w.wk, &g.dwk, G * D},
-                              {&dv, &w.wv, &g.dwv, G * D}}) {
+  for (auto [d, wt, dw, db, n] : {std::tuple{&dq, &w.wq, &g.dwq, &g.dbq, H * D}, {&dk, &w.wk, &g.dwk, &g.dbk, G * D},
+                                  {&dv, &w.wv, &g.dwv, &g.dbv, G * D}}) {
+    if (cfg_.qkv_bias) bias_grad(dev_, db->data(), db->dtype(), d->data(), t, n, S, n, false);
     gemm(dev_, GemmParams{.m = S, .n = E, .k = n, .beta = beta, .a = d->data(), .lda = n, .a_dtype = t,
                           .b = wt->data(), .ldb = E, .b_dtype = wt->dtype(), .c = dx_acc, .ldc = E});
     gemm(dev_, GemmParams{.trans_a = true, .m = n, .n = E, .k = S, .a = d->data(), .lda = n, .a_dtype = t,

@@ -498,11 +498,12 @@ int paper(const FlagSet& flags, int64_t budget, int64_t host_budget, bool check)
     if (check) {
       // The strategy's attention block at a small S, against local: the model's heads (H, G, D),
       // the row's ranks, ring and U, a narrow hidden size (what the exchanges and stages move
-      // does not depend on E), and no q/k norms (the attention runner has none).
+      // does not depend on E), and no q/k norms or biases (the attention runner has none).
       AttentionConfig c = attention_config(p.o.model, p.o.decoder);
       c.seq = 4LL * p.ranks * 8;
       c.hidden = 256;
       c.qk_norm = false;
+      c.qkv_bias = false;
       const std::string label = std::string(row.name) + " on " + std::to_string(row.ranks) + " ranks (" + row.preset + ")";
       checks.push_back({label, compare_to_local(padded_config(c, p.ranks), p.ranks, tmp + "/" + std::to_string(checks.size()))});
     }

@@ -120,6 +120,15 @@ struct RowDotCall {
 };
 struct AddIntoCall { void* acc; DType acc_dtype; const void* x; DType x_dtype; int64_t n; };
 struct ConvertCall { void* dst; DType dst_dtype; const void* src; DType src_dtype; int64_t n; };
+struct AddBiasCall { void* out; DType out_dtype; int64_t ld, rows, n; const void* bias; DType bias_dtype; };
+struct BiasGradCall {
+  void* db;
+  DType db_dtype;
+  const void* g;
+  DType g_dtype;
+  int64_t ld, rows, n;
+  bool accumulate;
+};
 
 // ---- the table ----
 
@@ -150,6 +159,8 @@ struct KernelTable {
   OpEntry<RowDotCall> row_dot;
   OpEntry<AddIntoCall> add_into;
   OpEntry<ConvertCall> convert;
+  OpEntry<AddBiasCall> add_bias;
+  OpEntry<BiasGradCall> bias_grad;
 };
 
 // The tables (cpu/cpu_backend.cc; cuda/cuda_backend.cc in builds with the CUDA backend, handed

@@ -40,4 +40,28 @@ void convert(Device& dev, void* dst, DType dst_t, const void* src, DType src_t, 
          ConvertCall{.dst = dst, .dst_dtype = dst_t, .src = src, .src_dtype = src_t, .n = n});
 }
 
+void add_bias(Device& dev, void* out, DType out_t, int64_t ld, int64_t rows, int64_t n, const void* bias,
+              DType bias_t) {
+  UNTIED_CHECK(rows >= 0 && n >= 0 && ld >= n, "add_bias: need rows, n >= 0 and ld >= n, got rows=", rows,
+               " n=", n, " ld=", ld);
+  check_float(out_t, "add_bias", "out");
+  check_float(bias_t, "add_bias", "bias");
+  if (rows == 0 || n == 0) return;
+  run_op(dev, &KernelTable::add_bias, "add_bias",
+         AddBiasCall{.out = out, .out_dtype = out_t, .ld = ld, .rows = rows, .n = n, .bias = bias,
+                     .bias_dtype = bias_t});
+}
+
+void bias_grad(Device& dev, void* db, DType db_t, const void* g, DType g_t, int64_t ld, int64_t rows, int64_t n,
+               bool accumulate) {
+  UNTIED_CHECK(rows >= 0 && n >= 0 && ld >= n, "bias_grad: need rows, n >= 0 and ld >= n, got rows=", rows,
+               " n=", n, " ld=", ld);
+  check_float(db_t, "bias_grad", "db");
+  check_float(g_t, "bias_grad", "g");
+  if (n == 0) return;
+  run_op(dev, &KernelTable::bias_grad, "bias_grad",
+         BiasGradCall{.db = db, .db_dtype = db_t, .g = g, .g_dtype = g_t, .ld = ld, .rows = rows, .n = n,
+                      .accumulate = accumulate});
+}
+
 }  // namespace untied

@@ -27,9 +27,11 @@ void add_inplace(Device& dev, const Tensor& dst, const Tensor& src) {
 }
 
 
-// The block's attention weights (with Qwen3's q/k norms when the model has them: else empty).
+// The block's attention weights (with Qwen3's q/k norms and Qwen2's biases when the model has
+// them: else empty).
 AttentionWeights attention_weights(const BlockWeights& w) {
-  return AttentionWeights{.wq = w.wq, .wk = w.wk, .wv = w.wv, .wo = w.wo, .q_norm = w.q_norm, .k_norm = w.k_norm};
+  return AttentionWeights{.wq = w.wq, .wk = w.wk, .wv = w.wv, .wo = w.wo, .q_norm = w.q_norm, .k_norm = w.k_norm,
+                          .bq = w.bq, .bk = w.bk, .bv = w.bv};
 }
 
 // The one (L, E) buffer of the backward's residual stream: made as the last block's output, it
@@ -257,6 +259,10 @@ void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const
   if (m_.qk_norm)
     attn_grads.insert(attn_grads.end(), {{&g.q_norm, &ag.dq_norm, "dq_norm (compute dtype)"},
                                          {&g.k_norm, &ag.dk_norm, "dk_norm (compute dtype)"}});
+  if (m_.qkv_bias)
+    attn_grads.insert(attn_grads.end(), {{&g.bq, &ag.dbq, "dbq (compute dtype)"},
+                                         {&g.bk, &ag.dbk, "dbk (compute dtype)"},
+                                         {&g.bv, &ag.dbv, "dbv (compute dtype)"}});
   std::vector<TensorBuffer> tmp;
   tmp.reserve(attn_grads.size());
   for (const AttnGrad& a : attn_grads) {

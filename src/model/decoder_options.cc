@@ -11,7 +11,8 @@ AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) 
                          .head_dim = m.head_dim, .rope_theta = m.rope_theta, .rope_scaling = m.rope_scaling,
                          .dtype = o.dtype,
                          .strategy = o.strategy, .upipe_heads = o.upipe_heads, .ring = o.ring,
-                         .overlap = o.overlap, .early_delta = o.early_delta, .qk_norm = m.qk_norm, .norm_eps = m.norm_eps};
+                         .overlap = o.overlap, .early_delta = o.early_delta, .qk_norm = m.qk_norm, .norm_eps = m.norm_eps,
+                         .qkv_bias = m.qkv_bias};
 }
 
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {

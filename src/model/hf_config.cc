@@ -102,15 +102,18 @@ StatusOr<HfModelConfig> parse_hf_config(const std::string& text, const std::stri
     const std::string t = j["model_type"].get<std::string>();
     c.architecture = t == "llama"     ? "LlamaForCausalLM"
                      : t == "qwen3"   ? "Qwen3ForCausalLM"
+                     : t == "qwen2"   ? "Qwen2ForCausalLM"
                      : t == "mistral" ? "MistralForCausalLM"
                                       : "model_type " + t;
   } else {
     return Status::invalid_argument(where + ": neither 'architectures' nor 'model_type' says what model this is");
   }
-  const bool qwen3 = c.architecture == "Qwen3ForCausalLM", mistral = c.architecture == "MistralForCausalLM";
-  if (c.architecture != "LlamaForCausalLM" && !qwen3 && !mistral)
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM", mistral = c.architecture == "MistralForCausalLM",
+             qwen2 = c.architecture == "Qwen2ForCausalLM";
+  if (c.architecture != "LlamaForCausalLM" && !qwen3 && !mistral && !qwen2)
     return Status::unsupported(where + ": architecture '" + c.architecture +
-                               "' is not supported (LlamaForCausalLM, Qwen3ForCausalLM and MistralForCausalLM are)");
+                               "' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
+                               "MistralForCausalLM are)");
   if (mistral && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     if (!j["sliding_window"].is_number_integer() || j["sliding_window"].get<int64_t>() < 1)
       return Status::invalid_argument(where + ": sliding_window must be a positive integer or null");
@@ -128,6 +131,7 @@ StatusOr<HfModelConfig> parse_hf_config(const std::string& text, const std::stri
   m.ffn = k.integer("intermediate_size");
   m.norm_eps = static_cast<float>(k.number("rms_norm_eps", 1e-6, true));
   m.qk_norm = qwen3;
+  m.qkv_bias = qwen2;  // Qwen2Attention's q/k/v projections have biases whatever the config says
   m.rope_theta = k.number("rope_theta", 10000.0);
   c.tied_embeddings = m.tied_embeddings = k.flag("tie_word_embeddings", false);
   c.max_position = k.integer("max_position_embeddings", 0);

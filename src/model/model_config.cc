@@ -3,7 +3,8 @@
 namespace untied {
 
 bool preset_keeps_vocabulary(const std::string& name) {
-  return name == "llama3-8b" || name == "llama3-70b" || name == "mistral-7b" || name == "qwen3-32b";
+  return name == "llama3-8b" || name == "llama3-70b" || name == "mistral-7b" || name == "qwen2.5-7b" ||
+         name == "qwen3-32b";
 }
 
 StatusOr<ModelConfig> model_preset(const std::string& name) {
@@ -24,6 +25,9 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
   } else if (name == "mistral-7b") {  // Mistral-7B v0.3 (sliding_window null: full attention)
     m.vocab = 32768, m.hidden = 4096, m.layers = 32, m.heads = 32, m.kv_heads = 8, m.head_dim = 128;
     m.ffn = 14336, m.rope_theta = 1000000.0, m.norm_eps = 1e-5f;
+  } else if (name == "qwen2.5-7b") {  // Qwen2.5-7B (and its 1M-token variant's shapes)
+    m.vocab = 152064, m.hidden = 3584, m.layers = 28, m.heads = 28, m.kv_heads = 4, m.head_dim = 128;
+    m.ffn = 18944, m.rope_theta = 1000000.0, m.norm_eps = 1e-6f, m.qkv_bias = true;
   } else if (name == "qwen3-32b") {
     m.vocab = 151936, m.hidden = 5120, m.layers = 64, m.heads = 64, m.kv_heads = 8, m.head_dim = 128;
     m.ffn = 25600, m.rope_theta = 1000000.0, m.norm_eps = 1e-6f, m.qk_norm = true;
@@ -33,7 +37,9 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
   return m;
 }
 
-std::string model_preset_names() { return "tiny, small, llama3-8b, llama3-70b, mistral-7b, qwen3-32b"; }
+std::string model_preset_names() {
+  return "tiny, small, llama3-8b, llama3-70b, mistral-7b, qwen2.5-7b, qwen3-32b";
+}
 
 Status validate(const ModelConfig& m) {
   auto bad = [](const std::string& s) { return Status::invalid_argument(s); };
@@ -67,6 +73,11 @@ std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m) {
     if (m.qk_norm) {
       p.push_back({pre + "q_norm", g, ParamKind::kNorm, {m.head_dim}, false});
       p.push_back({pre + "k_norm", g, ParamKind::kNorm, {m.head_dim}, false});
+    }
+    if (m.qkv_bias) {
+      p.push_back({pre + "bq", g, ParamKind::kBias, {HD}, false});
+      p.push_back({pre + "bk", g, ParamKind::kBias, {GD}, false});
+      p.push_back({pre + "bv", g, ParamKind::kBias, {GD}, false});
     }
     p.push_back({pre + "mlp_norm", g, ParamKind::kNorm, {E}, false});
     p.push_back({pre + "w_gate", g, ParamKind::kMlp, {F, E}, true});

@@ -22,15 +22,20 @@ EmbeddingWeights bind_embedding(const ParamGroup& g) {
 }
 
 // Descriptor order (parameter_descriptors): attn_norm, wq, wk, wv, wo, [q_norm, k_norm,]
-// mlp_norm, w_gate, w_up, w_down.
+// [bq, bk, bv,] mlp_norm, w_gate, w_up, w_down.
 BlockWeights bind_block(const ModelConfig& m, const ParamGroup& g) {
-  check_count(g, m.qk_norm ? 11 : 9, "block");
+  check_count(g, 9 + (m.qk_norm ? 2 : 0) + (m.qkv_bias ? 3 : 0), "block");
   const auto& t = g.tensors;
   BlockWeights b{.attn_norm = t[0], .wq = t[1], .wk = t[2], .wv = t[3], .wo = t[4]};
   size_t i = 5;
   if (m.qk_norm) {
     b.q_norm = t[i++];
     b.k_norm = t[i++];
+  }
+  if (m.qkv_bias) {
+    b.bq = t[i++];
+    b.bk = t[i++];
+    b.bv = t[i++];
   }
   b.mlp_norm = t[i++];
   b.w_gate = t[i++];
@@ -50,8 +55,8 @@ HeadWeights bind_head(const ModelConfig& m, const ParamGroup& g) {
 
 void init_parameter(const ModelConfig& m, const ParamDesc& d, int index, uint64_t seed, int64_t first,
                     std::span<float> out) {
-  if (d.kind == ParamKind::kNorm) {
-    std::fill(out.begin(), out.end(), 1.0f);
+  if (d.kind == ParamKind::kNorm || d.kind == ParamKind::kBias) {
+    std::fill(out.begin(), out.end(), d.kind == ParamKind::kNorm ? 1.0f : 0.0f);
     return;
   }
   float scale = 0.02f * std::sqrt(3.0f);  // uniform(-a, a) has std 0.02

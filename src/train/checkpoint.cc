@@ -333,7 +333,7 @@ std::string model_identity(const ModelConfig& m) {
                                : str_cat(" rope=llama3(", r.factor, ",", r.low_freq_factor, ",", r.high_freq_factor, ",",
                                          r.original_max_position, ")");
   return str_cat("V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads, " D=", m.head_dim,
-                 " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm,
+                 " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm, " qkv_bias=", m.qkv_bias,
                  m.tied_embeddings ? " tied" : "", rope);
 }
 

@@ -30,6 +30,9 @@ std::string hf_tensor_name(const std::string& n) {
       {"wv", "self_attn.v_proj"},          {"wo", "self_attn.o_proj"},    {"q_norm", "self_attn.q_norm"},
       {"k_norm", "self_attn.k_norm"},      {"mlp_norm", "post_attention_layernorm"}, {"w_gate", "mlp.gate_proj"},
       {"w_up", "mlp.up_proj"},             {"w_down", "mlp.down_proj"}};
+  static const std::map<std::string, std::string> biases = {
+      {"bq", "self_attn.q_proj.bias"}, {"bk", "self_attn.k_proj.bias"}, {"bv", "self_attn.v_proj.bias"}};
+  if (auto b = biases.find(x); b != biases.end()) return pre + b->second;
   auto it = names.find(x);
   return it == names.end() ? n : pre + it->second + ".weight";
 }
@@ -149,8 +152,8 @@ StatusOr<std::string> parse_hf_dtype(const std::string& s) {
 
 std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std::string& torch_dtype) {
   Json c;
-  c["architectures"] = {m.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
-  c["model_type"] = m.qk_norm ? "qwen3" : "llama";
+  c["architectures"] = {m.qk_norm ? "Qwen3ForCausalLM" : m.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  c["model_type"] = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : "llama";
   c["vocab_size"] = m.vocab;
   c["hidden_size"] = m.hidden;
   c["intermediate_size"] = m.ffn;
@@ -162,8 +165,12 @@ std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std
   c["rms_norm_eps"] = m.norm_eps;
   c["rope_theta"] = m.rope_theta;
   c["max_position_embeddings"] = max_position;
-  c["attention_bias"] = false;
-  c["mlp_bias"] = false;
+  if (!m.qkv_bias) {  // (Qwen2's q/k/v biases are its architecture's own: it has no such keys)
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+  } else {
+    c["use_sliding_window"] = false;
+  }
   c["tie_word_embeddings"] = m.tied_embeddings;
   c["torch_dtype"] = torch_dtype;
   const RopeScaling& r = m.rope_scaling;

@@ -148,7 +148,8 @@ void add_block_backward(const TrainOptions& o, const RunGeometry& d, const std::
 void add_attention_weight_grads(const TrainOptions& o, const RunGeometry& d, std::vector<PlanItem>& it) {
   if (d.dtype == DType::kF32) return;
   it.push_back({"attention weight gradients (compute dtype)", Tag::kGradients,
-                (2 * d.H * d.D * d.E + 2 * d.G * d.D * d.E + (o.model.qk_norm ? 2 * d.D : 0)) * d.es});
+                (2 * d.H * d.D * d.E + 2 * d.G * d.D * d.E + (o.model.qk_norm ? 2 * d.D : 0) +
+                 (o.model.qkv_bias ? (d.H + 2 * d.G) * d.D : 0)) * d.es});
 }
 
 // What the attention's forward saved for its backward, before the backward frees any of it: the

@@ -179,6 +179,58 @@ TEST(Decoder, QkNormStrategiesAgreeWithLocal) {
   EXPECT_NEAR(run(m, o, 2).loss, ref.loss, 2e-2 * ref.loss);
 }
 
+// Qwen2 style: biases on q, k and v (drawn non-zero here), through every path of the strategies:
+// ulysses with KV heads replicated over ranks (a replicated head's bias gradient adds up), upipe
+// in two rounds of stages with overlap, its kept last stage and the selective recompute, the
+// attention's input made whole, ring, and the hybrid; loss and every gradient as local's.
+TEST(Decoder, QkvBiasStrategiesAgreeWithLocal) {
+  ModelConfig m = tiny_model();
+  m.qkv_bias = true;
+  std::vector<int32_t> tokens, labels;
+  make_data(48, m.vocab, &tokens, &labels);
+  const std::vector<ParamDesc> descs = parameter_descriptors(m);
+  auto step = [&](const DecoderOptions& o, int ranks) {
+    return test::run_decoder_step(m, o, ranks, tokens, labels, [&](ShardedParams& params, int rank) {
+      params.init(parameter_init(m, 3));
+      for (int i = 0; i < static_cast<int>(descs.size()); ++i) {
+        if (descs[i].kind != ParamKind::kBias) continue;
+        const int64_t start = params.shard_elems(i) * rank;
+        for (int64_t k = 0; k < params.owned_elems(i); ++k) params.master(i)[k] = 0.5f * direction(i, start + k);
+      }
+    });
+  };
+  const DecoderOptions base{.seq = 48, .strategy = Strategy::kLocal, .mlp_tile = 16, .loss_chunk = 7};
+  const test::DecoderStep ref = step(base, 1);
+  ModelConfig no_bias = m;  // the biases matter: the same weights without them give another loss
+  no_bias.qkv_bias = false;
+  EXPECT_GT(std::fabs(ref.loss - run(no_bias, base, 1).loss), 1e-3 * ref.loss);
+  struct Case {
+    const char* what;
+    Strategy strategy;
+    int ranks, ring = 1;
+    int64_t upipe_heads = 0;
+    bool overlap = false, whole_input = false;
+    Recompute recompute = Recompute::kFull;
+  };
+  const Case cases[] = {
+      {"ulysses, 4 ranks (replicated KV)", Strategy::kUlysses, 4},
+      {"upipe, 2 ranks, 2 stages, overlap", Strategy::kUPipe, 2, 1, 2, true},
+      {"upipe, 4 ranks, selective", Strategy::kUPipe, 4, 1, 0, false, false, Recompute::kSelective},
+      {"upipe, 2 ranks, whole input", Strategy::kUPipe, 2, 1, 2, false, true},
+      {"ring, 3 ranks", Strategy::kRing, 3},
+      {"upipe, 4 ranks as 2 x 2", Strategy::kUPipe, 4, 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    DecoderOptions o = base;
+    o.strategy = c.strategy;
+    o.ring = c.ring, o.upipe_heads = c.upipe_heads, o.overlap = c.overlap, o.recompute = c.recompute;
+    if (c.whole_input) o.attn_tile = -1;
+    const test::DecoderStep got = step(o, c.ranks);
+    expect_close(Result{ref.loss, ref.grads}, Result{got.loss, got.grads}, m, 2e-5);
+  }
+}
+
 // The selective recompute (the attention output and LSE kept from the forward pass, no attention
 // in the recompute) gives the bits of the full one, loss and every gradient, for every strategy:
 // local, ulysses (G < C on 4 ranks: replicated KV), upipe in one stage and in two rounds of stages,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 namespace untied {
 namespace {
@@ -101,6 +102,35 @@ TEST(HfConfig, Llama32TiedAndQwen3) {
   EXPECT_EQ(q.value().model.rope_theta, 1000000.0);
   EXPECT_EQ(q.value().model.rope_scaling.type, RopeScalingType::kNone);
   EXPECT_FLOAT_EQ(q.value().model.norm_eps, 1e-6f);
+}
+
+// As published with Qwen2.5 7B: Qwen2ForCausalLM has q/k/v biases whatever the config says (it
+// has no attention_bias key); its sliding_window is unused while use_sliding_window is false.
+const char* kQwen25 = R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+  "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2",
+  "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false, "vocab_size": 152064})";
+
+TEST(HfConfig, Qwen25HasQkvBiasesAndMatchesItsPreset) {
+  auto q = parse_hf_config(kQwen25);
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  const ModelConfig& m = q.value().model;
+  EXPECT_EQ(q.value().architecture, "Qwen2ForCausalLM");
+  EXPECT_TRUE(m.qkv_bias);
+  EXPECT_FALSE(m.qk_norm);
+  EXPECT_EQ(q.value().sliding_window, 0);
+  auto preset = model_preset("qwen2.5-7b");
+  ASSERT_TRUE(preset.ok());
+  const ModelConfig& p = preset.value();
+  EXPECT_EQ(std::tie(m.vocab, m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.ffn),
+            std::tie(p.vocab, p.hidden, p.layers, p.heads, p.kv_heads, p.head_dim, p.ffn));
+  EXPECT_EQ(m.rope_theta, p.rope_theta);
+  EXPECT_EQ(m.qkv_bias, p.qkv_bias);
+  // The bias parameters' count: (H + 2G) * D per layer.
+  EXPECT_EQ(parameter_count(m), parameter_count([&] { ModelConfig n = m; n.qkv_bias = false; return n; }()) +
+                                    m.layers * (m.heads + 2 * m.kv_heads) * m.head_dim);
 }
 
 TEST(HfConfig, RopeParametersBlock) {

@@ -1,6 +1,6 @@
 // The element-wise and row ops of the cross-backend op test (op_case.h): RoPE, RMSNorm (forward,
 // backward with accumulated dw), SwiGLU (and the in-place forms the header allows), row_dot,
-// add_into, convert, Device::copy_2d, and the refusal of bad arguments. Ported from the GPU suite
+// add_into, convert, add_bias, bias_grad, Device::copy_2d, and the refusal of bad arguments. Ported from the GPU suite
 // (tests/cuda/cuda_ops_test.cc: "gpu" cases) and the older emulator test
 // (tests/cuda_emu/ops_emu_test.cc: "emu" cases), with their shapes, strides, skews and rules:
 // f32 and bf16 storage, ragged sizes that are not multiples of the vector widths (so both the
@@ -488,6 +488,37 @@ void add_tensor_ops(std::vector<OpCase>& out) {
       {kB, kF, 519, 0, 1},   // scalar
   };
   for (const auto& [acc_t, t, len, sa, sx] : emu_add) add_into_case("emu", acc_t, t, len, sa, sx, false, 1.0);
+
+  // add_bias: exact (one fp32 add and one rounding per element, as add_into); the stride gaps of
+  // out come back untouched. bias_grad: each column's rows added in order in fp32 on both sides
+  // (no fused multiply-adds: plain adds), so bit for bit on the emulated GPU; the GPU suite's
+  // tolerance on a GPU. Rows and widths ragged (not multiples of the vector widths), a skew.
+  for (DType out_t : {kF, kB})
+    for (DType b_t : {kF, kB}) {
+      const int64_t rows = 37, cols = 70, ld = 75;
+      OpCase k;
+      k.name = case_name({"add_bias", dt(out_t), "plus", dt(b_t), "rows" + n(rows), "n" + n(cols)});
+      k.buffers = {output("out", out_t, rows * ld, out_t == b_t ? 1 : 0, rows_of(rows, cols, ld), both(bits())),
+                   input("bias", b_t, cols, 0, -2.0, 2.0)};
+      k.run = [=](Ctx& x) {
+        add_bias(x.dev, x[0], out_t, ld, rows, cols, x[1], b_t);
+        return std::vector<double>{};
+      };
+      out.push_back(k);
+      for (bool accumulate : {false, true}) {
+        const int64_t grows = 301;
+        OpCase g;
+        g.name = case_name({"bias_grad", dt(b_t), "from", dt(out_t), "rows" + n(grows), "n" + n(cols),
+                            accumulate ? "accumulate" : "overwrite"});
+        g.buffers = {output("db", b_t, cols, 0, rows_of(1, cols, cols), exact_on_emu(b_t)),
+                     input("g", out_t, grows * ld, accumulate ? 1 : 0, -1.0, 1.0)};
+        g.run = [=](Ctx& x) {
+          bias_grad(x.dev, x[0], b_t, x[1], out_t, ld, grows, cols, accumulate);
+          return std::vector<double>{};
+        };
+        out.push_back(g);
+      }
+    }
 
   auto convert_case = [&](const std::string& origin, DType dst_t, DType src_t, int64_t len, int64_t dst_skew,
                           int64_t src_skew, int64_t spare, double range, bool specials) {

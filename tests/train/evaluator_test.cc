@@ -1,6 +1,7 @@
 // Against transformers itself (reference/make_hf_fixtures.py): a tiny Llama 3 (GQA, untied
-// embeddings, llama3 rope scaling, sharded float32 safetensors) and a tiny Qwen3 (QK-norm, tied
-// embeddings, bfloat16 safetensors, the rope_parameters config). untied's evaluation gives
+// embeddings, llama3 rope scaling, sharded float32 safetensors), a tiny Qwen3 (QK-norm, tied
+// embeddings, bfloat16 safetensors, the rope_parameters config), a Mistral (a sliding window
+// shorter than S) and a Qwen2 (q/k/v biases). untied's evaluation gives
 // transformers' loss and logits in every strategy at 1, 2 and 4 ranks, and the Qwen3 model's
 // training step gives transformers' gradient of every parameter, the tied embedding's (the sum
 // of its two uses) included. Then the evaluator's own contract: checkpoints read at any rank
@@ -135,7 +136,7 @@ TEST_P(AgainstTransformers, LossAndLogitsInEveryStrategy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, AgainstTransformers,
-                         ::testing::Values("hf_llama_tiny", "hf_qwen3_tiny", "hf_mistral_tiny"));
+                         ::testing::Values("hf_llama_tiny", "hf_qwen3_tiny", "hf_mistral_tiny", "hf_qwen2_tiny"));
 
 // Every strategy's gradient of the fixture's loss (window keys per query, 0: all) against
 // transformers' (dir/grads/NAME.npy), each within 1e-4 of the largest; returns the worst.
@@ -185,6 +186,23 @@ TEST(Mistral, SlidingWindowGradientsEqualTransformers) {
   const double worst = worst_gradient_error(dir, cfg.value().model, cfg.value().sliding_window);
   std::printf("  worst gradient error against transformers (max |diff| / max |grad|, Mistral, window %lld of %zu): %.3e\n",
               (long long)cfg.value().sliding_window, seq, worst);
+}
+
+// Qwen2: the q, k and v biases (normal(0, 0.5), large enough that the loss without them differs
+// by 0.26) read from the model, and their gradients, like every other, as transformers computes
+// them, in every strategy: a head's bias goes with its head through UPipe's stages.
+TEST(Qwen2, BiasGradientsEqualTransformers) {
+  const std::string dir = kFixtures + "/hf_qwen2_tiny";
+  auto cfg = read_hf_config(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  const ModelConfig& m = cfg.value().model;
+  ASSERT_TRUE(m.qkv_bias);
+  int biases = 0;
+  for (const ParamDesc& d : parameter_descriptors(m)) biases += d.kind == ParamKind::kBias;
+  EXPECT_EQ(biases, 3 * m.layers);
+  const double worst = worst_gradient_error(dir, m, 0);
+  std::printf("  worst gradient error against transformers (max |diff| / max |grad|, Qwen2 with q/k/v biases): %.3e\n",
+              worst);
 }
 
 // The tied embedding's gradient is the sum of the embedding's and the LM head's; every other

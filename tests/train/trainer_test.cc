@@ -269,6 +269,34 @@ TEST(Trainer, TiledDxKeepsLossesAndLowersThePeak) {
   }
 }
 
+// Qwen2's q/k/v biases: training (the biases start at 0 and move) gives local's loss curve in
+// ulysses and upipe; in a bf16 rehearsal (the biases' gradients in the compute dtype) the peak is
+// the plan's.
+TEST(Trainer, QkvBiasTrainsAlikeAndPlansExactly) {
+  TrainOptions o = small_run(Strategy::kLocal);
+  o.model.qkv_bias = true;
+  auto local = run(o, 1);
+  ASSERT_TRUE(local.ok()) << local.status().message();
+  for (Strategy st : {Strategy::kUlysses, Strategy::kUPipe}) {
+    o.decoder.strategy = st;
+    auto r = run(o, 2);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r.value().losses.size(), local.value().losses.size());
+    for (size_t i = 0; i < r.value().losses.size(); ++i)
+      EXPECT_NEAR(r.value().losses[i], local.value().losses[i], 1e-5 * local.value().losses[i])
+          << strategy_name(st) << " step " << i;
+    TrainOptions rehearse = o;
+    rehearse.rehearsal = true;
+    rehearse.steps = 1, rehearse.warmup = 0;
+    rehearse.decoder.seq = 1 << 14;
+    rehearse.decoder.dtype = DType::kBF16;
+    rehearse.decoder.upipe_heads = 2;
+    auto p = run(rehearse, 2);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    EXPECT_EQ(p.value().peak.peak_total, plan_memory(rehearse, 2).peak_total()) << strategy_name(st);
+  }
+}
+
 // The attention's kept q/k/v gradients waiting for dx in host memory (DecoderOptions::
 // grads_on_host, the default with offload) or on the device: copies there and back, the same
 // bits; UPipe's peak (its last stage's attention backward, where every earlier stage's dq waited)

@@ -96,6 +96,9 @@ struct AttentionConfig {
   // after the projection and before RoPE.
   bool qk_norm = false;
   float norm_eps = 1e-6f;
+  // Qwen2: biases on the q, k and v projections (bq (H*D), bk, bv (G*D)), added to each head's
+  // projection before the norm and RoPE; in UPipe a head's bias travels with its head's stage.
+  bool qkv_bias = false;
 };
 
 // The longest sequence and the widest block untied takes (validate refuses more): with them every
@@ -115,11 +118,13 @@ Status validate(const AttentionConfig& cfg, int ranks);
 struct AttentionWeights {
   Tensor wq, wk, wv, wo;  // (H*D, E), (G*D, E), (G*D, E), (E, H*D)
   Tensor q_norm = {}, k_norm = {};  // (D) each, with qk_norm only
+  Tensor bq = {}, bk = {}, bv = {};  // (H*D), (G*D), (G*D), with qkv_bias only
 };
 
 struct AttentionGrads {
   Tensor dwq, dwk, dwv, dwo;  // shapes as the weights; overwritten with local partial sums
   Tensor dq_norm = {}, dk_norm = {};  // (D), with qk_norm only; overwritten with local partial sums
+  Tensor dbq = {}, dbk = {}, dbv = {};  // with qkv_bias only; overwritten with local partial sums
 };
 
 // The ring degree R and the Ulysses degree C = ranks / R that `cfg` runs with on `ranks` ranks.

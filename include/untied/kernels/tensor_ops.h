@@ -8,11 +8,16 @@
 //             nearest even for bf16, as store_f32 does); acc and x each f32 or bf16.
 //   convert:  dst[i] = src[i]  (i < n) between f32 and bf16 (either way, or the same type);
 //             bf16 results are rounded to nearest even, as store_f32 does.
+//   add_bias: out[r * ld + c] = out[r * ld + c] + bias[c]   (r < rows, c < n): a projection's
+//             bias (Qwen2's q/k/v) added in fp32, rounded to out's dtype; out and bias f32 or bf16.
+//   bias_grad: db[c] = (accumulate ? db[c] : 0) + sum_r g[r * ld + c]   (c < n): the bias's
+//             gradient, summed in fp32 over the rows in order (the result does not depend on the
+//             thread count) and rounded once to db's dtype; g and db f32 or bf16.
 //
 // All pointers are this device's memory. Elements are independent (no reduction across
 // elements), so results do not depend on the thread count. In rehearsal (!dev.backed()) nothing
 // is read or written. Workspace: none.
-// REQUIRES: rows, dim, n >= 0; lda, ldb >= dim; out_stride >= 1; outputs do not overlap inputs.
+// REQUIRES: rows, dim, n >= 0; lda, ldb >= dim; ld >= n; out_stride >= 1; outputs do not overlap inputs.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +33,11 @@ void row_dot(Device& dev, int64_t rows, int64_t dim, DType dtype, const void* a,
 void add_into(Device& dev, void* acc, DType acc_dtype, const void* x, DType x_dtype, int64_t n);
 
 void convert(Device& dev, void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n);
+
+void add_bias(Device& dev, void* out, DType out_dtype, int64_t ld, int64_t rows, int64_t n, const void* bias,
+              DType bias_dtype);
+
+void bias_grad(Device& dev, void* db, DType db_dtype, const void* g, DType g_dtype, int64_t ld, int64_t rows,
+               int64_t n, bool accumulate);
 
 }  // namespace untied

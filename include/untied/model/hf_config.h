@@ -1,7 +1,8 @@
 // A Hugging Face model's config.json as untied's model: LlamaForCausalLM (Llama 3, 3.1, 3.2),
-// Qwen3ForCausalLM and MistralForCausalLM (Llama's layers with a sliding window on every layer).
+// Qwen2ForCausalLM (Qwen2, Qwen2.5: biases on q, k and v), Qwen3ForCausalLM and MistralForCausalLM
+// (Llama's layers with a sliding window on every layer).
 //
-// Keys read: architectures (or, in a bare config, model_type llama / qwen3), vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+// Keys read: architectures (or, in a bare config, model_type llama / qwen2 / qwen3 / mistral), vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads (default: the heads), head_dim (default: hidden / heads),
 // intermediate_size, rms_norm_eps, rope_theta (default 10000), tie_word_embeddings (default
 // false), max_position_embeddings, torch_dtype / dtype, hidden_act (must be silu),
@@ -10,7 +11,7 @@
 // block holding rope_theta too; rope_type (or the older `type`) "default", "linear" (factor) or
 // "llama3" (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings). Any
 // other architecture or rope type, a missing key or a value of the wrong type is refused with a
-// message naming it. Qwen3 sets qk_norm (RMSNorm of each q and k head). Mistral: sliding_window
+// message naming it. Qwen3 sets qk_norm (RMSNorm of each q and k head), Qwen2 qkv_bias. Mistral: sliding_window
 // (an integer, or null for full attention) is the window of every layer, with transformers'
 // semantics, which are untied's --window: a query at position i sees the keys j with
 // i - sliding_window < j <= i, itself included.

@@ -2,7 +2,8 @@
 //
 // A Llama-3-family decoder: token embedding (V, E); N blocks of
 //   RMSNorm -> attention block (attention_block.h) -> residual -> RMSNorm -> SwiGLU MLP -> residual;
-// a final RMSNorm and an LM head (V, E). Qwen3 adds RMSNorm on q and k per head (qk_norm). With
+// a final RMSNorm and an LM head (V, E). Qwen3 adds RMSNorm on q and k per head (qk_norm); Qwen2
+// adds biases to the q, k and v projections (qkv_bias: no weight decay, initialised to 0). With
 // tied_embeddings the LM head is the embedding table itself.
 //
 // Parameters are grouped for sharding and gathering: group 0 is the embedding, groups 1..N the
@@ -33,6 +34,7 @@ struct ModelConfig {
   RopeScaling rope_scaling = {};  // Llama 3.1+: frequency scaling for long contexts (rope.h)
   float norm_eps = 1e-5f;
   bool qk_norm = false;  // Qwen3
+  bool qkv_bias = false;  // Qwen2 / Qwen2.5: biases on the q, k and v projections (bq, bk, bv)
   // The LM head is the embedding table (Llama 3.2 1B/3B, small Qwen3): no lm_head parameter; the
   // head's gradient adds to the embedding's.
   bool tied_embeddings = false;
@@ -50,7 +52,7 @@ bool preset_keeps_vocabulary(const std::string& name);
 // Checks shapes (positive, H % G == 0, D even); the message says which field to change.
 Status validate(const ModelConfig& m);
 
-enum class ParamKind { kEmbedding, kNorm, kAttention, kMlp, kLmHead };
+enum class ParamKind { kEmbedding, kNorm, kAttention, kBias, kMlp, kLmHead };
 
 struct ParamDesc {
   std::string name;  // "layers.3.wq"
@@ -61,7 +63,7 @@ struct ParamDesc {
 };
 
 // Every parameter, in a fixed order: embed; per block attn_norm, wq, wk, wv, wo, [q_norm, k_norm,]
-// mlp_norm, w_gate, w_up, w_down; final_norm, lm_head (not when tied_embeddings).
+// [bq, bk, bv,] mlp_norm, w_gate, w_up, w_down; final_norm, lm_head (not when tied_embeddings).
 std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m);
 int64_t parameter_count(const ModelConfig& m);
 

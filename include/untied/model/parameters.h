@@ -35,6 +35,7 @@ struct BlockWeights {
   Tensor attn_norm;             // (E)
   Tensor wq, wk, wv, wo;        // (H*D, E), (G*D, E), (G*D, E), (E, H*D)
   Tensor q_norm = {}, k_norm = {};  // (D) each, qk_norm only (Qwen3)
+  Tensor bq = {}, bk = {}, bv = {};  // (H*D), (G*D), (G*D), qkv_bias only (Qwen2)
   Tensor mlp_norm;              // (E)
   Tensor w_gate, w_up, w_down;  // (F, E), (F, E), (E, F)
 };
@@ -62,7 +63,7 @@ class ParameterStore {
 };
 
 // Llama-style initialisation of parameter `index` (descriptor d): weights uniform with std 0.02
-// (wo and w_down scaled by 1/sqrt(2 N)), norm weights 1. out[k] is element first + k of the
+// (wo and w_down scaled by 1/sqrt(2 N)), norm weights 1, biases 0. out[k] is element first + k of the
 // flattened tensor; counter-based (random.h), so any split of a tensor gets the same values.
 void init_parameter(const ModelConfig& m, const ParamDesc& d, int index, uint64_t seed, int64_t first,
                     std::span<float> out);

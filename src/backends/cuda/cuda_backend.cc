@@ -61,6 +61,8 @@ const KernelTable& kernel_table() {
       .row_dot = {.run = row_dot},
       .add_into = {.run = add_into},
       .convert = {.run = convert},
+      .add_bias = {.run = add_bias},
+      .bias_grad = {.run = bias_grad},
   };
   return table;
 }

@@ -71,5 +71,7 @@ void scale_in_place(Device& dev, const ScaleCall& c, const Scratch& scratch);
 void row_dot(Device& dev, const RowDotCall& c, const Scratch& scratch);
 void add_into(Device& dev, const AddIntoCall& c, const Scratch& scratch);
 void convert(Device& dev, const ConvertCall& c, const Scratch& scratch);
+void add_bias(Device& dev, const AddBiasCall& c, const Scratch& scratch);
+void bias_grad(Device& dev, const BiasGradCall& c, const Scratch& scratch);
 
 }  // namespace untied::cuda

@@ -8,6 +8,10 @@
 //   convert:  element-wise like add_into; the same type both ways is a stream-ordered
 //             device-to-device memcpy (bit-exact, as the CPU's load/store round trip is for
 //             every non-NaN value).
+//   add_bias: element-wise over (rows, n), grid-stride.
+//   bias_grad: one thread per column, adding the rows in order (as the CPU does): the columns
+//             are few (a projection's H*D) and each thread's loads are coalesced with its
+//             neighbours'.
 // Every op is element-independent or row-independent, so results do not depend on the launch
 // shape. Nothing is allocated.
 #include <algorithm>
@@ -125,6 +129,44 @@ void launch_convert(cudaStream_t st, void* dst, const void* src, int64_t n) {
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- add_bias, bias_grad ---------------------------------------------------------------------
+
+template <typename O, typename B>
+__global__ void __launch_bounds__(kThreads) add_bias_kernel(O* out, int64_t ld, int64_t rows, int64_t n,
+                                                            const B* bias) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * n; i += stride) {
+    const int64_t r = i / n, c = i % n;
+    out[r * ld + c] = from_f32<O>(to_f32(out[r * ld + c]) + to_f32(bias[c]));
+  }
+}
+
+template <typename O, typename B>
+void launch_add_bias(cudaStream_t st, void* out, int64_t ld, int64_t rows, int64_t n, const void* bias) {
+  add_bias_kernel<O, B><<<blocks_for(rows * n, kThreads), kThreads, 0, st>>>(static_cast<O*>(out), ld, rows, n,
+                                                                             static_cast<const B*>(bias));
+  UNTIED_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename D, typename G>
+__global__ void __launch_bounds__(kThreads) bias_grad_kernel(D* db, const G* g, int64_t ld, int64_t rows, int64_t n,
+                                                             bool accumulate) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  float sum = accumulate ? to_f32(db[c]) : 0.0f;
+  for (int64_t r = 0; r < rows; ++r) sum += to_f32(g[r * ld + c]);
+  db[c] = from_f32<D>(sum);
+}
+
+template <typename D, typename G>
+void launch_bias_grad(cudaStream_t st, void* db, const void* g, int64_t ld, int64_t rows, int64_t n,
+                      bool accumulate) {
+  const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  bias_grad_kernel<D, G><<<blocks, kThreads, 0, st>>>(static_cast<D*>(db), static_cast<const G*>(g), ld, rows, n,
+                                                      accumulate);
+  UNTIED_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 void row_dot(Device& dev, const RowDotCall& c, const Scratch&) {
@@ -160,6 +202,26 @@ void convert(Device& dev, const ConvertCall& c, const Scratch&) {
   } else {
     launch_convert<float, bf16_t>(st, dst, src, n);
   }
+}
+
+void add_bias(Device& dev, const AddBiasCall& c, const Scratch&) {
+  const auto& [out, out_t, ld, rows, n, bias, bias_t] = c;
+  const cudaStream_t st = stream_of(dev);
+  const bool o16 = out_t == DType::kBF16, b16 = bias_t == DType::kBF16;
+  if (o16 && b16) launch_add_bias<bf16_t, bf16_t>(st, out, ld, rows, n, bias);
+  else if (o16) launch_add_bias<bf16_t, float>(st, out, ld, rows, n, bias);
+  else if (b16) launch_add_bias<float, bf16_t>(st, out, ld, rows, n, bias);
+  else launch_add_bias<float, float>(st, out, ld, rows, n, bias);
+}
+
+void bias_grad(Device& dev, const BiasGradCall& c, const Scratch&) {
+  const auto& [db, db_t, g, g_t, ld, rows, n, accumulate] = c;
+  const cudaStream_t st = stream_of(dev);
+  const bool d16 = db_t == DType::kBF16, g16 = g_t == DType::kBF16;
+  if (d16 && g16) launch_bias_grad<bf16_t, bf16_t>(st, db, g, ld, rows, n, accumulate);
+  else if (d16) launch_bias_grad<bf16_t, float>(st, db, g, ld, rows, n, accumulate);
+  else if (g16) launch_bias_grad<float, bf16_t>(st, db, g, ld, rows, n, accumulate);
+  else launch_bias_grad<float, float>(st, db, g, ld, rows, n, accumulate);
 }
 
 }  // namespace untied::cuda

@@ -1,6 +1,7 @@
 // The tensor ops (include/untied/kernels/tensor_ops.h) on the CPU: OpenMP over rows or fixed
 // blocks of elements, the dtype helpers of core/dtype.h inside.
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -67,6 +68,52 @@ void convert(Device& dev, const ConvertCall& c, const Scratch&) {
     load_f32(tmp, static_cast<const char*>(src) + i * ss, src_t, m);
     store_f32(static_cast<char*>(dst) + i * ds, dst_t, tmp, m);
   }
+}
+
+void add_bias(Device& dev, const AddBiasCall& c, const Scratch&) {
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& out = c.out;
+  const auto& out_t = c.out_dtype;
+  const auto& ld = c.ld;
+  const auto& rows = c.rows;
+  const auto& n = c.n;
+  std::vector<float> bias(static_cast<size_t>(n));
+  load_f32(bias.data(), c.bias, c.bias_dtype, n);
+  const float* b = bias.data();
+  const int64_t os = dtype_size(out_t);
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t r = 0; r < rows; ++r) {
+    char* row = static_cast<char*>(out) + r * ld * os;
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t m = std::min(kBlock, n - i);
+      float sum[kBlock];
+      load_f32(sum, row + i * os, out_t, m);
+      for (int64_t k = 0; k < m; ++k) sum[k] += b[i + k];
+      store_f32(row + i * os, out_t, sum, m);
+    }
+  }
+}
+
+void bias_grad(Device& dev, const BiasGradCall& c, const Scratch&) {
+  // The call's fields by name (clang before 16 cannot capture structured bindings in OpenMP regions).
+  const auto& g = c.g;
+  const auto& g_t = c.g_dtype;
+  const auto& ld = c.ld;
+  const auto& rows = c.rows;
+  const auto& n = c.n;
+  const int64_t gs = dtype_size(g_t);
+  std::vector<float> sums(static_cast<size_t>(n), 0.0f);
+  if (c.accumulate) load_f32(sums.data(), c.db, c.db_dtype, n);
+  float* acc = sums.data();
+  // Columns split in blocks over the threads; each block adds the rows in order.
+  constexpr int64_t kCols = 256;
+#pragma omp parallel for schedule(static) num_threads(dev.threads())
+  for (int64_t c0 = 0; c0 < n; c0 += kCols) {
+    const int64_t m = std::min(kCols, n - c0);
+    for (int64_t r = 0; r < rows; ++r)
+      accumulate_f32(acc + c0, static_cast<const char*>(g) + (r * ld + c0) * gs, g_t, m);
+  }
+  store_f32(c.db, c.db_dtype, acc, n);
 }
 
 }  // namespace untied::cpu
