@@ -36,7 +36,7 @@ WG_BEGIN = '// ---- wgmma primitives (sm_90a) ----'
 WG_END = '// ---- end wgmma primitives ----'
 CUB_SORT = '#include <cub/device/device_radix_sort.cuh>'
 KERNELS = ('attention_forward', 'attention_forward_sm90', 'attention_backward', 'attention_backward_sm90', 'rope', 'rmsnorm', 'swiglu', 'tensor_ops', 'adamw',
-           'embedding', 'lm_head_loss')
+           'embedding', 'lm_head_loss', 'moe')
 
 
 def write(path, text):

@@ -31,6 +31,7 @@
 #include "untied/kernels/embedding.h"
 #include "untied/kernels/gemm.h"
 #include "untied/kernels/lm_head_loss.h"
+#include "untied/kernels/moe.h"
 #include "untied/kernels/rmsnorm.h"
 #include "untied/kernels/rope.h"
 #include "untied/kernels/swiglu.h"
@@ -120,6 +121,30 @@ struct RowDotCall {
 };
 struct AddIntoCall { void* acc; DType acc_dtype; const void* x; DType x_dtype; int64_t n; };
 struct ConvertCall { void* dst; DType dst_dtype; const void* src; DType src_dtype; int64_t n; };
+struct GatherRowsCall {
+  MoeRows s;
+  void* dst;
+  const void* src;
+  int64_t src_rows;
+  const int32_t* idx;
+};
+struct CombineRowsCall {
+  MoeRows s;
+  void* out;
+  const void* ys;
+  const int32_t* pos;
+  const float* w;
+  bool accumulate;
+};
+struct CombineRowsBackwardCall {
+  MoeRows s;
+  void* dys;
+  float* dw;
+  const void* dy;
+  const void* ys;
+  const int32_t* pos;
+  const float* w;
+};
 struct AddBiasCall { void* out; DType out_dtype; int64_t ld, rows, n; const void* bias; DType bias_dtype; };
 struct BiasGradCall {
   void* db;
@@ -161,6 +186,9 @@ struct KernelTable {
   OpEntry<ConvertCall> convert;
   OpEntry<AddBiasCall> add_bias;
   OpEntry<BiasGradCall> bias_grad;
+  OpEntry<GatherRowsCall> gather_rows;
+  OpEntry<CombineRowsCall> combine_rows;
+  OpEntry<CombineRowsBackwardCall> combine_rows_backward;
 };
 
 // The tables (cpu/cpu_backend.cc; cuda/cuda_backend.cc in builds with the CUDA backend, handed

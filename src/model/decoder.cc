@@ -59,6 +59,36 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
     : dev_(dev), comm_(comm), m_(m), o_(o),
       g_(checked_geometry(m, o, comm.size(), host != nullptr)), host_(host) {
   attn_ = make_attention_block(dev, comm, g_.attention);
+  if (m_.experts > 0) {
+    moe_ = std::make_unique<MoeMlp>(dev, m_, o_.dtype);
+    real_.resize(static_cast<size_t>(g_.L));
+    for (int64_t r = 0; r < g_.L; ++r) real_[static_cast<size_t>(r)] = g_.layout.position(comm.rank(), r) < g_.S;
+  }
+}
+
+void Decoder::finish_moe_forward(StepSums& sums, double aux_weight) {
+  const int64_t X = m_.experts;
+  std::vector<double> all;  // per MoE layer: picks (X), probability sums (X), rows
+  std::vector<MoeLayerStats> moe_layers;
+  for (int64_t l = 0; l < m_.layers; ++l) {
+    if (!moe_layer(m_, l)) continue;
+    const MoeLayerStats& s = stats_[static_cast<size_t>(l)];
+    all.insert(all.end(), s.picks.begin(), s.picks.end());
+    all.insert(all.end(), s.prob_sum.begin(), s.prob_sum.end());
+    all.push_back(s.rows);
+  }
+  comm_.all_reduce(all.data(), all.data(), static_cast<int64_t>(all.size()), DType::kF64, ReduceOp::kSum);
+  for (size_t at = 0; at < all.size(); at += static_cast<size_t>(2 * X + 1)) {
+    MoeLayerStats s;
+    s.picks.assign(all.begin() + static_cast<std::ptrdiff_t>(at), all.begin() + static_cast<std::ptrdiff_t>(at + X));
+    s.prob_sum.assign(all.begin() + static_cast<std::ptrdiff_t>(at + X),
+                      all.begin() + static_cast<std::ptrdiff_t>(at + 2 * X));
+    s.rows = all[at + static_cast<size_t>(2 * X)];
+    sums.expert_load.insert(sums.expert_load.end(), s.picks.begin(), s.picks.end());
+    moe_layers.push_back(std::move(s));
+  }
+  const double aux = load_balancing_loss(moe_layers, X, aux_weight * m_.router_aux_coef, &aux_grad_);
+  sums.router_aux = aux_weight * m_.router_aux_coef * aux;
 }
 
 RmsNormShape Decoder::norm_shape(int64_t rows) const {
@@ -89,9 +119,29 @@ Decoder::MlpTile Decoder::mlp_tile_inputs(const BlockWeights& w, const Tensor& h
   return m;
 }
 
-void Decoder::mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add) {
+void Decoder::mlp_forward(int layer, const BlockWeights& w, const Tensor& hm, const Tensor& out_add) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
+  if (w.moe()) {
+    const int64_t k = m_.experts_per_token;
+    std::vector<int32_t> ids;  // a forward that keeps no routing: one tile's
+    for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
+      const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
+      TensorBuffer b(dev_.allocator(), t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
+      TensorBuffer rstd(dev_.allocator(), DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
+      rmsnorm_forward(dev_, norm_shape(n), b.data(), rstd.as<float>(), rows_of(hm, r0, n).data(), w.mlp_norm.data());
+      int32_t* tile_ids = nullptr;
+      if (recording_) {
+        tile_ids = routes_[static_cast<size_t>(layer)].data() + r0 * k;
+      } else {
+        ids.resize(static_cast<size_t>(n * k));
+        tile_ids = ids.data();
+      }
+      moe_->forward(w, b, rows_of(out_add, r0, n), tile_ids, false, recording_ ? &stats_[static_cast<size_t>(layer)] : nullptr,
+                    real_.data() + r0);
+    }
+    return;
+  }
   for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
     const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
     const Tensor ot = rows_of(out_add, r0, n);
@@ -106,10 +156,26 @@ void Decoder::mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor&
   }
 }
 
-void Decoder::mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy) {
+void Decoder::mlp_backward(int layer, const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy) {
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
+  if (w.moe()) {  // per tile: b = mlp_norm(hm), db = moe'(dy), dy += mlp_norm'(db)
+    for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
+      const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
+      const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n);
+      TensorBuffer b(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
+      TensorBuffer rstd(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
+      rmsnorm_forward(dev_, norm_shape(n), b.data(), rstd.as<float>(), hmt.data(), w.mlp_norm.data());
+      TensorBuffer db(alloc, t, {n, E}, Tag::kOther, "d mlp_norm output (tile)");
+      moe_->backward(w, g, b, dyt, db, routes_[static_cast<size_t>(layer)].data() + r0 * m_.experts_per_token,
+                     aux_grad_, real_.data() + r0);
+      rmsnorm_backward(dev_, norm_shape(n), b.data(), g.mlp_norm.as<float>(), hmt.data(), rstd.as<float>(),
+                       w.mlp_norm.data(), db.data());
+      add_inplace(dev_, dyt, b);
+    }
+    return;
+  }
   for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
     const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
     const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n);
@@ -163,7 +229,7 @@ TiledInput Decoder::normed_tiles(const BlockWeights& w, const Tensor& x, bool x_
   }};
 }
 
-TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
+TensorBuffer Decoder::block_forward(int layer, const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
                                     const std::string& out_name, AttentionSaved* kept_attn) {
   const int64_t L = g_.L, E = m_.hidden;
   const DType t = o_.dtype;
@@ -221,17 +287,17 @@ TensorBuffer Decoder::block_forward(const BlockWeights& w, const Tensor& x, bool
   A.saved.reset();
   // y = hm + mlp(mlp_norm(hm)), tile by tile, into hm itself (each tile's rows are read before
   // they are added to)
-  mlp_forward(w, A.hm, A.hm);
+  mlp_forward(layer, w, A.hm, A.hm);
   return std::move(A.hm);
 }
 
-void Decoder::block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& in, TensorBuffer& dh,
+void Decoder::block_backward(int layer, const BlockWeights& w, const BlockWeights& g, const BlockInput& in, TensorBuffer& dh,
                              BlockActs& A) {
   const int64_t L = g_.L, E = m_.hidden;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
   // y = hm + mlp(mlp_norm(hm)):  dhm = dy + mlp_norm'(mlp'(dy)), tile by tile, in dy's buffer
-  mlp_backward(w, g, A.hm, dh);
+  mlp_backward(layer, w, g, A.hm, dh);
   A.hm.reset();
   TensorBuffer dhm = std::move(dh);  // in: d residual after attention; out (dx): d block input
   // dh_on_host: dhm waits in host memory through the attention's backward, read a tile at a time
@@ -363,7 +429,7 @@ TensorBuffer Decoder::forward_only(ParameterStore& params, const int32_t* tokens
   if (after_stage && !after_stage(0, h)) return h;
   for (int l = 0; l < m_.layers; ++l) {  // nothing is kept: each block's input is freed once it has run
     const ParamGroup w = params.gather(l + 1);
-    h = block_forward(bind_block(m_, w), h, /*x_on_host=*/false, nullptr, "block " + std::to_string(l + 1) + " input");
+    h = block_forward(l, bind_block(m_, w), h, /*x_on_host=*/false, nullptr, "block " + std::to_string(l + 1) + " input");
     if (after_stage && !after_stage(l + 1, h)) break;
   }
   return h;
@@ -384,7 +450,8 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
 }
 
 StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
-                                   const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask) {
+                                   const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask,
+                                   double aux_weight) {
   use_mask(mask);
   const int64_t L = g_.L, E = m_.hidden, V = m_.vocab;
   const int N = static_cast<int>(m_.layers);
@@ -406,11 +473,22 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
   // Recompute::kSelective: each block's attention output, LSE and mask, for its recompute.
   const bool selective = o_.recompute == Recompute::kSelective;
   std::vector<AttentionSaved> kept_attn(selective ? static_cast<size_t>(N) : 0);
+  if (moe_ != nullptr) {  // the MoE layers record their routing and statistics for the backward
+    routes_.assign(static_cast<size_t>(N), {});
+    stats_.assign(static_cast<size_t>(N), MoeLayerStats{});
+    for (int l = 0; l < N; ++l)
+      if (moe_layer(m_, l)) {
+        routes_[static_cast<size_t>(l)].assign(static_cast<size_t>(L * m_.experts_per_token), 0);
+        stats_[static_cast<size_t>(l)].picks.assign(static_cast<size_t>(m_.experts), 0.0);
+        stats_[static_cast<size_t>(l)].prob_sum.assign(static_cast<size_t>(m_.experts), 0.0);
+      }
+    recording_ = true;
+  }
   for (int l = 0; l < N; ++l) {
     watchdog_note(1, "forward, block " + std::to_string(l));
     const ParamGroup w = params.gather(l + 1);
     // The last block's output becomes the residual stream's gradient in the loss (kDhName).
-    TensorBuffer y = block_forward(bind_block(m_, w), h, /*x_on_host=*/false, nullptr,
+    TensorBuffer y = block_forward(l, bind_block(m_, w), h, /*x_on_host=*/false, nullptr,
                                    l + 1 < N ? "block " + std::to_string(l + 1) + " input" : kDhName,
                                    selective ? &kept_attn[static_cast<size_t>(l)] : nullptr);
     if (offloads(l)) {
@@ -426,9 +504,11 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
   // Loss, fused with its backward, a chunk of rows at a time (the kernel's own chunk, so that its
   // arithmetic is the same): final_norm(h), the loss and the norm's backward per chunk, dh written
   // over h's rows. No (L, E) buffer but h itself.
+  recording_ = false;
+  StepSums sums;
+  if (moe_ != nullptr) finish_moe_forward(sums, aux_weight);
   watchdog_note(1, "loss");
   alloc.set_phase(Phase::kBackward);
-  StepSums sums;
   {
     const ParamGroup wg = params.gather(N + 1);
     ParamGroup gg = params.grad_buffers(N + 1);
@@ -500,13 +580,13 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     const Tensor x = offloads(l) && !from_host ? fetched.view() : inputs[l].view();
     BlockActs acts;
     if (selective) acts.saved = std::move(kept_attn[static_cast<size_t>(l)]);
-    block_forward(w, x, from_host, &acts);
+    block_forward(l, w, x, from_host, &acts);
     BlockInput in{.x = x, .on_host = from_host};
     if (offloads(l) && o_.refetch_inputs && !from_host) {
       in = BlockInput{.x = inputs[l].view(), .on_host = true};
       fetched.reset();
     }
-    block_backward(w, g, in, dh, acts);  // dh: d output in, d input out
+    block_backward(l, w, g, in, dh, acts);  // dh: d output in, d input out
     params.reduce_grads(gg);
     inputs[l].reset();
   }

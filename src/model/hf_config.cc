@@ -104,16 +104,19 @@ StatusOr<HfModelConfig> parse_hf_config(const std::string& text, const std::stri
                      : t == "qwen3"   ? "Qwen3ForCausalLM"
                      : t == "qwen2"   ? "Qwen2ForCausalLM"
                      : t == "mistral" ? "MistralForCausalLM"
+                     : t == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                     : t == "mixtral" ? "MixtralForCausalLM"
                                       : "model_type " + t;
   } else {
     return Status::invalid_argument(where + ": neither 'architectures' nor 'model_type' says what model this is");
   }
-  const bool qwen3 = c.architecture == "Qwen3ForCausalLM", mistral = c.architecture == "MistralForCausalLM",
-             qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool qwen3_moe = c.architecture == "Qwen3MoeForCausalLM", mixtral = c.architecture == "MixtralForCausalLM";
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || qwen3_moe,
+             mistral = c.architecture == "MistralForCausalLM" || mixtral, qwen2 = c.architecture == "Qwen2ForCausalLM";
   if (c.architecture != "LlamaForCausalLM" && !qwen3 && !mistral && !qwen2)
     return Status::unsupported(where + ": architecture '" + c.architecture +
-                               "' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
-                               "MistralForCausalLM are)");
+                               "' is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                               "MistralForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM are)");
   if (mistral && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     if (!j["sliding_window"].is_number_integer() || j["sliding_window"].get<int64_t>() < 1)
       return Status::invalid_argument(where + ": sliding_window must be a positive integer or null");
@@ -145,6 +148,33 @@ StatusOr<HfModelConfig> parse_hf_config(const std::string& text, const std::stri
                                "set it false, or train with untied's --window on every layer");
   if (k.flag("attention_bias", false) || k.flag("mlp_bias", false))
     return Status::unsupported(where + ": attention_bias / mlp_bias are not supported (the models have none)");
+  if (qwen3_moe || mixtral) {
+    // Qwen3-MoE's checkpoints spell the expert count num_experts; transformers 5 writes
+    // num_local_experts (Mixtral's key) for both.
+    m.experts = k.integer(k.has("num_experts") ? "num_experts" : "num_local_experts");
+    m.experts_per_token = k.integer("num_experts_per_tok");
+    m.expert_ffn = qwen3_moe ? k.integer("moe_intermediate_size") : m.ffn;
+    // transformers' defaults: Qwen3-MoE renormalises only with norm_topk_prob (default false);
+    // Mixtral always does.
+    m.norm_topk_prob = qwen3_moe ? k.flag("norm_topk_prob", false) : true;
+    m.router_aux_coef = k.number("router_aux_loss_coef", 0.001);
+    if (qwen3_moe) {
+      m.moe_every = k.integer("decoder_sparse_step", 1);
+      if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+        const Json& d = j["mlp_only_layers"];
+        if (!d.is_array()) return Status::invalid_argument(where + ": mlp_only_layers must be a list of layer numbers");
+        for (const Json& x : d) {
+          if (!x.is_number_integer() || x.get<int64_t>() < 0)
+            return Status::invalid_argument(where + ": mlp_only_layers must be a list of layer numbers");
+          m.dense_layers.push_back(x.get<int64_t>());
+        }
+      }
+    }
+    const double jitter = k.number("router_jitter_noise", 0.0);
+    if (jitter != 0.0)
+      return Status::unsupported(where + ": router_jitter_noise " + std::to_string(jitter) +
+                                 " is not supported (untied routes without noise): set it to 0");
+  }
   if (!k.status().ok()) return k.status();
   if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
     const Json& r = j["rope_parameters"];

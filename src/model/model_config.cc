@@ -1,10 +1,12 @@
 #include "untied/model/model_config.h"
 
+#include <algorithm>
+
 namespace untied {
 
 bool preset_keeps_vocabulary(const std::string& name) {
   return name == "llama3-8b" || name == "llama3-70b" || name == "mistral-7b" || name == "qwen2.5-7b" ||
-         name == "qwen3-32b";
+         name == "qwen3-32b" || name == "qwen3-30b-a3b" || name == "mixtral-8x7b";
 }
 
 StatusOr<ModelConfig> model_preset(const std::string& name) {
@@ -31,6 +33,14 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
   } else if (name == "qwen3-32b") {
     m.vocab = 151936, m.hidden = 5120, m.layers = 64, m.heads = 64, m.kv_heads = 8, m.head_dim = 128;
     m.ffn = 25600, m.rope_theta = 1000000.0, m.norm_eps = 1e-6f, m.qk_norm = true;
+  } else if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B: 128 experts, 8 a token, every layer MoE
+    m.vocab = 151936, m.hidden = 2048, m.layers = 48, m.heads = 32, m.kv_heads = 4, m.head_dim = 128;
+    m.ffn = 6144, m.rope_theta = 1000000.0, m.norm_eps = 1e-6f, m.qk_norm = true;
+    m.experts = 128, m.experts_per_token = 8, m.expert_ffn = 768, m.norm_topk_prob = true, m.router_aux_coef = 0.001;
+  } else if (name == "mixtral-8x7b") {  // Mixtral-8x7B: 8 experts, 2 a token
+    m.vocab = 32000, m.hidden = 4096, m.layers = 32, m.heads = 32, m.kv_heads = 8, m.head_dim = 128;
+    m.ffn = 14336, m.rope_theta = 1000000.0, m.norm_eps = 1e-5f;
+    m.experts = 8, m.experts_per_token = 2, m.expert_ffn = 14336, m.norm_topk_prob = true, m.router_aux_coef = 0.02;
   } else {
     return Status::invalid_argument("unknown model preset '" + name + "': use one of " + model_preset_names());
   }
@@ -38,7 +48,7 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
 }
 
 std::string model_preset_names() {
-  return "tiny, small, llama3-8b, llama3-70b, mistral-7b, qwen2.5-7b, qwen3-32b";
+  return "tiny, small, llama3-8b, llama3-70b, mistral-7b, qwen2.5-7b, qwen3-32b, qwen3-30b-a3b, mixtral-8x7b";
 }
 
 Status validate(const ModelConfig& m) {
@@ -55,7 +65,21 @@ Status validate(const ModelConfig& m) {
   // (kMaxWidth, attention_block.h: every size product stays far inside int64.)
   if (m.ffn > int64_t{1} << 20 || m.layers > int64_t{1} << 16)
     return bad("ffn must be at most 2^20 and layers at most 2^16");
+  if (m.experts < 0 || m.experts > 4096) return bad("experts must be in [0, 4096] (0: no mixture of experts)");
+  if (m.experts > 0) {
+    if (m.experts_per_token < 1 || m.experts_per_token > m.experts)
+      return bad("experts_per_token (" + std::to_string(m.experts_per_token) + ") must be in [1, experts = " +
+                 std::to_string(m.experts) + "]");
+    if (m.expert_ffn < 1 || m.expert_ffn > int64_t{1} << 20) return bad("expert_ffn must be in [1, 2^20]");
+    if (m.moe_every < 1) return bad("moe_every (decoder_sparse_step) must be >= 1");
+    if (!(m.router_aux_coef >= 0)) return bad("router_aux_coef must be >= 0");
+  }
   return Status::ok_status();
+}
+
+bool moe_layer(const ModelConfig& m, int64_t l) {
+  return m.experts > 0 && (l + 1) % m.moe_every == 0 &&
+         std::find(m.dense_layers.begin(), m.dense_layers.end(), l) == m.dense_layers.end();
 }
 
 std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m) {
@@ -80,6 +104,14 @@ std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m) {
       p.push_back({pre + "bv", g, ParamKind::kBias, {GD}, false});
     }
     p.push_back({pre + "mlp_norm", g, ParamKind::kNorm, {E}, false});
+    if (moe_layer(m, l)) {
+      const int64_t X = m.experts, Fe = m.expert_ffn;
+      p.push_back({pre + "router", g, ParamKind::kRouter, {X, E}, true});
+      p.push_back({pre + "experts.w_gate", g, ParamKind::kExperts, {X, Fe, E}, true});
+      p.push_back({pre + "experts.w_up", g, ParamKind::kExperts, {X, Fe, E}, true});
+      p.push_back({pre + "experts.w_down", g, ParamKind::kExperts, {X, E, Fe}, true});
+      continue;
+    }
     p.push_back({pre + "w_gate", g, ParamKind::kMlp, {F, E}, true});
     p.push_back({pre + "w_up", g, ParamKind::kMlp, {F, E}, true});
     p.push_back({pre + "w_down", g, ParamKind::kMlp, {E, F}, true});

@@ -22,9 +22,10 @@ EmbeddingWeights bind_embedding(const ParamGroup& g) {
 }
 
 // Descriptor order (parameter_descriptors): attn_norm, wq, wk, wv, wo, [q_norm, k_norm,]
-// [bq, bk, bv,] mlp_norm, w_gate, w_up, w_down.
+// [bq, bk, bv,] mlp_norm, w_gate, w_up, w_down (a MoE layer: router, experts.w_gate, .w_up, .w_down).
 BlockWeights bind_block(const ModelConfig& m, const ParamGroup& g) {
-  check_count(g, 9 + (m.qk_norm ? 2 : 0) + (m.qkv_bias ? 3 : 0), "block");
+  const bool moe = moe_layer(m, g.group - 1);
+  check_count(g, 9 + (m.qk_norm ? 2 : 0) + (m.qkv_bias ? 3 : 0) + (moe ? 1 : 0), "block");
   const auto& t = g.tensors;
   BlockWeights b{.attn_norm = t[0], .wq = t[1], .wk = t[2], .wv = t[3], .wo = t[4]};
   size_t i = 5;
@@ -38,6 +39,13 @@ BlockWeights bind_block(const ModelConfig& m, const ParamGroup& g) {
     b.bv = t[i++];
   }
   b.mlp_norm = t[i++];
+  if (moe) {
+    b.router = t[i++];
+    b.e_gate = t[i++];
+    b.e_up = t[i++];
+    b.e_down = t[i++];
+    return b;
+  }
   b.w_gate = t[i++];
   b.w_up = t[i++];
   b.w_down = t[i++];
@@ -60,7 +68,7 @@ void init_parameter(const ModelConfig& m, const ParamDesc& d, int index, uint64_
     return;
   }
   float scale = 0.02f * std::sqrt(3.0f);  // uniform(-a, a) has std 0.02
-  if (d.name.ends_with(".wo") || d.name.ends_with(".w_down")) scale /= std::sqrt(2.0f * static_cast<float>(m.layers));
+  if (d.name.ends_with(".wo") || d.name.ends_with("w_down")) scale /= std::sqrt(2.0f * static_cast<float>(m.layers));
   for (size_t k = 0; k < out.size(); ++k)
     out[k] = scale * hash_uniform(seed, 1000 + static_cast<uint64_t>(index), first + static_cast<int64_t>(k));
 }

@@ -325,6 +325,17 @@ Status load_resharded(const CheckpointWeights& w, ShardedParams& params) {
 
 }  // namespace
 
+namespace {
+std::string moe_identity(const ModelConfig& m) {
+  if (m.experts == 0) return "";
+  std::string dense;
+  for (int64_t l : m.dense_layers) dense += (dense.empty() ? "" : ",") + std::to_string(l);
+  return str_cat(" experts=", m.experts, " k=", m.experts_per_token, " Fe=", m.expert_ffn,
+                 " norm_topk=", m.norm_topk_prob, " aux=", m.router_aux_coef, " every=", m.moe_every,
+                 dense.empty() ? "" : " dense=" + dense);
+}
+}  // namespace
+
 std::string model_identity(const ModelConfig& m) {
   const RopeScaling& r = m.rope_scaling;
   const std::string rope = r.type == RopeScalingType::kNone ? ""
@@ -334,7 +345,7 @@ std::string model_identity(const ModelConfig& m) {
                                          r.original_max_position, ")");
   return str_cat("V=", m.vocab, " E=", m.hidden, " N=", m.layers, " H=", m.heads, " G=", m.kv_heads, " D=", m.head_dim,
                  " F=", m.ffn, " theta=", m.rope_theta, " eps=", m.norm_eps, " qk_norm=", m.qk_norm, " qkv_bias=", m.qkv_bias,
-                 m.tied_embeddings ? " tied" : "", rope);
+                 m.tied_embeddings ? " tied" : "", rope, moe_identity(m));
 }
 
 Status remove_old_checkpoints(const std::string& dir, int64_t keep) {

@@ -37,6 +37,25 @@ std::string hf_tensor_name(const std::string& n) {
   return it == names.end() ? n : pre + it->second + ".weight";
 }
 
+std::vector<HfTensor> hf_tensors(const ParamDesc& d, bool mixtral_names) {
+  std::vector<int64_t> shape;
+  for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
+  const bool router = d.kind == ParamKind::kRouter, experts = d.kind == ParamKind::kExperts;
+  if (!router && !experts) return {HfTensor{.name = hf_tensor_name(d.name), .shape = shape, .numel = d.shape.numel()}};
+  const auto dot = d.name.find('.', 7);  // "layers.L.x"
+  const std::string pre = "model." + d.name.substr(0, dot) + (mixtral_names ? ".block_sparse_moe." : ".mlp.");
+  if (router) return {HfTensor{.name = pre + "gate.weight", .shape = shape, .numel = d.shape.numel()}};
+  const std::string which = d.name.substr(d.name.rfind('.') + 1);  // w_gate, w_up, w_down
+  const std::string proj = mixtral_names ? (which == "w_gate" ? "w1" : which == "w_up" ? "w3" : "w2")
+                                         : (which == "w_gate" ? "gate_proj" : which == "w_up" ? "up_proj" : "down_proj");
+  std::vector<HfTensor> out;
+  const int64_t per = shape[1] * shape[2];
+  for (int64_t j = 0; j < shape[0]; ++j)
+    out.push_back(HfTensor{.name = pre + "experts." + std::to_string(j) + "." + proj + ".weight",
+                           .shape = {shape[1], shape[2]}, .offset = j * per, .numel = per});
+  return out;
+}
+
 StatusOr<HfWeights> HfWeights::open(const std::string& dir) {
   HfWeights w;
   std::vector<std::string> files;
@@ -77,6 +96,7 @@ StatusOr<HfWeights> HfWeights::open(const std::string& dir) {
     for (const auto& sf : w.files_)
       for (const auto& [name, t] : sf->tensors())
         if (!w.where_.count(name)) return Status::corrupt(sf->path() + " holds " + name + ", which " + index + " does not map");
+    w.mixtral_names_ = w.any_tensor_contains(".block_sparse_moe.");
     return w;
   }
   auto sf = SafetensorsFile::open(dir + "/model.safetensors");
@@ -88,22 +108,23 @@ StatusOr<HfWeights> HfWeights::open(const std::string& dir) {
   }
   w.files_.push_back(std::make_unique<SafetensorsFile>(std::move(sf).value()));
   for (const auto& [name, t] : w.files_[0]->tensors()) w.where_[name] = w.files_[0].get();
+  w.mixtral_names_ = w.any_tensor_contains(".block_sparse_moe.");
   return w;
 }
 
 Status HfWeights::check(const ModelConfig& m) const {
   std::set<std::string> expected;
   if (m.tied_embeddings) expected.insert(hf_tensor_name("lm_head"));  // tolerated, never read
-  for (const ParamDesc& d : parameter_descriptors(m)) {
-    const std::string hf = hf_tensor_name(d.name);
+  for (const ParamDesc& d : parameter_descriptors(m))
+  for (const HfTensor& piece : hf_tensors(d, mixtral_names_)) {
+    const std::string& hf = piece.name;
     expected.insert(hf);
     auto it = where_.find(hf);
     if (it == where_.end())
       return Status::invalid_argument("the model has no tensor " + hf + " (untied's " + d.name +
                                       "): the checkpoint does not match its config.json");
     const SafetensorsEntry& e = *it->second->find(hf);
-    std::vector<int64_t> want;
-    for (int k = 0; k < d.shape.ndim(); ++k) want.push_back(d.shape[k]);
+    const std::vector<int64_t>& want = piece.shape;
     if (e.shape != want) {
       std::string got, need;
       for (int64_t x : e.shape) got += (got.empty() ? "" : ", ") + std::to_string(x);
@@ -131,14 +152,18 @@ Status load_hf_weights(const HfWeights& w, ShardedParams& params) {
   Status st;
   params.init([&](int i, int64_t first, std::span<float> out) {
     if (!st.ok()) return;
-    const std::string& name = params.desc(i).name;
-    // The shard's elements that exist (the last rank's shard may run past the tensor: zeros).
+    // The shard's elements that exist (the last rank's shard may run past the tensor: zeros),
+    // from each Hugging Face tensor they overlap.
     const int64_t numel = params.desc(i).shape.numel();
-    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(static_cast<int64_t>(out.size()), numel - first));
-    if (n > 0) st = w.read(hf_tensor_name(name), first, n, out.data());
-    if (const int64_t bad = st.ok() ? first_nonfinite(out.data(), n) : -1; bad >= 0)
-      st = Status::corrupt("the model's " + hf_tensor_name(name) + " holds a non-finite value (element " +
-                           std::to_string(first + bad) + "): it is not a usable model");
+    const int64_t end = std::min<int64_t>(first + static_cast<int64_t>(out.size()), numel);
+    for (const HfTensor& piece : hf_tensors(params.desc(i), w.mixtral_names())) {
+      const int64_t a = std::max(first, piece.offset), b = std::min(end, piece.offset + piece.numel);
+      if (a >= b || !st.ok()) continue;
+      st = w.read(piece.name, a - piece.offset, b - a, out.data() + (a - first));
+      if (const int64_t bad = st.ok() ? first_nonfinite(out.data() + (a - first), b - a) : -1; bad >= 0)
+        st = Status::corrupt("the model's " + piece.name + " holds a non-finite value (element " +
+                             std::to_string(a - piece.offset + bad) + "): it is not a usable model");
+    }
   });
   return st;
 }
@@ -291,12 +316,9 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
   st = first_failure(comm, st);
   if (!st.ok()) return st;
   std::vector<SafetensorsTensor> specs;
-  for (int i = 0; i < params.num_params(); ++i) {
-    const ParamDesc& d = params.desc(i);
-    std::vector<int64_t> shape;
-    for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
-    specs.push_back({.name = hf_tensor_name(d.name), .dtype = o.dtype, .shape = shape});
-  }
+  for (int i = 0; i < params.num_params(); ++i)
+    for (const HfTensor& piece : hf_tensors(params.desc(i), hf_mixtral_names(m)))
+      specs.push_back({.name = piece.name, .dtype = o.dtype, .shape = piece.shape});
   std::unique_ptr<SafetensorsWriter> writer;
   if (root) {
     auto w = SafetensorsWriter::create(dir + "/model.safetensors", specs, {{"format", "pt"}});
@@ -316,7 +338,9 @@ Status save_hf_model(const std::string& dir, ShardedParams& params, Communicator
     if (const int64_t bad = root && st.ok() ? first_nonfinite(full.data(), params.desc(i).shape.numel()) : -1; bad >= 0)
       st = Status::invalid_argument(params.desc(i).name + " holds a non-finite value (element " + std::to_string(bad) +
                                     "): the model was not written to " + dir);
-    if (root && st.ok()) st = writer->add(specs[i].name, full.data());
+    if (root && st.ok())
+      for (const HfTensor& piece : hf_tensors(params.desc(i), hf_mixtral_names(m)))
+        if (st.ok()) st = writer->add(piece.name, full.data() + piece.offset);
   }
   if (root && st.ok()) st = writer->finish();
   if (root && st.ok() && !o.tokenizer_from.empty()) st = copy_tokenizer_files(o.tokenizer_from, dir);
@@ -344,11 +368,9 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
   if (std::filesystem::equivalent(std::filesystem::path(ckpt_dir), std::filesystem::path(out_dir), ec))
     return Status::invalid_argument("export into a new directory, not the checkpoint's own");
   std::vector<SafetensorsTensor> specs;
-  for (const ParamDesc& d : descs) {
-    std::vector<int64_t> shape;
-    for (int k = 0; k < d.shape.ndim(); ++k) shape.push_back(d.shape[k]);
-    specs.push_back({.name = hf_tensor_name(d.name), .dtype = dtype, .shape = shape});
-  }
+  for (const ParamDesc& d : descs)
+    for (const HfTensor& piece : hf_tensors(d, hf_mixtral_names(m)))
+      specs.push_back({.name = piece.name, .dtype = dtype, .shape = piece.shape});
   st = check_hf_output_dir(out_dir, "--out");
   if (!st.ok()) return st;
   std::filesystem::create_directories(out_dir, ec);
@@ -365,8 +387,10 @@ Status export_checkpoint(const std::string& ckpt_dir, const std::string& out_dir
     if (const int64_t bad = first_nonfinite(full.data(), n); bad >= 0)
       return Status::invalid_argument("the checkpoint's " + descs[i].name + " holds a non-finite value (element " +
                                       std::to_string(bad) + "): nothing usable to export; resume from an earlier step");
-    st = writer.add(specs[i].name, full.data());
-    if (!st.ok()) return st;
+    for (const HfTensor& piece : hf_tensors(descs[i], hf_mixtral_names(m))) {
+      st = writer.add(piece.name, full.data() + piece.offset);
+      if (!st.ok()) return st;
+    }
   }
   st = writer.finish();
   if (!st.ok()) return st;

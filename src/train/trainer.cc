@@ -18,6 +18,7 @@
 #include "untied/train/trainer.h"
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <optional>
 #include <cmath>
@@ -316,15 +317,21 @@ struct BatchSums {
 };
 
 // Forward and backward of every sequence of the batch, their gradients added into params.
+// A MoE model's load-balancing loss is the mean over the batch's sequences (router_aux, already
+// the same on every rank) and its tokens per expert their sum.
 BatchSums forward_backward(Decoder& decoder, ShardedParams& params, StepBatch& batch, int64_t count) {
   BatchSums r;
   for (int64_t b = 0; b < batch.B; ++b) {
     const StepSums one = decoder.forward_backward(params, batch.token(b), batch.label(b), batch.answers(b), count,
-                                                  batch.masks[static_cast<size_t>(b)]);
+                                                  batch.masks[static_cast<size_t>(b)],
+                                                  1.0 / static_cast<double>(batch.B));
     if (!std::isfinite(one.loss_sum) && r.nonfinite_sample < 0) r.nonfinite_sample = b;
     r.sums.loss_sum += one.loss_sum;
     r.sums.answers += one.answers;
     r.sums.correct += one.correct;
+    r.sums.router_aux += one.router_aux;
+    r.sums.expert_load.resize(one.expert_load.size(), 0.0);
+    for (size_t i = 0; i < one.expert_load.size(); ++i) r.sums.expert_load[i] += one.expert_load[i];
   }
   return r;
 }
@@ -388,16 +395,36 @@ void adamw_update(Device& dev, const ShardedParams& params, const TrainOptions& 
 // memory peaks since the start (max over ranks), the slowest rank's time.
 struct StepFigures {
   double loss = 0, accuracy = -1, step_s = 0;
+  double router_aux = 0;  // a MoE model's coef * load-balancing loss (in `loss`)
   MemoryStats mem;
   int64_t host_peak = 0;
 };
+
+bool m_is_moe(const TrainOptions& o) { return o.model.experts > 0; }
+
+// Per MoE layer (by its block number): the fewest and most tokens any expert got this step, over
+// every rank and sequence of the batch, and the mean.
+Json expert_load_json(const ModelConfig& m, const std::vector<double>& load) {
+  Json out = Json::object();
+  size_t at = 0;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    if (!moe_layer(m, l) || at + static_cast<size_t>(m.experts) > load.size()) continue;
+    const auto first = load.begin() + static_cast<std::ptrdiff_t>(at), last = first + m.experts;
+    out[std::to_string(l)] = Json{{"min", *std::min_element(first, last)},
+                                  {"max", *std::max_element(first, last)},
+                                  {"mean", std::accumulate(first, last, 0.0) / static_cast<double>(m.experts)}};
+    at += static_cast<size_t>(m.experts);
+  }
+  return out;
+}
 
 StepFigures agree_figures(Communicator& comm, const Allocator& alloc, const Allocator& host, const StepSums& st,
                           int64_t count, double step_s) {
   StepFigures f;
   double vals[3] = {st.loss_sum, static_cast<double>(st.answers), static_cast<double>(st.correct)};
   comm.all_reduce(vals, vals, 3, DType::kF64, ReduceOp::kSum);
-  f.loss = count > 0 ? vals[0] / count : 0.0;
+  f.loss = (count > 0 ? vals[0] / count : 0.0) + st.router_aux;  // router_aux: the same on every rank
+  f.router_aux = st.router_aux;
   f.accuracy = vals[1] > 0 ? vals[2] / vals[1] : -1.0;
   f.mem = alloc.stats();
   for (auto& p : f.mem.peak) comm.all_reduce(&p, &p, 1, DType::kI64, ReduceOp::kMax);
@@ -690,6 +717,10 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       line["mfu"] = peak > 0 ? Json(as_printed("%.4f", model / peak)) : Json(nullptr);
       line["tokens_seen"] = step * o.batch * g.S;
       line["peak_bytes"] = f.mem.peak_total;
+    }
+    if (m_is_moe(o)) {  // the router's term of the loss and each MoE layer's tokens per expert
+      line["router_aux_loss"] = as_printed("%.6g", f.router_aux);
+      line["expert_load"] = expert_load_json(o.model, st.sums.expert_load);
     }
     if (eval_figures.samples > 0) {
       line["eval_loss"] = as_printed("%.6f", eval_figures.loss);

@@ -45,7 +45,9 @@ DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int 
     }
     std::lock_guard<std::mutex> lock(mu);
     if (comm.rank() == 0) {
-      out.loss = loss / static_cast<double>(global);
+      out.loss = loss / static_cast<double>(global) + s.router_aux;
+      out.router_aux = s.router_aux;
+      out.expert_load = s.expert_load;
       out.grads = std::move(full);
     }
   });

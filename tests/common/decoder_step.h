@@ -15,8 +15,10 @@
 namespace untied::test {
 
 struct DecoderStep {
-  double loss = 0;                        // mean over the labelled tokens of the sequence
+  double loss = 0;                        // mean over the labelled tokens of the sequence (+ router_aux)
   std::vector<std::vector<float>> grads;  // per parameter, full (descriptor order)
+  double router_aux = 0;                  // a MoE model's coef * load-balancing loss (in `loss` too)
+  std::vector<double> expert_load;        // StepSums::expert_load
 };
 
 // Fills rank `rank`'s shard of the parameters (master copies) before the step.

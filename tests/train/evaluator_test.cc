@@ -95,7 +95,8 @@ TEST_P(AgainstTransformers, LossAndLogitsInEveryStrategy) {
   ASSERT_TRUE(cfg.ok()) << cfg.status().message();
   const Json expected = read_json(dir + "/expected.json");
   const std::vector<int32_t> tokens = expected["tokens"].get<std::vector<int32_t>>();
-  const double want = expected["loss"].get<double>();
+  // A MoE model's evaluation is its cross-entropy (transformers' loss without the router's).
+  const double want = expected.contains("ce_loss") ? expected["ce_loss"].get<double>() : expected["loss"].get<double>();
   std::vector<int64_t> shape;
   std::vector<float> want_logits;
   ASSERT_TRUE(read_npy(dir + "/logits.npy", &shape, &want_logits).ok());
@@ -136,11 +137,14 @@ TEST_P(AgainstTransformers, LossAndLogitsInEveryStrategy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, AgainstTransformers,
-                         ::testing::Values("hf_llama_tiny", "hf_qwen3_tiny", "hf_mistral_tiny", "hf_qwen2_tiny"));
+                         ::testing::Values("hf_llama_tiny", "hf_qwen3_tiny", "hf_mistral_tiny", "hf_qwen2_tiny",
+                                           "hf_qwen3moe_tiny", "hf_qwen3moe_untied_tiny", "hf_mixtral_tiny"));
 
 // Every strategy's gradient of the fixture's loss (window keys per query, 0: all) against
 // transformers' (dir/grads/NAME.npy), each within 1e-4 of the largest; returns the worst.
-double worst_gradient_error(const std::string& dir, const ModelConfig& m, int64_t window) {
+// loss_out (nullable): each strategy's step (its loss and router statistics).
+double worst_gradient_error(const std::string& dir, const ModelConfig& m, int64_t window,
+                            std::vector<test::DecoderStep>* loss_out = nullptr) {
   auto w = HfWeights::open(dir);
   EXPECT_TRUE(w.ok()) << w.status().message();
   if (!w.ok() || !w.value().check(m).ok()) {
@@ -158,17 +162,21 @@ double worst_gradient_error(const std::string& dir, const ModelConfig& m, int64_
         m, DecoderOptions{.seq = static_cast<int64_t>(tokens.size()), .strategy = r.strategy, .ring = r.ring}, r.ranks,
         tokens, labels, [&](ShardedParams& params, int) { ASSERT_TRUE(load_hf_weights(w.value(), params).ok()); }, {},
         window);
-    for (size_t i = 0; i < descs.size(); ++i) {
-      std::vector<int64_t> shape;
-      std::vector<float> want;
-      if (!read_npy(dir + "/grads/" + hf_tensor_name(descs[i].name) + ".npy", &shape, &want).ok()) {
-        ADD_FAILURE() << "no transformers gradient of " << descs[i].name;
-        continue;
+    if (loss_out != nullptr) loss_out->push_back(step);
+    for (size_t i = 0; i < descs.size(); ++i)
+      for (const HfTensor& piece : hf_tensors(descs[i], w.value().mixtral_names())) {  // each expert its own
+        std::vector<int64_t> shape;
+        std::vector<float> want;
+        if (!read_npy(dir + "/grads/" + piece.name + ".npy", &shape, &want).ok()) {
+          ADD_FAILURE() << "no transformers gradient of " << piece.name;
+          continue;
+        }
+        const std::vector<float> got(step.grads[i].begin() + piece.offset,
+                                     step.grads[i].begin() + piece.offset + piece.numel);
+        const double e = scaled_error(got, want);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, 1e-4) << piece.name;
       }
-      const double e = scaled_error(step.grads[i], want);
-      worst = std::max(worst, e);
-      EXPECT_LE(e, 1e-4) << descs[i].name;
-    }
   }
   return worst;
 }
@@ -204,6 +212,47 @@ TEST(Qwen2, BiasGradientsEqualTransformers) {
   std::printf("  worst gradient error against transformers (max |diff| / max |grad|, Qwen2 with q/k/v biases): %.3e\n",
               worst);
 }
+
+// Mixture of experts against transformers (reference/make_moe_fixtures.py): Qwen3-MoE with
+// norm_topk_prob, tied embeddings and a dense layer among the MoE ones (mlp_only_layers); Qwen3-MoE
+// without norm_topk_prob, untied, decoder_sparse_step 2; Mixtral. In every strategy on 1, 2 and 4
+// ranks: the loss with the load-balancing term (transformers' output_router_logits loss: its
+// router logits of every MoE layer pooled), the tokens per expert of each layer, and the gradient
+// of every parameter (the router's and each expert's included) within 1e-4 of the largest.
+class MoeAgainstTransformers : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MoeAgainstTransformers, LossLoadAndEveryGradient) {
+  const std::string dir = kFixtures + "/" + GetParam();
+  auto cfg = read_hf_config(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  const ModelConfig& m = cfg.value().model;
+  const Json expected = read_json(dir + "/expected.json");
+  ASSERT_EQ(m.experts, expected["num_experts"].get<int64_t>());
+  ASSERT_EQ(m.experts_per_token, expected["top_k"].get<int64_t>());
+  ASSERT_EQ(m.norm_topk_prob, expected["norm_topk_prob"].get<bool>());
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < m.layers; ++l)
+    if (moe_layer(m, l)) moe_layers.push_back(l);
+  ASSERT_EQ(moe_layers, expected["moe_layers"].get<std::vector<int64_t>>());
+  std::vector<double> load;
+  for (const auto& layer : expected["expert_load"]) for (const auto& x : layer) load.push_back(x.get<double>());
+  std::vector<test::DecoderStep> steps;
+  const double worst = worst_gradient_error(dir, m, cfg.value().sliding_window, &steps);
+  const double want = expected["loss"].get<double>(), want_aux = expected["aux_loss"].get<double>();
+  double worst_loss = 0, worst_aux = 0;
+  for (const test::DecoderStep& s : steps) {
+    EXPECT_EQ(s.expert_load, load);
+    worst_loss = std::max(worst_loss, std::fabs(s.loss - want) / want);
+    worst_aux = std::max(worst_aux, std::fabs(s.router_aux / m.router_aux_coef - want_aux) / want_aux);
+  }
+  EXPECT_LE(worst_loss, 1e-5);
+  EXPECT_LE(worst_aux, 1e-5);
+  std::printf("  %s: worst relative error against transformers: loss %.3e, load-balancing loss %.3e, gradients %.3e "
+              "(max |diff| / max |grad|)\n", GetParam().c_str(), worst_loss, worst_aux, worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, MoeAgainstTransformers,
+                         ::testing::Values("hf_qwen3moe_tiny", "hf_qwen3moe_untied_tiny", "hf_mixtral_tiny"));
 
 // The tied embedding's gradient is the sum of the embedding's and the LM head's; every other
 // parameter's as transformers computes it, in every strategy.

@@ -27,11 +27,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "untied/attention/attention_block.h"
 #include "untied/kernels/rmsnorm.h"
 #include "untied/model/decoder_options.h"
 #include "untied/model/model_config.h"
+#include "untied/model/moe.h"
 #include "untied/model/parameters.h"
 #include "untied/model/run_geometry.h"
 
@@ -42,6 +44,11 @@ struct StepSums {
   int64_t count = 0;     // labelled tokens on this rank
   int64_t answers = 0;   // positions flagged is_answer on this rank
   int64_t correct = 0;   // of those, predicted (argmax) right
+  // Mixture of experts (moe.h): router_aux_coef times the load-balancing loss, and the tokens
+  // routed to each expert of each MoE layer ((MoE layers) x X, in layer order); both over every
+  // rank already (the same on each). The step's loss is the mean cross-entropy plus router_aux.
+  double router_aux = 0;
+  std::vector<double> expert_load;
 };
 
 struct EvalSums {
@@ -65,8 +72,11 @@ class Decoder {
   // mask: the sequence's documents and window (sequence_mask.h) over padded_seq() tokens; without
   // it, one causal sequence (padded). The rows past o.seq are padding: their labels must be
   // kIgnoreIndex.
+  // aux_weight: the weight of this sequence's load-balancing loss (a MoE model; 1 / the batch's
+  // sequences, so that the step's is their mean).
   StepSums forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
-                            const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask);
+                            const uint8_t* is_answer, int64_t global_count, const SequenceMask& mask,
+                            double aux_weight = 1.0);
   StepSums forward_backward(ParameterStore& params, const int32_t* tokens, const int32_t* labels,
                             const uint8_t* is_answer, int64_t global_count);
   // Evaluation: the forward alone, keeping nothing for a backward (each block's input is freed
@@ -116,20 +126,26 @@ class Decoder {
   // x_on_host: x is the block input's host copy, read a tile at a time (needs g_.attn_tile).
   // kept_attn (the forward pass, Recompute::kSelective): the attention's output, LSE and mask
   // are moved there for the recompute (AttentionSaved::keep_output_only).
-  TensorBuffer block_forward(const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
+  // layer: the block's number (which MoE routing it records or follows).
+  TensorBuffer block_forward(int layer, const BlockWeights& w, const Tensor& x, bool x_on_host, BlockActs* acts,
                              const std::string& out_name = "", AttentionSaved* kept_attn = nullptr);
   // dh (L, E): in, the gradient of the block's output; out, that of its input, in the same
   // buffer (the MLP backward turns it into d residual after attention in place, and dx is formed
   // into it a tile at a time). Block weight gradients (fp32, full local) into g (+=).
   // x: the block's input; one only in host memory is read from there by the attention's tiles
   // (g_.attn_tile) and fetched to the device again for the attn_norm backward at the end.
-  void block_backward(const BlockWeights& w, const BlockWeights& g, const BlockInput& x, TensorBuffer& dh,
+  void block_backward(int layer, const BlockWeights& w, const BlockWeights& g, const BlockInput& x, TensorBuffer& dh,
                       BlockActs& acts);
   // out_add (L, E) += mlp(mlp_norm(hm)), norm and MLP tile by tile.
-  void mlp_forward(const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
+  // A MoE layer's tiles (w.moe()) run MoeMlp: in the training forward pass (recording_) their
+  // routing is kept in routes_ and their statistics in stats_, for the backward.
+  void mlp_forward(int layer, const BlockWeights& w, const Tensor& hm, const Tensor& out_add);
   // dy (L, E) += mlp_norm'(mlp'(dy)) in place (dy becomes dhm, d residual after attention), tile
   // by tile, each tile's rows read before they are written; MLP and mlp_norm gradients into g (+=).
-  void mlp_backward(const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy);
+  void mlp_backward(int layer, const BlockWeights& w, const BlockWeights& g, const Tensor& hm, const Tensor& dy);
+  // After the forward pass: the MoE statistics summed over the ranks, the load-balancing loss into
+  // sums and its gradient into aux_grad_.
+  void finish_moe_forward(StepSums& sums, double aux_weight);
 
   Device& dev_;
   Communicator& comm_;
@@ -139,6 +155,15 @@ class Decoder {
   std::unique_ptr<AttentionBlock> attn_;
   Allocator* host_;
   const SequenceMask* mask_ = nullptr;  // the mask of the step in progress
+  // Mixture of experts: the MLP of the MoE layers, which of this rank's rows are real (not
+  // padding: the statistics skip them), and per layer the training forward's routing (L k ids,
+  // host) and statistics; aux_grad_ (X) the load-balancing loss's gradient (moe.h).
+  std::unique_ptr<MoeMlp> moe_;
+  std::vector<uint8_t> real_;
+  bool recording_ = false;
+  std::vector<std::vector<int32_t>> routes_;
+  std::vector<MoeLayerStats> stats_;
+  std::vector<float> aux_grad_;
 };
 
 }  // namespace untied

@@ -38,7 +38,24 @@ struct ModelConfig {
   // The LM head is the embedding table (Llama 3.2 1B/3B, small Qwen3): no lm_head parameter; the
   // head's gradient adds to the embedding's.
   bool tied_embeddings = false;
+  // Mixture of experts (Qwen3-MoE, Mixtral): with experts > 0 the MLP of every MoE layer
+  // (moe_layer) is a router (X, E) whose softmax picks, per token, the experts_per_token (k) most
+  // probable of `experts` (X) SwiGLU experts of width expert_ffn (Fe); the token's output is their
+  // outputs weighted by those probabilities (renormalised to sum 1 with norm_topk_prob). Other
+  // layers keep the dense MLP of width ffn. The loss adds router_aux_coef times the
+  // load-balancing loss (moe.h). A layer l is MoE when l is not in dense_layers (Qwen3-MoE's
+  // mlp_only_layers) and (l + 1) % moe_every == 0 (its decoder_sparse_step).
+  int64_t experts = 0;            // X (0: a dense model)
+  int64_t experts_per_token = 0;  // k
+  int64_t expert_ffn = 0;         // Fe
+  bool norm_topk_prob = true;
+  double router_aux_coef = 0.0;
+  int64_t moe_every = 1;
+  std::vector<int64_t> dense_layers;
 };
+
+// Whether block l's MLP is a mixture of experts.
+bool moe_layer(const ModelConfig& m, int64_t l);
 
 // Presets with the real shapes: llama3-8b, llama3-70b, qwen3-32b (for planning and benchmarks);
 // and small ones that train on a CPU: tiny, small. `vocab` 0 keeps the preset's vocabulary.
@@ -52,7 +69,7 @@ bool preset_keeps_vocabulary(const std::string& name);
 // Checks shapes (positive, H % G == 0, D even); the message says which field to change.
 Status validate(const ModelConfig& m);
 
-enum class ParamKind { kEmbedding, kNorm, kAttention, kBias, kMlp, kLmHead };
+enum class ParamKind { kEmbedding, kNorm, kAttention, kBias, kMlp, kRouter, kExperts, kLmHead };
 
 struct ParamDesc {
   std::string name;  // "layers.3.wq"
@@ -63,7 +80,9 @@ struct ParamDesc {
 };
 
 // Every parameter, in a fixed order: embed; per block attn_norm, wq, wk, wv, wo, [q_norm, k_norm,]
-// [bq, bk, bv,] mlp_norm, w_gate, w_up, w_down; final_norm, lm_head (not when tied_embeddings).
+// [bq, bk, bv,] mlp_norm, then w_gate, w_up, w_down, or in a MoE layer router (X, E) and the
+// experts stacked: experts.w_gate, experts.w_up (X, Fe, E), experts.w_down (X, E, Fe); final_norm,
+// lm_head (not when tied_embeddings).
 std::vector<ParamDesc> parameter_descriptors(const ModelConfig& m);
 int64_t parameter_count(const ModelConfig& m);
 

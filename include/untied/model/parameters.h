@@ -37,7 +37,11 @@ struct BlockWeights {
   Tensor q_norm = {}, k_norm = {};  // (D) each, qk_norm only (Qwen3)
   Tensor bq = {}, bk = {}, bv = {};  // (H*D), (G*D), (G*D), qkv_bias only (Qwen2)
   Tensor mlp_norm;              // (E)
-  Tensor w_gate, w_up, w_down;  // (F, E), (F, E), (E, F)
+  Tensor w_gate, w_up, w_down;  // (F, E), (F, E), (E, F); a MoE layer's are empty
+  // A MoE layer (moe_layer): the router (X, E) and the experts' weights stacked, (X, Fe, E),
+  // (X, Fe, E), (X, E, Fe); empty in a dense layer.
+  Tensor router = {}, e_gate = {}, e_up = {}, e_down = {};
+  bool moe() const { return router.ndim() > 0; }
 };
 struct HeadWeights {
   Tensor final_norm;  // (E)

@@ -27,8 +27,25 @@
 namespace untied {
 
 // The Hugging Face tensor name of an untied parameter ("layers.3.wq" ->
-// "model.layers.3.self_attn.q_proj.weight").
+// "model.layers.3.self_attn.q_proj.weight"). Not for a MoE layer's router and experts (hf_tensors).
 std::string hf_tensor_name(const std::string& untied_name);
+
+// The Hugging Face tensors that hold one untied parameter: one, or for a MoE layer's stacked
+// experts (X, ...) one per expert, each `numel` elements of the parameter from `offset`:
+//   layers.L.router           model.layers.L.mlp.gate.weight (X, E)
+//   layers.L.experts.w_gate   model.layers.L.mlp.experts.J.gate_proj.weight (Fe, E), J < X
+//   layers.L.experts.w_up     model.layers.L.mlp.experts.J.up_proj.weight (Fe, E)
+//   layers.L.experts.w_down   model.layers.L.mlp.experts.J.down_proj.weight (E, Fe)
+// (Qwen3-MoE), or with mixtral_names block_sparse_moe for mlp and w1, w3, w2 for gate_proj,
+// up_proj, down_proj (Mixtral).
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0, numel = 0;
+};
+std::vector<HfTensor> hf_tensors(const ParamDesc& d, bool mixtral_names);
+// Mixtral's names for a MoE model without q/k norms (Qwen3-MoE has them).
+inline bool hf_mixtral_names(const ModelConfig& m) { return m.experts > 0 && !m.qk_norm; }
 
 class HfWeights {
  public:
@@ -42,10 +59,18 @@ class HfWeights {
   Status check(const ModelConfig& m) const;
   // out = elements [first, first + count) of the tensor, as float32.
   Status read(const std::string& hf_name, int64_t first, int64_t count, float* out) const;
+  // Whether the experts are named as Mixtral's (hf_tensors).
+  bool mixtral_names() const { return mixtral_names_; }
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;  // tensor -> its file
+  bool mixtral_names_ = false;  // the files name experts as Mixtral does (block_sparse_moe)
+  bool any_tensor_contains(const std::string& part) const {
+    for (const auto& [name, file] : where_)
+      if (name.find(part) != std::string::npos) return true;
+    return false;
+  }
 };
 
 // Fills every parameter's shard (master copies) on this rank from the weights. REQUIRES:

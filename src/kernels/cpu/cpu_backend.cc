@@ -26,6 +26,9 @@ const KernelTable& kernel_table() {
       .convert = {.run = convert},
       .add_bias = {.run = add_bias},
       .bias_grad = {.run = bias_grad},
+      .gather_rows = {.run = gather_rows},
+      .combine_rows = {.run = combine_rows},
+      .combine_rows_backward = {.run = combine_rows_backward},
   };
   return table;
 }

@@ -1,0 +1,78 @@
+// A mixture-of-experts MLP (model_config.h: experts X, experts_per_token k, expert_ffn Fe) over
+// one tile of n rows, forward and backward over named buffers, and its router's arithmetic.
+//
+//   logits (n, X) = b router^T (fp32);  p = softmax(logits) (fp32, per row)
+//   ids (n, k): the k largest p of each row (ties to the lower expert), w (n, k) their p, divided
+//               by their sum with norm_topk_prob
+//   out (n, E) += sum_j w[r, j] * expert_{ids[r, j]}(b[r]),  expert_e(x) = w_down_e(silu(w_gate_e x) * w_up_e x)
+//
+// The tile's rows are gathered into expert order (xs, m = n k rows: expert 0's rows first, each
+// expert's in row order), each expert runs as one GEMM per projection over its rows, and the
+// outputs are combined back per token in fp32 (kernels/moe.h). Every buffer is sized by m, not by
+// the routing, so a tile's memory is the same whatever the router chooses. The routing is
+// computed on the host from the logits (n X floats a tile), and a recompute is handed the
+// forward's ids, so that the backward sees the experts the forward used.
+//
+// The load-balancing loss (transformers' load_balancing_loss_func, its router logits of every MoE
+// layer concatenated): over the N rows of every MoE layer of the sequence (padding excluded),
+//   aux = X * sum_e f_e P_e,   f_e = (picks of e) / N,   P_e = (sum of p_e) / N,
+// f carrying no gradient; the loss adds router_aux_coef * aux, so d loss / d p[row, e] =
+// coef X f_e / N for every row (aux_grad). Tags: every buffer Tag::kOther.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "untied/core/tensor.h"
+#include "untied/device/device.h"
+#include "untied/model/model_config.h"
+#include "untied/model/parameters.h"
+
+namespace untied {
+
+// The host side of the router. logits (n, X); ids, weights (n, k); probs (n, X) (nullable).
+// With use_ids the ids are given (a recompute) and only the weights and probs are computed.
+void route_rows(const float* logits, int64_t n, int64_t X, int64_t k, bool norm, bool use_ids, int32_t* ids,
+                float* weights, float* probs);
+// dlogits (n, X) from d loss / d weights (dweights, (n, k)) through the weights' normalisation and
+// the softmax, with aux_grad[e] (X, nullable) added to d loss / d p[r, e] of each real row.
+void route_rows_backward(const float* probs, const int32_t* ids, const float* dweights, int64_t n, int64_t X, int64_t k,
+                         bool norm, const float* aux_grad, const uint8_t* real, float* dlogits);
+
+// One MoE layer's routing statistics over its real rows (this rank's, or summed over ranks).
+struct MoeLayerStats {
+  std::vector<double> picks;     // (X) rows routed to each expert
+  std::vector<double> prob_sum;  // (X) the router's probability of each expert, summed over rows
+  double rows = 0;
+};
+
+// The load-balancing loss of the MoE layers' statistics (summed over ranks), and aux_grad (X):
+// d (coef * aux) / d p of each expert, for every real row of every MoE layer.
+double load_balancing_loss(const std::vector<MoeLayerStats>& layers, int64_t X, double coef,
+                           std::vector<float>* aux_grad);
+
+class MoeMlp {
+ public:
+  MoeMlp(Device& dev, const ModelConfig& m, DType t);
+  // out (n, E) += moe(b), b (n, E) the tile's normed input. ids (n, k): filled with the router's
+  // choice, or (use_ids) the forward's to follow. stats (nullable): the real rows' picks and
+  // probabilities added. real: n flags (null: every row real).
+  void forward(const BlockWeights& w, const Tensor& b, const Tensor& out, int32_t* ids, bool use_ids,
+               MoeLayerStats* stats, const uint8_t* real);
+  // db (n, E) = the gradient of b from dy (n, E), that of out (written, not added); the router's
+  // and the experts' gradients added into g (fp32). ids: the forward's; aux_grad (X): as
+  // load_balancing_loss gives it.
+  void backward(const BlockWeights& w, const BlockWeights& g, const Tensor& b, const Tensor& dy, const Tensor& db,
+                const int32_t* ids, const std::vector<float>& aux_grad, const uint8_t* real);
+
+ private:
+  // What forward and backward share for a tile: the logits on the host, the routing, and the
+  // rows in expert order (idx, pos, counts), uploaded.
+  struct Routing;
+  Routing route(const BlockWeights& w, const Tensor& b, int32_t* ids, bool use_ids);
+  Device& dev_;
+  ModelConfig m_;
+  DType t_;
+};
+
+}  // namespace untied

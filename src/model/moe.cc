@@ -1,0 +1,277 @@
+// The mixture-of-experts MLP: see moe.h.
+#include "untied/model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "untied/core/check.h"
+#include "untied/kernels/gemm.h"
+#include "untied/kernels/moe.h"
+#include "untied/kernels/swiglu.h"
+#include "untied/kernels/tensor_ops.h"
+
+namespace untied {
+
+void route_rows(const float* logits, int64_t n, int64_t X, int64_t k, bool norm, bool use_ids, int32_t* ids,
+                float* weights, float* probs) {
+  std::vector<float> p(static_cast<size_t>(X));
+  std::vector<int32_t> order(static_cast<size_t>(X));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* l = logits + r * X;
+    const float mx = *std::max_element(l, l + X);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < X; ++e) sum += p[static_cast<size_t>(e)] = std::exp(l[e] - mx);
+    for (float& v : p) v /= sum;
+    if (probs != nullptr) std::copy(p.begin(), p.end(), probs + r * X);
+    int32_t* id = ids + r * k;
+    if (!use_ids) {
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)] ||
+               (p[static_cast<size_t>(a)] == p[static_cast<size_t>(b)] && a < b);
+      });
+      std::copy(order.begin(), order.begin() + k, id);
+    }
+    float z = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      UNTIED_CHECK(id[j] >= 0 && id[j] < X, "moe routing: expert ", id[j], " of row ", r, " is not one of ", X);
+      z += p[static_cast<size_t>(id[j])];
+    }
+    for (int64_t j = 0; j < k; ++j) weights[r * k + j] = norm ? p[static_cast<size_t>(id[j])] / z : p[static_cast<size_t>(id[j])];
+  }
+}
+
+void route_rows_backward(const float* probs, const int32_t* ids, const float* dweights, int64_t n, int64_t X, int64_t k,
+                         bool norm, const float* aux_grad, const uint8_t* real, float* dlogits) {
+  std::vector<double> dp(static_cast<size_t>(X));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* p = probs + r * X;
+    const int32_t* id = ids + r * k;
+    const float* dw = dweights + r * k;
+    std::fill(dp.begin(), dp.end(), 0.0);
+    if (norm) {  // w_j = p_j / z, z = sum_i p_i over the chosen: dp_i = (dw_i - sum_j dw_j w_j) / z
+      double z = 0, dot = 0;
+      for (int64_t j = 0; j < k; ++j) z += p[id[j]];
+      for (int64_t j = 0; j < k; ++j) dot += dw[j] * (p[id[j]] / z);
+      for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(id[j])] += (dw[j] - dot) / z;
+    } else {
+      for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(id[j])] += dw[j];
+    }
+    if (aux_grad != nullptr && (real == nullptr || real[r]))
+      for (int64_t e = 0; e < X; ++e) dp[static_cast<size_t>(e)] += aux_grad[e];
+    double s = 0;  // the softmax's backward: dl_e = p_e (dp_e - sum_f p_f dp_f)
+    for (int64_t e = 0; e < X; ++e) s += p[e] * dp[static_cast<size_t>(e)];
+    for (int64_t e = 0; e < X; ++e) dlogits[r * X + e] = static_cast<float>(p[e] * (dp[static_cast<size_t>(e)] - s));
+  }
+}
+
+double load_balancing_loss(const std::vector<MoeLayerStats>& layers, int64_t X, double coef,
+                           std::vector<float>* aux_grad) {
+  std::vector<double> picks(static_cast<size_t>(X), 0.0), prob(static_cast<size_t>(X), 0.0);
+  double rows = 0;
+  for (const MoeLayerStats& l : layers) {
+    for (int64_t e = 0; e < X; ++e) {
+      picks[static_cast<size_t>(e)] += l.picks[static_cast<size_t>(e)];
+      prob[static_cast<size_t>(e)] += l.prob_sum[static_cast<size_t>(e)];
+    }
+    rows += l.rows;
+  }
+  aux_grad->assign(static_cast<size_t>(X), 0.0f);
+  if (rows == 0) return 0.0;
+  double aux = 0;
+  for (int64_t e = 0; e < X; ++e) {
+    const double f = picks[static_cast<size_t>(e)] / rows;
+    aux += f * (prob[static_cast<size_t>(e)] / rows);
+    (*aux_grad)[static_cast<size_t>(e)] = static_cast<float>(coef * static_cast<double>(X) * f / rows);
+  }
+  return static_cast<double>(X) * aux;
+}
+
+struct MoeMlp::Routing {
+  std::vector<float> logits, probs, weights;  // host: (n, X), (n, X), (n, k)
+  std::vector<int64_t> count, offset;         // per expert: rows, first row in expert order
+  TensorBuffer idx, pos, w;                   // device: (m) source row, (n, k) row in expert order, (n, k) weights
+};
+
+MoeMlp::MoeMlp(Device& dev, const ModelConfig& m, DType t) : dev_(dev), m_(m), t_(t) {}
+
+MoeMlp::Routing MoeMlp::route(const BlockWeights& w, const Tensor& b, int32_t* ids, bool use_ids) {
+  const int64_t n = b.dim(0), E = m_.hidden, X = m_.experts, k = m_.experts_per_token, m = n * k;
+  Allocator& alloc = dev_.allocator();
+  Routing R;
+  {
+    TensorBuffer logits(alloc, DType::kF32, {n, X}, Tag::kOther, "moe router logits (tile)");
+    gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = X, .k = E, .a = b.data(), .lda = E, .a_dtype = t_,
+                          .b = w.router.data(), .ldb = E, .b_dtype = t_, .c = logits.data(), .ldc = X});
+    R.logits.resize(static_cast<size_t>(n * X));
+    if (dev_.backed()) dev_.copy(R.logits.data(), logits.data(), logits.view().bytes());
+  }
+  R.probs.resize(static_cast<size_t>(n * X));
+  R.weights.resize(static_cast<size_t>(m));
+  R.count.assign(static_cast<size_t>(X), 0);
+  std::vector<int32_t> idx(static_cast<size_t>(m)), pos(static_cast<size_t>(m));
+  if (dev_.backed()) {
+    route_rows(R.logits.data(), n, X, k, m_.norm_topk_prob, use_ids, ids, R.weights.data(), R.probs.data());
+    for (int64_t i = 0; i < m; ++i) ++R.count[static_cast<size_t>(ids[i])];
+  } else {  // rehearsal: nothing is routed; the experts' GEMMs take the balanced split
+    for (int64_t e = 0; e < X; ++e) R.count[static_cast<size_t>(e)] = m / X + (e < m % X ? 1 : 0);
+  }
+  R.offset.assign(static_cast<size_t>(X), 0);
+  for (int64_t e = 1; e < X; ++e) R.offset[static_cast<size_t>(e)] = R.offset[static_cast<size_t>(e - 1)] + R.count[static_cast<size_t>(e - 1)];
+  if (dev_.backed()) {
+    std::vector<int64_t> next = R.offset;
+    for (int64_t e = 0; e < X; ++e)  // expert order, each expert's rows in row order
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < k; ++j)
+          if (ids[r * k + j] == e) {
+            const int64_t p = next[static_cast<size_t>(e)]++;
+            idx[static_cast<size_t>(p)] = static_cast<int32_t>(r);
+            pos[static_cast<size_t>(r * k + j)] = static_cast<int32_t>(p);
+          }
+  }
+  R.idx = TensorBuffer(alloc, DType::kI32, {m}, Tag::kOther, "moe rows in expert order (tile)");
+  R.pos = TensorBuffer(alloc, DType::kI32, {n, k}, Tag::kOther, "moe row of each token's expert (tile)");
+  R.w = TensorBuffer(alloc, DType::kF32, {n, k}, Tag::kOther, "moe routing weights (tile)");
+  dev_.copy(R.idx.data(), idx.data(), R.idx.view().bytes());
+  dev_.copy(R.pos.data(), pos.data(), R.pos.view().bytes());
+  dev_.copy(R.w.data(), R.weights.data(), R.w.view().bytes());
+  return R;
+}
+
+namespace {
+// For each expert e with rows: C rows [off_e, off_e + n_e) of c (ldc) = A rows of a (lda) times
+// expert e's matrix of `stacked` (X, rows_w, cols_w): trans_b (A (n_e, cols_w) W_e^T) or not
+// (A (n_e, rows_w) W_e); beta as given; out dtype c_t.
+void per_expert(Device& dev, const std::vector<int64_t>& count, const std::vector<int64_t>& offset, bool trans_b,
+                const void* a, int64_t lda, DType a_t, const Tensor& stacked, void* c, int64_t ldc, DType c_t) {
+  const int64_t rw = stacked.dim(1), cw = stacked.dim(2), es = dtype_size(stacked.dtype());
+  for (size_t e = 0; e < count.size(); ++e) {
+    if (count[e] == 0) continue;
+    const char* we = static_cast<const char*>(stacked.data()) + static_cast<int64_t>(e) * rw * cw * es;
+    gemm(dev, GemmParams{.trans_b = trans_b, .m = count[e], .n = trans_b ? rw : cw, .k = trans_b ? cw : rw,
+                         .a = static_cast<const char*>(a) + offset[e] * lda * dtype_size(a_t), .lda = lda,
+                         .a_dtype = a_t, .b = we, .ldb = cw, .b_dtype = stacked.dtype(),
+                         .c = static_cast<char*>(c) + offset[e] * ldc * dtype_size(c_t), .ldc = ldc, .c_dtype = c_t});
+  }
+}
+
+// The weight gradient of each expert: dW_e (X-stacked fp32 (X, P, Q)) += g_e^T x_e, g (m, P) and
+// x (m, Q) in expert order.
+void per_expert_weight_grads(Device& dev, const std::vector<int64_t>& count, const std::vector<int64_t>& offset,
+                             const void* g, int64_t P, const void* x, int64_t Q, DType t, const Tensor& dw) {
+  for (size_t e = 0; e < count.size(); ++e) {
+    if (count[e] == 0) continue;
+    gemm(dev, GemmParams{.trans_a = true, .m = P, .n = Q, .k = count[e], .beta = 1.0f,
+                         .a = static_cast<const char*>(g) + offset[e] * P * dtype_size(t), .lda = P, .a_dtype = t,
+                         .b = static_cast<const char*>(x) + offset[e] * Q * dtype_size(t), .ldb = Q, .b_dtype = t,
+                         .c = dw.as<float>() == nullptr ? nullptr : dw.as<float>() + static_cast<int64_t>(e) * P * Q,
+                         .ldc = Q});
+  }
+}
+}  // namespace
+
+void MoeMlp::forward(const BlockWeights& w, const Tensor& b, const Tensor& out, int32_t* ids, bool use_ids,
+                     MoeLayerStats* stats, const uint8_t* real) {
+  const int64_t n = b.dim(0), E = m_.hidden, X = m_.experts, k = m_.experts_per_token, m = n * k, Fe = m_.expert_ffn;
+  Allocator& alloc = dev_.allocator();
+  Routing R = route(w, b, ids, use_ids);
+  if (stats != nullptr && dev_.backed())
+    for (int64_t r = 0; r < n; ++r) {
+      if (real != nullptr && !real[r]) continue;
+      stats->rows += 1;
+      for (int64_t j = 0; j < k; ++j) stats->picks[static_cast<size_t>(ids[r * k + j])] += 1;
+      for (int64_t e = 0; e < X; ++e) stats->prob_sum[static_cast<size_t>(e)] += R.probs[static_cast<size_t>(r * X + e)];
+    }
+  const MoeRows rows{.n = n, .k = k, .m = m, .dim = E, .dtype = t_};
+  TensorBuffer xs(alloc, t_, {m, E}, Tag::kOther, "moe input rows in expert order (tile)");
+  gather_rows(dev_, rows, xs.data(), b.data(), n, R.idx.as<int32_t>());
+  // gate, up (m, Fe) = xs_e w_gate_e^T, xs_e w_up_e^T;  s = silu(gate) * up (over gate)
+  TensorBuffer gate(alloc, t_, {m, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {m, Fe}, Tag::kOther, "moe up (tile)");
+  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
+  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
+  xs.reset();
+  swiglu_forward(dev_, SwigluShape{.rows = m, .dim = Fe, .dtype = t_}, gate.data(), gate.data(), up.data());
+  up.reset();
+  // ys (m, E) = s_e w_down_e^T;  out += combine(ys, w)
+  TensorBuffer ys(alloc, t_, {m, E}, Tag::kOther, "moe expert outputs (tile)");
+  per_expert(dev_, R.count, R.offset, true, gate.data(), Fe, t_, w.e_down, ys.data(), E, t_);
+  gate.reset();
+  combine_rows(dev_, rows, out.data(), ys.data(), R.pos.as<int32_t>(), R.w.as<float>(), /*accumulate=*/true);
+}
+
+void MoeMlp::backward(const BlockWeights& w, const BlockWeights& g, const Tensor& b, const Tensor& dy, const Tensor& db,
+                      const int32_t* ids, const std::vector<float>& aux_grad, const uint8_t* real) {
+  const int64_t n = b.dim(0), E = m_.hidden, X = m_.experts, k = m_.experts_per_token, m = n * k, Fe = m_.expert_ffn;
+  Allocator& alloc = dev_.allocator();
+  Routing R = route(w, b, const_cast<int32_t*>(ids), /*use_ids=*/true);
+  const MoeRows rows{.n = n, .k = k, .m = m, .dim = E, .dtype = t_};
+  // The forward again: xs, gate, up, s and ys.
+  TensorBuffer xs(alloc, t_, {m, E}, Tag::kOther, "moe input rows in expert order (tile)");
+  gather_rows(dev_, rows, xs.data(), b.data(), n, R.idx.as<int32_t>());
+  TensorBuffer gate(alloc, t_, {m, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {m, Fe}, Tag::kOther, "moe up (tile)");
+  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
+  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
+  TensorBuffer s(alloc, t_, {m, Fe}, Tag::kOther, "moe swiglu (tile)");
+  swiglu_forward(dev_, SwigluShape{.rows = m, .dim = Fe, .dtype = t_}, s.data(), gate.data(), up.data());
+  TensorBuffer ys(alloc, t_, {m, E}, Tag::kOther, "moe expert outputs (tile)");
+  per_expert(dev_, R.count, R.offset, true, s.data(), Fe, t_, w.e_down, ys.data(), E, t_);
+  // dys (m, E) = w dy of its token;  dw (n, k) = dy . ys
+  TensorBuffer dys(alloc, t_, {m, E}, Tag::kOther, "moe d expert outputs (tile)");
+  TensorBuffer dw(alloc, DType::kF32, {n, k}, Tag::kOther, "moe d routing weights (tile)");
+  combine_rows_backward(dev_, rows, dys.data(), dw.as<float>(), dy.data(), ys.data(), R.pos.as<int32_t>(),
+                        R.w.as<float>());
+  ys.reset();
+  // dw_down_e += dys_e^T s_e;  ds (m, Fe) = dys_e w_down_e
+  per_expert_weight_grads(dev_, R.count, R.offset, dys.data(), E, s.data(), Fe, t_, g.e_down);
+  s.reset();
+  TensorBuffer ds(alloc, t_, {m, Fe}, Tag::kOther, "moe dswiglu (tile)");
+  per_expert(dev_, R.count, R.offset, false, dys.data(), E, t_, w.e_down, ds.data(), Fe, t_);
+  dys.reset();
+  // dgate, dup over gate, up
+  swiglu_backward(dev_, SwigluShape{.rows = m, .dim = Fe, .dtype = t_}, gate.data(), up.data(), gate.data(), up.data(),
+                  ds.data());
+  ds.reset();
+  // dw_gate_e += dgate_e^T xs_e, dw_up_e likewise;  dxs (m, E) = dgate_e w_gate_e + dup_e w_up_e
+  per_expert_weight_grads(dev_, R.count, R.offset, gate.data(), Fe, xs.data(), E, t_, g.e_gate);
+  per_expert_weight_grads(dev_, R.count, R.offset, up.data(), Fe, xs.data(), E, t_, g.e_up);
+  xs.reset();
+  TensorBuffer dxs(alloc, DType::kF32, {m, E}, Tag::kOther, "moe d input rows in expert order (tile)");
+  per_expert(dev_, R.count, R.offset, false, gate.data(), Fe, t_, w.e_gate, dxs.data(), E, DType::kF32);
+  {  // += dup_e w_up_e (beta 1)
+    const int64_t es = dtype_size(w.e_up.dtype());
+    for (size_t e = 0; e < R.count.size(); ++e) {
+      if (R.count[e] == 0) continue;
+      gemm(dev_, GemmParams{.m = R.count[e], .n = E, .k = Fe, .beta = 1.0f,
+                            .a = up.as<char>() == nullptr ? nullptr : up.as<char>() + R.offset[e] * Fe * dtype_size(t_),
+                            .lda = Fe, .a_dtype = t_,
+                            .b = static_cast<const char*>(w.e_up.data()) + static_cast<int64_t>(e) * Fe * E * es,
+                            .ldb = E, .b_dtype = w.e_up.dtype(),
+                            .c = dxs.as<float>() == nullptr ? nullptr : dxs.as<float>() + R.offset[e] * E, .ldc = E});
+    }
+  }
+  gate.reset();
+  up.reset();
+  // db (n, E) = sum over the token's k rows of dxs (weights 1), then the router's part.
+  TensorBuffer dbf(alloc, DType::kF32, {n, E}, Tag::kOther, "moe d normed input, fp32 (tile)");
+  combine_rows(dev_, MoeRows{.n = n, .k = k, .m = m, .dim = E, .dtype = DType::kF32}, dbf.data(), dxs.data(),
+               R.pos.as<int32_t>(), nullptr, /*accumulate=*/false);
+  dxs.reset();
+  // The router: dlogits (n, X) on the host, then db += dlogits router, d router += dlogits^T b.
+  std::vector<float> dw_host(static_cast<size_t>(n * k)), dlogits_host(static_cast<size_t>(n * X));
+  if (dev_.backed()) {
+    dev_.copy(dw_host.data(), dw.data(), dw.view().bytes());
+    route_rows_backward(R.probs.data(), ids, dw_host.data(), n, X, k, m_.norm_topk_prob,
+                        aux_grad.empty() ? nullptr : aux_grad.data(), real, dlogits_host.data());
+  }
+  dw.reset();
+  TensorBuffer dlogits(alloc, DType::kF32, {n, X}, Tag::kOther, "moe d router logits (tile)");
+  dev_.copy(dlogits.data(), dlogits_host.data(), dlogits.view().bytes());
+  gemm(dev_, GemmParams{.m = n, .n = E, .k = X, .beta = 1.0f, .a = dlogits.data(), .lda = X, .a_dtype = DType::kF32,
+                        .b = w.router.data(), .ldb = E, .b_dtype = w.router.dtype(), .c = dbf.data(), .ldc = E});
+  gemm(dev_, GemmParams{.trans_a = true, .m = X, .n = E, .k = n, .beta = 1.0f, .a = dlogits.data(), .lda = X,
+                        .a_dtype = DType::kF32, .b = b.data(), .ldb = E, .b_dtype = t_, .c = g.router.data(), .ldc = E});
+  convert(dev_, db.data(), db.dtype(), dbf.data(), DType::kF32, n * E);
+}
+
+}  // namespace untied
