@@ -33,6 +33,27 @@ std::unique_ptr<PendingExchange> Communicator::all_to_all_start(const void* send
   return std::make_unique<DeferredExchange>([=, this] { all_to_all(send, recv, block_bytes); });
 }
 
+void Communicator::all_to_allv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                               const std::vector<int64_t>& recv_bytes) {
+  const int P = size(), r = rank();
+  UNTIED_CHECK(static_cast<int>(send_bytes.size()) == P && static_cast<int>(recv_bytes.size()) == P,
+               "all_to_allv: rank ", r, " gave ", send_bytes.size(), " send and ", recv_bytes.size(),
+               " receive sizes for a group of ", P);
+  std::vector<int64_t> send_at(static_cast<size_t>(P) + 1, 0), recv_at(static_cast<size_t>(P) + 1, 0);
+  for (int p = 0; p < P; ++p) {
+    UNTIED_CHECK(send_bytes[static_cast<size_t>(p)] >= 0 && recv_bytes[static_cast<size_t>(p)] >= 0,
+                 "all_to_allv: rank ", r, " gave a negative size for rank ", p);
+    send_at[static_cast<size_t>(p) + 1] = send_at[static_cast<size_t>(p)] + send_bytes[static_cast<size_t>(p)];
+    recv_at[static_cast<size_t>(p) + 1] = recv_at[static_cast<size_t>(p)] + recv_bytes[static_cast<size_t>(p)];
+  }
+  for (int s = 0; s < P; ++s) {
+    const int dest = (r + s) % P, src = (r - s + P) % P;
+    sendrecv(static_cast<const char*>(send) + send_at[static_cast<size_t>(dest)], send_bytes[static_cast<size_t>(dest)],
+             dest, static_cast<char*>(recv) + recv_at[static_cast<size_t>(src)], recv_bytes[static_cast<size_t>(src)],
+             src);
+  }
+}
+
 // One int64 min-reduction: 1 survives only if every rank passed 1.
 bool all_ranks_ok(Communicator& comm, bool ok) {
   int64_t v = ok ? 1 : 0;

@@ -8,13 +8,14 @@
 namespace untied {
 
 ShardedParams::ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute,
-                             ShardedState state)
+                             ShardedState state, bool experts_local)
     : dev_(dev), comm_(comm), compute_(compute), state_(state), descs_(std::move(descs)) {
   Allocator& a = dev.allocator();
   const int64_t C = comm.size();
   for (const ParamDesc& d : descs_) {
     const int64_t s = (d.shape.numel() + C - 1) / C;
     shard_.push_back(s);
+    local_.push_back(experts_local && d.kind == ParamKind::kExperts && d.shape[0] % C == 0);
     master_.emplace_back(a, DType::kF32, Shape{s}, Tag::kParameters, d.name + " (master shard)");
     dev.fill_zero(master_.back().data(), s * 4);
     if (state_ == ShardedState::kWeightsOnly) continue;
@@ -67,6 +68,15 @@ ParamGroup ShardedParams::gather(int group) {
   for (int i = 0; i < num_params(); ++i) {
     if (descs_[i].group != group) continue;
     const int64_t s = shard_[i];
+    if (local_[static_cast<size_t>(i)]) {  // this rank's experts, as they are
+      Shape own = descs_[i].shape;
+      own = Shape{own[0] / C, own[1], own[2]};
+      TensorBuffer mine(alloc, compute_, own, Tag::kParameters, descs_[i].name + " (this rank's experts)");
+      convert(dev_, mine.data(), compute_, master(i), DType::kF32, s);
+      g.ids.push_back(i);
+      g.tensors.push_back(std::move(mine));
+      continue;
+    }
     Buffer send = alloc.allocate(s * es, Tag::kCommunication, descs_[i].name + " (gather send)");
     TensorBuffer full(alloc, compute_, Shape{C * s}, Tag::kParameters, descs_[i].name + " (gathered)");
     if (dev_.backed()) {
@@ -86,6 +96,15 @@ ParamGroup ShardedParams::grad_buffers(int group) {
   g.group = group;
   for (int i = 0; i < num_params(); ++i) {
     if (descs_[i].group != group) continue;
+    if (local_[static_cast<size_t>(i)]) {
+      const Shape& d = descs_[i].shape;
+      TensorBuffer mine(dev_.allocator(), DType::kF32, Shape{d[0] / comm_.size(), d[1], d[2]}, Tag::kGradients,
+                        descs_[i].name + " (this rank's experts' grad)");
+      dev_.fill_zero(mine.data(), shard_[i] * 4);
+      g.ids.push_back(i);
+      g.tensors.push_back(std::move(mine));
+      continue;
+    }
     TensorBuffer full(dev_.allocator(), DType::kF32, Shape{comm_.size() * shard_[i]}, Tag::kGradients,
                       descs_[i].name + " (full grad)");
     dev_.fill_zero(full.data(), comm_.size() * shard_[i] * 4);
@@ -101,6 +120,11 @@ void ShardedParams::reduce_grads(ParamGroup& g) {
   for (size_t k = 0; k < g.ids.size(); ++k) {
     const int i = g.ids[k];
     const int64_t s = shard_[i];
+    if (local_[static_cast<size_t>(i)]) {  // computed whole here: nothing to sum over ranks
+      add_into(dev_, grad(i), DType::kF32, g.tensors[k].data(), DType::kF32, s);
+      g.tensors[k].reset();
+      continue;
+    }
     Buffer recv = dev_.allocator().allocate(s * 4, Tag::kCommunication, descs_[i].name + " (grad shard recv)");
     if (dev_.backed()) {
       comm_.reduce_scatter(g.tensors[k].data(), recv.data(), s, DType::kF32, ReduceOp::kSum);

@@ -60,7 +60,7 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
       g_(checked_geometry(m, o, comm.size(), host != nullptr)), host_(host) {
   attn_ = make_attention_block(dev, comm, g_.attention);
   if (m_.experts > 0) {
-    moe_ = std::make_unique<MoeMlp>(dev, m_, o_.dtype);
+    moe_ = std::make_unique<MoeMlp>(dev, m_, o_.dtype, experts_parallel(m_, o_, comm.size()) ? &comm : nullptr);
     real_.resize(static_cast<size_t>(g_.L));
     for (int64_t r = 0; r < g_.L; ++r) real_[static_cast<size_t>(r)] = g_.layout.position(comm.rank(), r) < g_.S;
   }
@@ -483,6 +483,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
         stats_[static_cast<size_t>(l)].prob_sum.assign(static_cast<size_t>(m_.experts), 0.0);
       }
     recording_ = true;
+    moe_->take_sent_bytes();  // (an evaluation's are not the step's)
   }
   for (int l = 0; l < N; ++l) {
     watchdog_note(1, "forward, block " + std::to_string(l));
@@ -595,6 +596,7 @@ StepSums Decoder::forward_backward(ParameterStore& params, const int32_t* tokens
     embedding_backward(dev_, emb, bind_embedding(g).embed.as<float>(), ids.as<int32_t>(), dh.data());
     params.reduce_grads(g);
   }
+  if (moe_ != nullptr) sums.moe_sent_bytes = moe_->take_sent_bytes();
   alloc.set_phase(Phase::kSetup);
   return sums;
 }

@@ -15,6 +15,10 @@ AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) 
                          .qkv_bias = m.qkv_bias};
 }
 
+bool experts_parallel(const ModelConfig& m, const DecoderOptions& o, int ranks) {
+  return o.expert_parallel && m.experts > 0 && ranks > 1 && m.experts % ranks == 0;
+}
+
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   Status s = validate(m);
   if (!s.ok()) return s;

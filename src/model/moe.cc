@@ -89,36 +89,46 @@ double load_balancing_loss(const std::vector<MoeLayerStats>& layers, int64_t X, 
 }
 
 struct MoeMlp::Routing {
-  std::vector<float> logits, probs, weights;  // host: (n, X), (n, X), (n, k)
-  std::vector<int64_t> count, offset;         // per expert: rows, first row in expert order
-  TensorBuffer idx, pos, w;                   // device: (m) source row, (n, k) row in expert order, (n, k) weights
+  std::vector<float> probs, weights;  // host: (n, X), (n, k)
+  std::vector<int64_t> count, offset;  // per expert (X): the tile's rows, and where they start in expert order
+  TensorBuffer idx, pos, w;            // device: (m) source row, (n, k) row in expert order, (n, k) weights
+  // Expert parallelism: the rows each rank sends (its experts' rows, in expert order) and
+  // receives, in bytes of one element a row (scaled per buffer), and the received rows' segments.
+  std::vector<int64_t> send_rows, recv_rows;
+  int64_t received = 0;  // M: rows this rank's experts process
+  std::vector<Segment> segments;
 };
 
-MoeMlp::MoeMlp(Device& dev, const ModelConfig& m, DType t) : dev_(dev), m_(m), t_(t) {}
+MoeMlp::MoeMlp(Device& dev, const ModelConfig& m, DType t, Communicator* ep)
+    : dev_(dev), m_(m), t_(t), ep_(ep), local_experts_(ep != nullptr ? m.experts / ep->size() : m.experts) {
+  UNTIED_CHECK(ep == nullptr || m.experts % ep->size() == 0, "moe: ", m.experts, " experts over ", ep->size(),
+               " ranks: expert parallelism needs a multiple of the ranks");
+}
 
 MoeMlp::Routing MoeMlp::route(const BlockWeights& w, const Tensor& b, int32_t* ids, bool use_ids) {
   const int64_t n = b.dim(0), E = m_.hidden, X = m_.experts, k = m_.experts_per_token, m = n * k;
   Allocator& alloc = dev_.allocator();
   Routing R;
+  std::vector<float> logits_host(static_cast<size_t>(n * X));
   {
     TensorBuffer logits(alloc, DType::kF32, {n, X}, Tag::kOther, "moe router logits (tile)");
     gemm(dev_, GemmParams{.trans_b = true, .m = n, .n = X, .k = E, .a = b.data(), .lda = E, .a_dtype = t_,
                           .b = w.router.data(), .ldb = E, .b_dtype = t_, .c = logits.data(), .ldc = X});
-    R.logits.resize(static_cast<size_t>(n * X));
-    if (dev_.backed()) dev_.copy(R.logits.data(), logits.data(), logits.view().bytes());
+    if (dev_.backed()) dev_.copy(logits_host.data(), logits.data(), logits.view().bytes());
   }
   R.probs.resize(static_cast<size_t>(n * X));
   R.weights.resize(static_cast<size_t>(m));
   R.count.assign(static_cast<size_t>(X), 0);
   std::vector<int32_t> idx(static_cast<size_t>(m)), pos(static_cast<size_t>(m));
   if (dev_.backed()) {
-    route_rows(R.logits.data(), n, X, k, m_.norm_topk_prob, use_ids, ids, R.weights.data(), R.probs.data());
+    route_rows(logits_host.data(), n, X, k, m_.norm_topk_prob, use_ids, ids, R.weights.data(), R.probs.data());
     for (int64_t i = 0; i < m; ++i) ++R.count[static_cast<size_t>(ids[i])];
-  } else {  // rehearsal: nothing is routed; the experts' GEMMs take the balanced split
+  } else {  // rehearsal: nothing is routed; the experts take the balanced split (moe.h)
     for (int64_t e = 0; e < X; ++e) R.count[static_cast<size_t>(e)] = m / X + (e < m % X ? 1 : 0);
   }
   R.offset.assign(static_cast<size_t>(X), 0);
-  for (int64_t e = 1; e < X; ++e) R.offset[static_cast<size_t>(e)] = R.offset[static_cast<size_t>(e - 1)] + R.count[static_cast<size_t>(e - 1)];
+  for (int64_t e = 1; e < X; ++e)
+    R.offset[static_cast<size_t>(e)] = R.offset[static_cast<size_t>(e - 1)] + R.count[static_cast<size_t>(e - 1)];
   if (dev_.backed()) {
     std::vector<int64_t> next = R.offset;
     for (int64_t e = 0; e < X; ++e)  // expert order, each expert's rows in row order
@@ -136,37 +146,77 @@ MoeMlp::Routing MoeMlp::route(const BlockWeights& w, const Tensor& b, int32_t* i
   dev_.copy(R.idx.data(), idx.data(), R.idx.view().bytes());
   dev_.copy(R.pos.data(), pos.data(), R.pos.view().bytes());
   dev_.copy(R.w.data(), R.weights.data(), R.w.view().bytes());
+  const int64_t Xl = local_experts_;
+  if (ep_ == nullptr) {  // every expert here: the rows in expert order are the experts' own
+    R.received = m;
+    for (int64_t e = 0; e < X; ++e)
+      R.segments.push_back(Segment{.expert = e, .first = R.offset[static_cast<size_t>(e)],
+                                   .rows = R.count[static_cast<size_t>(e)]});
+    return R;
+  }
+  // Expert parallelism: how many rows each rank's experts get from each rank (one all_to_all of
+  // the counts), so that every receive is sized before the rows move.
+  const int P = ep_->size();
+  std::vector<int64_t> got(static_cast<size_t>(X));
+  if (dev_.backed()) ep_->all_to_all(R.count.data(), got.data(), Xl * 8);
+  else got = R.count;  // rehearsal: every rank sends the balanced split
+  R.send_rows.assign(static_cast<size_t>(P), 0);
+  R.recv_rows.assign(static_cast<size_t>(P), 0);
+  for (int p = 0; p < P; ++p)
+    for (int64_t j = 0; j < Xl; ++j) {
+      const size_t e = static_cast<size_t>(p * Xl + j);
+      R.send_rows[static_cast<size_t>(p)] += R.count[e];
+      R.segments.push_back(Segment{.expert = j, .first = R.received, .rows = got[e]});
+      R.recv_rows[static_cast<size_t>(p)] += got[e];
+      R.received += got[e];
+    }
   return R;
 }
 
+TensorBuffer MoeMlp::exchange_rows(const Routing& R, const void* rows, int64_t dim, DType t, bool to_experts,
+                                   const char* what) {
+  const std::vector<int64_t>& out = to_experts ? R.send_rows : R.recv_rows;
+  const std::vector<int64_t>& in = to_experts ? R.recv_rows : R.send_rows;
+  int64_t total = 0;
+  std::vector<int64_t> send_bytes, recv_bytes;
+  for (size_t p = 0; p < out.size(); ++p) {
+    send_bytes.push_back(out[p] * dim * dtype_size(t));
+    recv_bytes.push_back(in[p] * dim * dtype_size(t));
+    total += in[p];
+    if (static_cast<int>(p) != ep_->rank()) sent_bytes_ += send_bytes.back();
+  }
+  TensorBuffer recv(dev_.allocator(), t, {total, dim}, Tag::kCommunication, what);
+  if (dev_.backed()) ep_->all_to_allv(rows, send_bytes, recv.data(), recv_bytes);
+  return recv;
+}
+
 namespace {
-// For each expert e with rows: C rows [off_e, off_e + n_e) of c (ldc) = A rows of a (lda) times
-// expert e's matrix of `stacked` (X, rows_w, cols_w): trans_b (A (n_e, cols_w) W_e^T) or not
-// (A (n_e, rows_w) W_e); beta as given; out dtype c_t.
-void per_expert(Device& dev, const std::vector<int64_t>& count, const std::vector<int64_t>& offset, bool trans_b,
-                const void* a, int64_t lda, DType a_t, const Tensor& stacked, void* c, int64_t ldc, DType c_t) {
+// For each segment (an expert's rows): C rows [first, first + rows) of c (ldc) = the same rows
+// of a (lda) times the expert's matrix of `stacked` (X', rows_w, cols_w): trans_b (A W^T, A
+// (rows, cols_w)) or not (A W, A (rows, rows_w)); beta as given; out dtype c_t.
+void per_expert(Device& dev, const std::vector<MoeMlp::Segment>& segs, bool trans_b, const void* a, int64_t lda,
+                DType a_t, const Tensor& stacked, void* c, int64_t ldc, DType c_t, float beta = 0.0f) {
   const int64_t rw = stacked.dim(1), cw = stacked.dim(2), es = dtype_size(stacked.dtype());
-  for (size_t e = 0; e < count.size(); ++e) {
-    if (count[e] == 0) continue;
-    const char* we = static_cast<const char*>(stacked.data()) + static_cast<int64_t>(e) * rw * cw * es;
-    gemm(dev, GemmParams{.trans_b = trans_b, .m = count[e], .n = trans_b ? rw : cw, .k = trans_b ? cw : rw,
-                         .a = static_cast<const char*>(a) + offset[e] * lda * dtype_size(a_t), .lda = lda,
+  for (const MoeMlp::Segment& s : segs) {
+    if (s.rows == 0) continue;
+    const char* we = static_cast<const char*>(stacked.data()) + s.expert * rw * cw * es;
+    gemm(dev, GemmParams{.trans_b = trans_b, .m = s.rows, .n = trans_b ? rw : cw, .k = trans_b ? cw : rw,
+                         .beta = beta, .a = static_cast<const char*>(a) + s.first * lda * dtype_size(a_t), .lda = lda,
                          .a_dtype = a_t, .b = we, .ldb = cw, .b_dtype = stacked.dtype(),
-                         .c = static_cast<char*>(c) + offset[e] * ldc * dtype_size(c_t), .ldc = ldc, .c_dtype = c_t});
+                         .c = static_cast<char*>(c) + s.first * ldc * dtype_size(c_t), .ldc = ldc, .c_dtype = c_t});
   }
 }
 
-// The weight gradient of each expert: dW_e (X-stacked fp32 (X, P, Q)) += g_e^T x_e, g (m, P) and
-// x (m, Q) in expert order.
-void per_expert_weight_grads(Device& dev, const std::vector<int64_t>& count, const std::vector<int64_t>& offset,
-                             const void* g, int64_t P, const void* x, int64_t Q, DType t, const Tensor& dw) {
-  for (size_t e = 0; e < count.size(); ++e) {
-    if (count[e] == 0) continue;
-    gemm(dev, GemmParams{.trans_a = true, .m = P, .n = Q, .k = count[e], .beta = 1.0f,
-                         .a = static_cast<const char*>(g) + offset[e] * P * dtype_size(t), .lda = P, .a_dtype = t,
-                         .b = static_cast<const char*>(x) + offset[e] * Q * dtype_size(t), .ldb = Q, .b_dtype = t,
-                         .c = dw.as<float>() == nullptr ? nullptr : dw.as<float>() + static_cast<int64_t>(e) * P * Q,
-                         .ldc = Q});
+// Each segment's weight gradient: dW_e (stacked fp32 (X', P, Q)) += g^T x over the segment's
+// rows, g (M, P) and x (M, Q).
+void per_expert_weight_grads(Device& dev, const std::vector<MoeMlp::Segment>& segs, const void* g, int64_t P,
+                             const void* x, int64_t Q, DType t, const Tensor& dw) {
+  for (const MoeMlp::Segment& s : segs) {
+    if (s.rows == 0) continue;
+    gemm(dev, GemmParams{.trans_a = true, .m = P, .n = Q, .k = s.rows, .beta = 1.0f,
+                         .a = static_cast<const char*>(g) + s.first * P * dtype_size(t), .lda = P, .a_dtype = t,
+                         .b = static_cast<const char*>(x) + s.first * Q * dtype_size(t), .ldb = Q, .b_dtype = t,
+                         .c = dw.as<float>() == nullptr ? nullptr : dw.as<float>() + s.expert * P * Q, .ldc = Q});
   }
 }
 }  // namespace
@@ -186,17 +236,20 @@ void MoeMlp::forward(const BlockWeights& w, const Tensor& b, const Tensor& out, 
   const MoeRows rows{.n = n, .k = k, .m = m, .dim = E, .dtype = t_};
   TensorBuffer xs(alloc, t_, {m, E}, Tag::kOther, "moe input rows in expert order (tile)");
   gather_rows(dev_, rows, xs.data(), b.data(), n, R.idx.as<int32_t>());
-  // gate, up (m, Fe) = xs_e w_gate_e^T, xs_e w_up_e^T;  s = silu(gate) * up (over gate)
-  TensorBuffer gate(alloc, t_, {m, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {m, Fe}, Tag::kOther, "moe up (tile)");
-  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
-  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
+  if (ep_ != nullptr) xs = exchange_rows(R, xs.data(), E, t_, true, "moe input rows at their experts (tile)");
+  const int64_t M = R.received;
+  // gate, up (M, Fe) = x w_gate_e^T, x w_up_e^T per expert's rows;  s = silu(gate) * up (over gate)
+  TensorBuffer gate(alloc, t_, {M, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {M, Fe}, Tag::kOther, "moe up (tile)");
+  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
+  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
   xs.reset();
-  swiglu_forward(dev_, SwigluShape{.rows = m, .dim = Fe, .dtype = t_}, gate.data(), gate.data(), up.data());
+  swiglu_forward(dev_, SwigluShape{.rows = M, .dim = Fe, .dtype = t_}, gate.data(), gate.data(), up.data());
   up.reset();
-  // ys (m, E) = s_e w_down_e^T;  out += combine(ys, w)
-  TensorBuffer ys(alloc, t_, {m, E}, Tag::kOther, "moe expert outputs (tile)");
-  per_expert(dev_, R.count, R.offset, true, gate.data(), Fe, t_, w.e_down, ys.data(), E, t_);
+  // ys (M, E) = s w_down_e^T, back to the tokens' ranks;  out += combine(ys, w)
+  TensorBuffer ys(alloc, t_, {M, E}, Tag::kOther, "moe expert outputs (tile)");
+  per_expert(dev_, R.segments, true, gate.data(), Fe, t_, w.e_down, ys.data(), E, t_);
   gate.reset();
+  if (ep_ != nullptr) ys = exchange_rows(R, ys.data(), E, t_, false, "moe expert outputs returned (tile)");
   combine_rows(dev_, rows, out.data(), ys.data(), R.pos.as<int32_t>(), R.w.as<float>(), /*accumulate=*/true);
 }
 
@@ -206,53 +259,48 @@ void MoeMlp::backward(const BlockWeights& w, const BlockWeights& g, const Tensor
   Allocator& alloc = dev_.allocator();
   Routing R = route(w, b, const_cast<int32_t*>(ids), /*use_ids=*/true);
   const MoeRows rows{.n = n, .k = k, .m = m, .dim = E, .dtype = t_};
-  // The forward again: xs, gate, up, s and ys.
+  // The forward again, at the experts: x, gate, up, s and ys (returned to the tokens' ranks).
   TensorBuffer xs(alloc, t_, {m, E}, Tag::kOther, "moe input rows in expert order (tile)");
   gather_rows(dev_, rows, xs.data(), b.data(), n, R.idx.as<int32_t>());
-  TensorBuffer gate(alloc, t_, {m, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {m, Fe}, Tag::kOther, "moe up (tile)");
-  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
-  per_expert(dev_, R.count, R.offset, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
-  TensorBuffer s(alloc, t_, {m, Fe}, Tag::kOther, "moe swiglu (tile)");
-  swiglu_forward(dev_, SwigluShape{.rows = m, .dim = Fe, .dtype = t_}, s.data(), gate.data(), up.data());
-  TensorBuffer ys(alloc, t_, {m, E}, Tag::kOther, "moe expert outputs (tile)");
-  per_expert(dev_, R.count, R.offset, true, s.data(), Fe, t_, w.e_down, ys.data(), E, t_);
-  // dys (m, E) = w dy of its token;  dw (n, k) = dy . ys
+  if (ep_ != nullptr) xs = exchange_rows(R, xs.data(), E, t_, true, "moe input rows at their experts (tile)");
+  const int64_t M = R.received;
+  TensorBuffer gate(alloc, t_, {M, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {M, Fe}, Tag::kOther, "moe up (tile)");
+  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
+  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
+  TensorBuffer s(alloc, t_, {M, Fe}, Tag::kOther, "moe swiglu (tile)");
+  swiglu_forward(dev_, SwigluShape{.rows = M, .dim = Fe, .dtype = t_}, s.data(), gate.data(), up.data());
+  TensorBuffer ys(alloc, t_, {M, E}, Tag::kOther, "moe expert outputs (tile)");
+  per_expert(dev_, R.segments, true, s.data(), Fe, t_, w.e_down, ys.data(), E, t_);
+  if (ep_ != nullptr) ys = exchange_rows(R, ys.data(), E, t_, false, "moe expert outputs returned (tile)");
+  // At the tokens' ranks: dys (m, E) = w dy of its token;  dw (n, k) = dy . ys;  dys to the experts
   TensorBuffer dys(alloc, t_, {m, E}, Tag::kOther, "moe d expert outputs (tile)");
   TensorBuffer dw(alloc, DType::kF32, {n, k}, Tag::kOther, "moe d routing weights (tile)");
   combine_rows_backward(dev_, rows, dys.data(), dw.as<float>(), dy.data(), ys.data(), R.pos.as<int32_t>(),
                         R.w.as<float>());
   ys.reset();
-  // dw_down_e += dys_e^T s_e;  ds (m, Fe) = dys_e w_down_e
-  per_expert_weight_grads(dev_, R.count, R.offset, dys.data(), E, s.data(), Fe, t_, g.e_down);
+  if (ep_ != nullptr) dys = exchange_rows(R, dys.data(), E, t_, true, "moe d expert outputs at their experts (tile)");
+  // dw_down_e += dys^T s;  ds (M, Fe) = dys w_down_e
+  per_expert_weight_grads(dev_, R.segments, dys.data(), E, s.data(), Fe, t_, g.e_down);
   s.reset();
-  TensorBuffer ds(alloc, t_, {m, Fe}, Tag::kOther, "moe dswiglu (tile)");
-  per_expert(dev_, R.count, R.offset, false, dys.data(), E, t_, w.e_down, ds.data(), Fe, t_);
+  TensorBuffer ds(alloc, t_, {M, Fe}, Tag::kOther, "moe dswiglu (tile)");
+  per_expert(dev_, R.segments, false, dys.data(), E, t_, w.e_down, ds.data(), Fe, t_);
   dys.reset();
   // dgate, dup over gate, up
-  swiglu_backward(dev_, SwigluShape{.rows = m, .dim = Fe, .dtype = t_}, gate.data(), up.data(), gate.data(), up.data(),
+  swiglu_backward(dev_, SwigluShape{.rows = M, .dim = Fe, .dtype = t_}, gate.data(), up.data(), gate.data(), up.data(),
                   ds.data());
   ds.reset();
-  // dw_gate_e += dgate_e^T xs_e, dw_up_e likewise;  dxs (m, E) = dgate_e w_gate_e + dup_e w_up_e
-  per_expert_weight_grads(dev_, R.count, R.offset, gate.data(), Fe, xs.data(), E, t_, g.e_gate);
-  per_expert_weight_grads(dev_, R.count, R.offset, up.data(), Fe, xs.data(), E, t_, g.e_up);
+  // dw_gate_e += dgate^T x, dw_up_e likewise;  dx (M, E) fp32 = dgate w_gate_e + dup w_up_e, back
+  per_expert_weight_grads(dev_, R.segments, gate.data(), Fe, xs.data(), E, t_, g.e_gate);
+  per_expert_weight_grads(dev_, R.segments, up.data(), Fe, xs.data(), E, t_, g.e_up);
   xs.reset();
-  TensorBuffer dxs(alloc, DType::kF32, {m, E}, Tag::kOther, "moe d input rows in expert order (tile)");
-  per_expert(dev_, R.count, R.offset, false, gate.data(), Fe, t_, w.e_gate, dxs.data(), E, DType::kF32);
-  {  // += dup_e w_up_e (beta 1)
-    const int64_t es = dtype_size(w.e_up.dtype());
-    for (size_t e = 0; e < R.count.size(); ++e) {
-      if (R.count[e] == 0) continue;
-      gemm(dev_, GemmParams{.m = R.count[e], .n = E, .k = Fe, .beta = 1.0f,
-                            .a = up.as<char>() == nullptr ? nullptr : up.as<char>() + R.offset[e] * Fe * dtype_size(t_),
-                            .lda = Fe, .a_dtype = t_,
-                            .b = static_cast<const char*>(w.e_up.data()) + static_cast<int64_t>(e) * Fe * E * es,
-                            .ldb = E, .b_dtype = w.e_up.dtype(),
-                            .c = dxs.as<float>() == nullptr ? nullptr : dxs.as<float>() + R.offset[e] * E, .ldc = E});
-    }
-  }
+  TensorBuffer dxs(alloc, DType::kF32, {M, E}, Tag::kOther, "moe d input rows in expert order (tile)");
+  per_expert(dev_, R.segments, false, gate.data(), Fe, t_, w.e_gate, dxs.data(), E, DType::kF32);
+  per_expert(dev_, R.segments, false, up.data(), Fe, t_, w.e_up, dxs.data(), E, DType::kF32, 1.0f);
   gate.reset();
   up.reset();
-  // db (n, E) = sum over the token's k rows of dxs (weights 1), then the router's part.
+  if (ep_ != nullptr)
+    dxs = exchange_rows(R, dxs.data(), E, DType::kF32, false, "moe d input rows returned (tile)");
+  // db (n, E) = the sum over the token's k rows of dx (weights 1), then the router's part.
   TensorBuffer dbf(alloc, DType::kF32, {n, E}, Tag::kOther, "moe d normed input, fp32 (tile)");
   combine_rows(dev_, MoeRows{.n = n, .k = k, .m = m, .dim = E, .dtype = DType::kF32}, dbf.data(), dxs.data(),
                R.pos.as<int32_t>(), nullptr, /*accumulate=*/false);

@@ -91,7 +91,8 @@ StatusOr<EvalResult> evaluate(Device& dev, Communicator& dev_comm, Communicator&
   ds = first_failure(comm, ds);
   if (!ds.ok()) return ds;
 
-  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly,
+                       experts_parallel(o.model, o.decoder, dev_comm.size()));
   int64_t checkpoint_step = -1;
   Status ws = load_weights(o, comm, dev, params, &checkpoint_step);
   if (!ws.ok()) return ws;
@@ -253,7 +254,8 @@ Status start_needle(Device& dev, Communicator& comm, const EvalOptions& o, const
 StatusOr<std::vector<NeedleCell>> evaluate_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
                                                   const NeedleTokenizer& tok, const DataSource* haystack,
                                                   const EvalOptions& o, const NeedleOptions& n) {
-  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly,
+                       experts_parallel(o.model, o.decoder, dev_comm.size()));
   if (Status s = start_needle(dev, comm, o, n, params); !s.ok()) return s;
   std::vector<NeedleCell> cells;
   for (const int64_t length : n.lengths) {
@@ -342,7 +344,8 @@ class KvDepthSource final : public DataSource {
 
 StatusOr<std::vector<NeedleCell>> evaluate_kv_needle(Device& dev, Communicator& dev_comm, Communicator& comm,
                                                      const KvTask& kv, const EvalOptions& o, const NeedleOptions& n) {
-  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly);
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kWeightsOnly,
+                       experts_parallel(o.model, o.decoder, dev_comm.size()));
   if (Status s = start_needle(dev, comm, o, n, params, [&](int64_t length) { return kv.layout(length).status(); });
       !s.ok())
     return s;

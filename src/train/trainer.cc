@@ -330,6 +330,7 @@ BatchSums forward_backward(Decoder& decoder, ShardedParams& params, StepBatch& b
     r.sums.answers += one.answers;
     r.sums.correct += one.correct;
     r.sums.router_aux += one.router_aux;
+    r.sums.moe_sent_bytes += one.moe_sent_bytes;
     r.sums.expert_load.resize(one.expert_load.size(), 0.0);
     for (size_t i = 0; i < one.expert_load.size(); ++i) r.sums.expert_load[i] += one.expert_load[i];
   }
@@ -608,7 +609,8 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
   // The model: its sharded state, and the Decoder. Offloaded block inputs live in host memory
   // (page-locked on a GPU), counted apart from the device budget.
   Allocator& alloc = dev.allocator();
-  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype);
+  ShardedParams params(dev, dev_comm, parameter_descriptors(o.model), o.decoder.dtype, ShardedState::kTraining,
+                       experts_parallel(o.model, o.decoder, dev_comm.size()));
   if (Status s = load_initial_weights(o, dev, comm, params); !s.ok()) return s;
   Allocator host(o.rehearsal || !dev.backed() ? make_counting_memory() : dev.host_memory(),
                  Allocator::Options{.budget_bytes = o.host_budget_bytes / o.ranks_per_node, .name = "host"});
@@ -721,6 +723,9 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
     if (m_is_moe(o)) {  // the router's term of the loss and each MoE layer's tokens per expert
       line["router_aux_loss"] = as_printed("%.6g", f.router_aux);
       line["expert_load"] = expert_load_json(o.model, st.sums.expert_load);
+      int64_t sent = st.sums.moe_sent_bytes;  // the most any rank sent
+      comm.all_reduce(&sent, &sent, 1, DType::kI64, ReduceOp::kMax);
+      line["moe_all_to_all_bytes_per_rank"] = sent;
     }
     if (eval_figures.samples > 0) {
       line["eval_loss"] = as_printed("%.6f", eval_figures.loss);

@@ -18,7 +18,7 @@ DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int 
   std::mutex mu;
   run_in_process(ranks, [&](Communicator& comm) {
     auto dev = make_cpu_device({.threads = 1});
-    ShardedParams params(*dev, comm, descs, o.dtype);
+    ShardedParams params(*dev, comm, descs, o.dtype, ShardedState::kTraining, experts_parallel(m, o, ranks));
     init(params, comm.rank());
     Decoder dec(*dev, comm, m, o);
     // This rank's positions (token_layout.h: one run, or two under a ring), gathered in row order;
@@ -48,6 +48,7 @@ DecoderStep run_decoder_step(const ModelConfig& m, const DecoderOptions& o, int 
       out.loss = loss / static_cast<double>(global) + s.router_aux;
       out.router_aux = s.router_aux;
       out.expert_load = s.expert_load;
+      out.moe_sent_bytes = s.moe_sent_bytes;
       out.grads = std::move(full);
     }
   });

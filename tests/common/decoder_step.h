@@ -19,6 +19,7 @@ struct DecoderStep {
   std::vector<std::vector<float>> grads;  // per parameter, full (descriptor order)
   double router_aux = 0;                  // a MoE model's coef * load-balancing loss (in `loss` too)
   std::vector<double> expert_load;        // StepSums::expert_load
+  int64_t moe_sent_bytes = 0;             // rank 0's StepSums::moe_sent_bytes
 };
 
 // Fills rank `rank`'s shard of the parameters (master copies) before the step.

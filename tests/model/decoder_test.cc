@@ -231,6 +231,56 @@ TEST(Decoder, QkvBiasStrategiesAgreeWithLocal) {
   }
 }
 
+// A mixture of experts (8 experts, 2 a token, a dense layer between two MoE ones) through every
+// strategy, with its experts spread over the ranks (expert parallelism: 2 and 4 ranks own 4 and 2
+// experts each, the rows crossing in all-to-alls) and with every expert on every rank (no
+// dispatch; 3 ranks, which 8 experts do not divide, run that way too): the loss with the
+// load-balancing term, the tokens per expert and every gradient as one rank's. Then bf16 and the
+// selective recompute with expert parallelism.
+TEST(Decoder, MixtureOfExpertsAgreesWithLocalWithAndWithoutExpertParallelism) {
+  ModelConfig m = tiny_model();
+  m.layers = 3, m.experts = 8, m.experts_per_token = 2, m.expert_ffn = 24, m.norm_topk_prob = true;
+  m.router_aux_coef = 0.05, m.dense_layers = {1};
+  DecoderOptions o{.seq = 48, .strategy = Strategy::kLocal, .mlp_tile = 16, .loss_chunk = 7};
+  std::vector<int32_t> tokens, labels;
+  make_data(48, m.vocab, &tokens, &labels);
+  auto step = [&](const DecoderOptions& opt, int ranks) {
+    return test::run_decoder_step(m, opt, ranks, tokens, labels, [&](ShardedParams& params, int) {
+      params.init(parameter_init(m, 3));
+    });
+  };
+  const test::DecoderStep ref = step(o, 1);
+  EXPECT_GT(ref.router_aux, 0.0);
+  ASSERT_EQ(ref.expert_load.size(), 2u * 8u);  // two MoE layers
+  EXPECT_EQ(ref.moe_sent_bytes, 0);
+  struct Case {
+    Strategy strategy;
+    int ranks, ring = 1;
+    bool expert_parallel = true;
+  };
+  for (Case c : {Case{Strategy::kUlysses, 2}, Case{Strategy::kUPipe, 4}, Case{Strategy::kUPipe, 4, 1, false},
+                 Case{Strategy::kRing, 3}, Case{Strategy::kUPipe, 4, 2}, Case{Strategy::kRing, 2, 1, false}}) {
+    const bool ep = c.expert_parallel && 8 % c.ranks == 0;
+    SCOPED_TRACE(std::string(strategy_name(c.strategy)) + " on " + std::to_string(c.ranks) + " ranks, ring " +
+                 std::to_string(c.ring) + (ep ? ", experts over the ranks" : ", every expert on every rank"));
+    DecoderOptions d = o;
+    d.strategy = c.strategy, d.ring = c.ring, d.expert_parallel = c.expert_parallel;
+    const test::DecoderStep got = step(d, c.ranks);
+    expect_close(Result{ref.loss, ref.grads}, Result{got.loss, got.grads}, m, 2e-5);
+    EXPECT_NEAR(got.router_aux, ref.router_aux, 1e-6 * ref.router_aux);
+    EXPECT_EQ(got.expert_load, ref.expert_load);
+    if (ep) EXPECT_GT(got.moe_sent_bytes, 0);
+    else EXPECT_EQ(got.moe_sent_bytes, 0);
+  }
+  DecoderOptions d = o;
+  d.strategy = Strategy::kUPipe;
+  d.recompute = Recompute::kSelective;
+  const test::DecoderStep selective = step(d, 4);
+  expect_close(Result{ref.loss, ref.grads}, Result{selective.loss, selective.grads}, m, 2e-5);
+  d.dtype = DType::kBF16;
+  EXPECT_NEAR(step(d, 2).loss, ref.loss, 2e-2 * ref.loss);
+}
+
 // The selective recompute (the attention output and LSE kept from the forward pass, no attention
 // in the recompute) gives the bits of the full one, loss and every gradient, for every strategy:
 // local, ulysses (G < C on 4 ranks: replicated KV), upipe in one stage and in two rounds of stages,

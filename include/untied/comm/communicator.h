@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "untied/core/dtype.h"
 #include "untied/core/status.h"
@@ -63,6 +64,13 @@ class Communicator {
 
   // send: size() blocks of block_bytes; recv: size() blocks of block_bytes.
   virtual void all_to_all(const void* send, void* recv, int64_t block_bytes) = 0;
+  // All-to-all of blocks of any size (the experts' rows of a mixture of experts): send holds
+  // size() blocks back to back, block p (send_bytes[p] bytes) for rank p; recv receives rank p's
+  // block (recv_bytes[p] bytes, which must be what p sends here) at the sum of the earlier
+  // recv_bytes. The default runs size() rounds of sendrecv (round s: to rank + s, from rank - s);
+  // MPI overrides it with MPI_Alltoallv, NCCL with one group of sends and receives.
+  virtual void all_to_allv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                           const std::vector<int64_t>& recv_bytes);
   // send: block_bytes; recv: size() blocks of block_bytes (rank p's block at p).
   virtual void all_gather(const void* send, void* recv, int64_t block_bytes) = 0;
   // send: size() blocks of block_elems; recv: block_elems = op over ranks of block rank().

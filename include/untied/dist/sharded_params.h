@@ -43,8 +43,13 @@ enum class ShardedState { kTraining, kWeightsOnly };
 class ShardedParams final : public ParameterStore {
  public:
   // Allocates the shards (zeroed). `compute` is the dtype gathered weights are delivered in.
+  // experts_local (expert parallelism, moe.h): a MoE layer's stacked experts (ParamKind::kExperts,
+  // X a multiple of the ranks) stay with their owners: rank r's shard is exactly its experts
+  // [r X / C, (r + 1) X / C), which gather hands out as they are ((X / C, ...), no all_gather),
+  // grad_buffers at that size, and reduce_grads adds into the shard without a reduce-scatter (each
+  // expert's gradient is computed whole on its owner).
   ShardedParams(Device& dev, Communicator& comm, std::vector<ParamDesc> descs, DType compute,
-                ShardedState state = ShardedState::kTraining);
+                ShardedState state = ShardedState::kTraining, bool experts_local = false);
 
   // values(i, first, out): out[k] = element first + k of parameter i; called for this rank's
   // real (unpadded) elements of each parameter, generated on the host and copied to the device.
@@ -78,6 +83,8 @@ class ShardedParams final : public ParameterStore {
   float* moment1(int i) const { return m_[i].as<float>(); }
   float* moment2(int i) const { return v_[i].as<float>(); }
   DType compute_dtype() const { return compute_; }
+  // Whether parameter i stays with its owner (experts_local).
+  bool rank_local(int i) const { return local_[static_cast<size_t>(i)]; }
 
  private:
   Device& dev_;
@@ -88,6 +95,7 @@ class ShardedParams final : public ParameterStore {
   ShardedState state_;
   std::vector<ParamDesc> descs_;
   std::vector<int64_t> shard_;
+  std::vector<bool> local_;
   std::vector<TensorBuffer> master_, grad_, m_, v_;
 };
 

@@ -49,6 +49,7 @@ struct StepSums {
   // rank already (the same on each). The step's loss is the mean cross-entropy plus router_aux.
   double router_aux = 0;
   std::vector<double> expert_load;
+  int64_t moe_sent_bytes = 0;  // this rank's bytes to other ranks in the experts' all-to-alls
 };
 
 struct EvalSums {

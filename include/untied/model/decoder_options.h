@@ -82,7 +82,16 @@ struct DecoderOptions {
   // offload_every. The defaults offload every block; the others stay on the device.
   int64_t offload_keep_first = 0;
   int64_t offload_every = 1;
+  // A mixture of experts (moe.h) over more than one rank: each rank owns X / ranks experts of
+  // every MoE layer (their weights, gradients and AdamW state stay there, ShardedParams
+  // experts_local), and each rank's tokens go to their experts' owners and back (all_to_allv)
+  // when X is a multiple of the ranks. false, or X not a multiple: every rank runs every expert on
+  // its own tokens, the experts gathered like the dense weights (replicated).
+  bool expert_parallel = true;
 };
+
+// Whether a run of m with o on `ranks` ranks spreads its experts (DecoderOptions::expert_parallel).
+bool experts_parallel(const ModelConfig& m, const DecoderOptions& o, int ranks);
 
 // Validates model + options for `ranks` ranks (including the attention block's rules).
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks);

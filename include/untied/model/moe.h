@@ -21,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
+#include "untied/comm/communicator.h"
 #include "untied/core/tensor.h"
 #include "untied/device/device.h"
 #include "untied/model/model_config.h"
@@ -53,7 +55,12 @@ double load_balancing_loss(const std::vector<MoeLayerStats>& layers, int64_t X, 
 
 class MoeMlp {
  public:
-  MoeMlp(Device& dev, const ModelConfig& m, DType t);
+  // ep: expert parallelism over these ranks (m.experts a multiple of their number): this rank
+  // holds experts [r X / P, (r + 1) X / P) (the BlockWeights' e_* are those, (X / P, ...)), each
+  // tile's rows go to their experts' ranks and come back (Communicator::all_to_allv: the counts
+  // first, so every receive is sized from them); null: every expert here (e_* (X, ...)). With
+  // ep, forward and backward are collective over its ranks, tile by tile.
+  MoeMlp(Device& dev, const ModelConfig& m, DType t, Communicator* ep);
   // out (n, E) += moe(b), b (n, E) the tile's normed input. ids (n, k): filled with the router's
   // choice, or (use_ids) the forward's to follow. stats (nullable): the real rows' picks and
   // probabilities added. real: n flags (null: every row real).
@@ -64,15 +71,28 @@ class MoeMlp {
   // load_balancing_loss gives it.
   void backward(const BlockWeights& w, const BlockWeights& g, const Tensor& b, const Tensor& dy, const Tensor& db,
                 const int32_t* ids, const std::vector<float>& aux_grad, const uint8_t* real);
+  // Bytes this rank has sent to other ranks in the experts' all-to-alls since the last take.
+  int64_t take_sent_bytes() { return std::exchange(sent_bytes_, 0); }
+
+  // A run of rows of one expert (its index among this rank's experts) in an expert-side buffer.
+  struct Segment {
+    int64_t expert = 0, first = 0, rows = 0;
+  };
 
  private:
   // What forward and backward share for a tile: the logits on the host, the routing, and the
   // rows in expert order (idx, pos, counts), uploaded.
   struct Routing;
   Routing route(const BlockWeights& w, const Tensor& b, int32_t* ids, bool use_ids);
+  // Expert parallelism: rows (dim elements of t each) in expert order to the experts' ranks
+  // (to_experts), or the experts' rows back; the received rows in a new buffer (Tag::kCommunication).
+  TensorBuffer exchange_rows(const Routing& R, const void* rows, int64_t dim, DType t, bool to_experts, const char* what);
   Device& dev_;
   ModelConfig m_;
   DType t_;
+  Communicator* ep_;
+  int64_t local_experts_;  // X', the experts this rank runs
+  int64_t sent_bytes_ = 0;
 };
 
 }  // namespace untied

@@ -177,6 +177,38 @@ class NcclCommunicator final : public Communicator {
     if (call != nullptr) call->finish();
   }
 
+  // One group of ncclSend / ncclRecv of each rank's block (zero-byte blocks skipped on both sides).
+  void all_to_allv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                   const std::vector<int64_t>& recv_bytes) override {
+    const size_t P = static_cast<size_t>(size_);
+    UNTIED_CHECK(send_bytes.size() == P && recv_bytes.size() == P, "all_to_allv: ", send_bytes.size(), " send and ",
+                 recv_bytes.size(), " receive sizes for a group of ", P);
+    int64_t s_total = 0, r_total = 0;
+    for (size_t p = 0; p < P; ++p) {
+      UNTIED_CHECK(send_bytes[p] >= 0 && recv_bytes[p] >= 0, "all_to_allv: a negative size for rank ", p);
+      s_total += send_bytes[p], r_total += recv_bytes[p];
+    }
+    if (s_total == 0 && r_total == 0) return;
+    auto call = std::make_unique<Call>(*this, "all_to_allv");
+    const char* s = s_total > 0 ? static_cast<const char*>(call->in(send, s_total)) : nullptr;
+    char* r = r_total > 0 ? static_cast<char*>(call->out(recv, r_total)) : nullptr;
+    {
+      NcclGroup group;
+      int64_t s_at = 0, r_at = 0;
+      for (size_t p = 0; p < P; ++p) {
+        if (send_bytes[p] > 0)
+          UNTIED_NCCL_CHECK(ncclSend(s + s_at, static_cast<size_t>(send_bytes[p]), ncclChar, static_cast<int>(p),
+                                     comm_, stream_));
+        if (recv_bytes[p] > 0)
+          UNTIED_NCCL_CHECK(ncclRecv(r + r_at, static_cast<size_t>(recv_bytes[p]), ncclChar, static_cast<int>(p),
+                                     comm_, stream_));
+        s_at += send_bytes[p], r_at += recv_bytes[p];
+      }
+      group.end();
+    }
+    call->finish();
+  }
+
   std::unique_ptr<PendingExchange> all_to_all_start(const void* send, void* recv, int64_t block_bytes) override {
     std::unique_ptr<Call> call = start_all_to_all(send, recv, block_bytes);
     if (call != nullptr) call->record_done();  // wait() then waits for this call, not later ones
