@@ -32,7 +32,7 @@ void combine_rows(Device& dev, const MoeRows& s, void* out, const void* ys, cons
 void combine_rows_backward(Device& dev, const MoeRows& s, void* dys, float* dw, const void* dy, const void* ys,
                            const int32_t* pos, const float* w) {
   check_rows(s, "combine_rows_backward");
-  UNTIED_CHECK(w != nullptr, "combine_rows_backward: the weights are required");
+  UNTIED_CHECK(w != nullptr || !dev.backed(), "combine_rows_backward: the weights are required");
   if (s.n == 0) return;
   run_op(dev, &KernelTable::combine_rows_backward, "combine_rows_backward",
          CombineRowsBackwardCall{.s = s, .dys = dys, .dw = dw, .dy = dy, .ys = ys, .pos = pos, .w = w});

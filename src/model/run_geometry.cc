@@ -32,6 +32,7 @@ RunGeometry run_geometry(const ModelConfig& m, const DecoderOptions& o, int rank
   g.host = host_parts(m, o, g.L, offload);
   g.selective = o.recompute == Recompute::kSelective;
   g.keep_last = o.strategy == Strategy::kUPipe && o.keep_last_stage != KeepLastStage::kOff && !g.selective;
+  g.experts_parallel = experts_parallel(m, o, ranks);
   return g;
 }
 

@@ -90,12 +90,15 @@ void add_state(const std::vector<ParamDesc>& descs, const RunGeometry& d, std::v
 }
 
 // A group's weights gathered in the block dtype and its full-size fp32 gradients, each padded to
-// P shards.
+// P shards; with expert parallelism a MoE layer's experts are this rank's alone (X / P of them).
 void add_group(const std::vector<ParamDesc>& descs, int group, const RunGeometry& d, const char* name,
                std::vector<PlanItem>& out, bool grads = true) {
   int64_t padded = 0;
-  for (const ParamDesc& p : descs)
-    if (p.group == group) padded += d.P * ((p.shape.numel() + d.P - 1) / d.P);
+  for (const ParamDesc& p : descs) {
+    if (p.group != group) continue;
+    const bool own = d.experts_parallel && p.kind == ParamKind::kExperts;
+    padded += own ? p.shape.numel() / d.P : d.P * ((p.shape.numel() + d.P - 1) / d.P);
+  }
   out.push_back({std::string(name) + " (gathered)", Tag::kParameters, padded * d.es});
   if (grads) out.push_back({std::string(name) + " (full grad, fp32)", Tag::kGradients, padded * 4});
 }
@@ -578,6 +581,81 @@ PlanMoment mlp_backward(const TrainOptions& o, const RunGeometry& d, const std::
   return m;
 }
 
+// The last block's MLP backward when it is a mixture of experts (moe.cc MoeMlp::backward), a tile
+// of T rows at a time: the moments where it holds the most, each beside what the dense MLP's
+// backward holds beside its own (the block's state, hm, the attention's saved) and the tile's
+// normed input, rstd, its gradient and the routing (rows in expert order, each token's rows, the
+// weights). The experts' rows: m = T k at the tokens' ranks; M at the experts, m under the plan's
+// assumption of balanced routing (every rank's experts get as many rows as it sends), the
+// rehearsal's too. With expert parallelism each exchange holds its send and its receive at once.
+std::vector<PlanMoment> moe_backward(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs) {
+  const ModelConfig& mc = o.model;
+  const int64_t E = d.E, es = d.es, T = d.mlp_tile, k = mc.experts_per_token, m = T * k, M = m, Fe = mc.expert_ffn;
+  const bool ep = d.experts_parallel;
+  auto base = [&](const char* name) {
+    PlanMoment pm{.name = std::string("MoE backward (last block): ") + name};
+    add_block_backward(o, d, descs, /*input_tile=*/false, pm.items);
+    pm.items.push_back({"residual after attention", Tag::kOther, d.L * E * es});
+    add_attention_saved(o, d, pm.items);
+    pm.items.push_back({"mlp_norm output, its gradient (tile)", Tag::kOther, 2 * T * E * es});
+    pm.items.push_back({"mlp_norm rstd (tile)", Tag::kOther, T * 4});
+    pm.items.push_back({"moe routing (tile)", Tag::kOther, m * 4 * 3});
+    return pm;
+  };
+  auto rows = [&](PlanMoment& pm, const char* what, int64_t n, int64_t width, int64_t bytes, Tag tag = Tag::kOther) {
+    pm.items.push_back({what, tag, n * width * bytes});
+  };
+  std::vector<PlanMoment> out;
+  {  // the experts' outputs back at the tokens' ranks (or, without expert parallelism, made there)
+    PlanMoment pm = base("expert outputs");
+    rows(pm, "moe input rows at the experts", M, E, es, ep ? Tag::kCommunication : Tag::kOther);
+    rows(pm, "moe gate, up and swiglu", M, 3 * Fe, es);
+    rows(pm, "moe expert outputs", M, E, es);
+    if (ep) rows(pm, "moe expert outputs returned", m, E, es, Tag::kCommunication);
+    out.push_back(std::move(pm));
+  }
+  {  // their gradient at the tokens' ranks
+    PlanMoment pm = base("d expert outputs");
+    rows(pm, "moe input rows at the experts", M, E, es, ep ? Tag::kCommunication : Tag::kOther);
+    rows(pm, "moe gate, up and swiglu", M, 3 * Fe, es);
+    rows(pm, "moe expert outputs (returned)", m, E, es, ep ? Tag::kCommunication : Tag::kOther);
+    rows(pm, "moe d expert outputs", m, E, es);
+    rows(pm, "moe d routing weights", T, k, 4);
+    out.push_back(std::move(pm));
+  }
+  if (ep) {  // the gradient sent to the experts
+    PlanMoment pm = base("d expert outputs sent");
+    rows(pm, "moe input rows at the experts", M, E, es, Tag::kCommunication);
+    rows(pm, "moe gate, up and swiglu", M, 3 * Fe, es);
+    rows(pm, "moe d expert outputs, sent and received", m + M, E, es, Tag::kCommunication);
+    rows(pm, "moe d routing weights", T, k, 4);
+    out.push_back(std::move(pm));
+  }
+  {  // the SwiGLU's gradient
+    PlanMoment pm = base("dswiglu");
+    rows(pm, "moe input rows at the experts", M, E, es, ep ? Tag::kCommunication : Tag::kOther);
+    rows(pm, "moe gate and up", M, 2 * Fe, es);
+    rows(pm, "moe d expert outputs (at the experts)", M, E, es, ep ? Tag::kCommunication : Tag::kOther);
+    rows(pm, "moe dswiglu", M, Fe, es);
+    rows(pm, "moe d routing weights", T, k, 4);
+    out.push_back(std::move(pm));
+  }
+  {  // the inputs' gradient (fp32), and its return
+    PlanMoment pm = base("d input rows");
+    rows(pm, "moe gate and up", M, 2 * Fe, es);
+    rows(pm, "moe d input rows", M, E, 4);
+    rows(pm, "moe d routing weights", T, k, 4);
+    out.push_back(std::move(pm));
+    if (ep) {
+      PlanMoment back = base("d input rows returned");
+      rows(back, "moe d input rows, sent and returned", M + m, E, 4, Tag::kCommunication);
+      rows(back, "moe d routing weights", T, k, 4);
+      out.push_back(std::move(back));
+    }
+  }
+  return out;
+}
+
 // The last block's dx handed out by tiles (head_pipeline.cc hand_out_dx, with tiled_dx): every
 // stage's dq and every round's dk and dv kept, an fp32 dx tile, and the decoder's tiles for the
 // norm backward.
@@ -640,7 +718,10 @@ MemoryPlan plan_resolved(const TrainOptions& o, int ranks) {
   for (PlanMoment& m : fwd) p.moments.push_back(std::move(m));
   p.moments.push_back(dwo_gemm(o, d, descs));
   p.moments.push_back(early_delta(o, d, descs));
-  p.moments.push_back(mlp_backward(o, d, descs));
+  if (moe_layer(o.model, d.N - 1))
+    for (PlanMoment& m : moe_backward(o, d, descs)) p.moments.push_back(std::move(m));
+  else
+    p.moments.push_back(mlp_backward(o, d, descs));
   if (o.decoder.tiled_dx) p.moments.push_back(dx_tiles(o, d, descs));
   for (PlanMoment& m : loss(o, d, descs)) p.moments.push_back(std::move(m));
   std::erase_if(p.moments, [](const PlanMoment& m) { return m.items.empty(); });  // moments this run lacks

@@ -297,6 +297,42 @@ TEST(Trainer, QkvBiasTrainsAlikeAndPlansExactly) {
   }
 }
 
+// A mixture of experts: training gives one rank's loss curve with the experts spread over 2 and
+// 4 ranks (expert parallelism) and on 3 (every expert on every rank); a rehearsal's peak (the
+// routing balanced) is the plan's, the MoE backward's moments included, with and without
+// expert parallelism; a real step's peak, with the routing the router chose, is reported beside it.
+TEST(Trainer, MixtureOfExpertsTrainsAlikeAndPlansExactly) {
+  TrainOptions o = small_run(Strategy::kLocal);
+  o.model.experts = 8, o.model.experts_per_token = 2, o.model.expert_ffn = 24, o.model.router_aux_coef = 0.01;
+  auto local = run(o, 1);
+  ASSERT_TRUE(local.ok()) << local.status().message();
+  for (auto [st, ranks] : {std::pair{Strategy::kUlysses, 2}, {Strategy::kUPipe, 4}, {Strategy::kRing, 3}}) {
+    TrainOptions t = o;
+    t.decoder.strategy = st;
+    auto r = run(t, ranks);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r.value().losses.size(), local.value().losses.size());
+    for (size_t i = 0; i < r.value().losses.size(); ++i)
+      EXPECT_NEAR(r.value().losses[i], local.value().losses[i], 1e-5 * local.value().losses[i])
+          << strategy_name(st) << " on " << ranks << " ranks, step " << i;
+    TrainOptions rehearse = t;
+    rehearse.rehearsal = true;
+    rehearse.steps = 1, rehearse.warmup = 0;
+    rehearse.decoder.seq = 4104;  // a multiple of every layout here (no padding: ring 3 zig-zags 6 chunks)
+    auto p = run(rehearse, ranks);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    EXPECT_EQ(p.value().peak.peak_total, plan_memory(rehearse, ranks).peak_total())
+        << strategy_name(st) << " on " << ranks << " ranks";
+    // Wide experts and 4 a token: the MoE backward holds the most.
+    rehearse.model.experts_per_token = 4, rehearse.model.expert_ffn = 1024;
+    auto wide = run(rehearse, ranks);
+    ASSERT_TRUE(wide.ok()) << wide.status().message();
+    const MemoryPlan wide_plan = plan_memory(rehearse, ranks);
+    EXPECT_EQ(wide.value().peak.peak_total, wide_plan.peak_total()) << strategy_name(st) << " on " << ranks << " ranks";
+    EXPECT_EQ(wide_plan.moments[wide_plan.peak].name.rfind("MoE backward", 0), 0u) << wide_plan.moments[wide_plan.peak].name;
+  }
+}
+
 // The attention's kept q/k/v gradients waiting for dx in host memory (DecoderOptions::
 // grads_on_host, the default with offload) or on the device: copies there and back, the same
 // bits; UPipe's peak (its last stage's attention backward, where every earlier stage's dq waited)

@@ -41,6 +41,8 @@ struct RunGeometry {
   // upipe: the recompute keeps its last stage for the backward (KeepLastStage kOn, or kAuto as the
   // Decoder takes it; never with a selective recompute, which projects no stage).
   bool keep_last = false;
+  // A mixture of experts whose experts are spread over the ranks (experts_parallel).
+  bool experts_parallel = false;
 };
 
 // REQUIRES: validate(m, o, ranks).ok() (so o.recompute is resolved: not kAuto). offload: the run
