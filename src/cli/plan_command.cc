@@ -138,6 +138,7 @@ bool fit(const PlanRun& in, PlanRun* best) {
         o.decoder.seq = k * grain;
         for (Recompute r : tries) {
           o.decoder.recompute = r;
+          if (!validate(o.model, o.decoder, in.ranks).ok()) return false;  // (why_nothing_fits says why)
           fit_offload(o, in.ranks);
           if (plan_fits(o, in.ranks)) return true;
         }
@@ -174,10 +175,11 @@ std::string why_nothing_fits(const PlanRun& p) {
   TrainOptions o = p.o;
   o.decoder.seq = int64_t{p.ranks} * 1024;
   if (o.decoder.recompute == Recompute::kAuto) o.decoder.recompute = Recompute::kFull;
+  if (const Status v = validate(o.model, o.decoder, p.ranks); !v.ok()) return "no S runs: " + v.message() + "\n";
   fit_offload(o, p.ranks);
   std::ostringstream s;
   s << "not even S = " << o.decoder.seq << " fits in " << format_bytes(o.budget_bytes) << " per rank";
-  if (!validate_plan(o, p.ranks).ok()) return s.str() + "\n";
+  if (const Status v = validate_plan(o, p.ranks); !v.ok()) return s.str() + ": " + v.message() + "\n";
   const MemoryPlan plan = plan_memory(o, p.ranks);
   const std::array<int64_t, kNumTags> tags = plan.moments[plan.peak].by_tag();
   const int64_t state = tags[static_cast<int>(Tag::kParameters)] + tags[static_cast<int>(Tag::kGradients)] +
@@ -227,6 +229,15 @@ void print_time(const PlanRun& p, const DeviceRates& rates) {
 void print_plan(const PlanRun& p, const MemoryPlan& plan) {
   std::printf("one training step, planned | %s\n", header(p).c_str());
   if (!p.recompute_why.empty()) std::printf("recompute: %s\n", p.recompute_why.c_str());
+  if (const ModelConfig& m = p.o.model; m.experts > 0) {
+    const bool ep = experts_parallel(m, p.o.decoder, p.ranks);
+    std::printf("mixture of experts: %lld experts, %lld a token; %s; routing planned balanced",
+                (long long)m.experts, (long long)m.experts_per_token,
+                ep ? str_cat(m.experts / p.ranks, " experts per rank (expert parallelism)").c_str()
+                   : "every expert on every rank (no expert parallelism)");
+    if (ep) std::printf(", each rank's experts receiving %g times their share (--moe-skew)", p.o.decoder.moe_skew);
+    std::printf("\n");
+  }
   const PlanMoment& peak = plan.moments[plan.peak];
   std::printf("peak per rank: %s at the %s", format_bytes(plan.peak_total()).c_str(), peak.name.c_str());
   if (p.o.budget_bytes > 0)

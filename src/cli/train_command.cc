@@ -41,7 +41,7 @@ void add_train_flags(FlagSet& f) {
                 [](const std::string& v) { return v == "auto" ? Status::ok_status() : parse_hf_dtype(v).status(); });
   f.add("hf-model", FlagKind::kString, "",
         "start from a Hugging Face model directory (config.json and model.safetensors or its sharded index): "
-        "LlamaForCausalLM or Qwen3ForCausalLM; each rank reads only its own shard of each tensor");
+        "Llama, Qwen2, Qwen3, Mistral, Qwen3-MoE or Mixtral; each rank reads only its own shard of each tensor");
   add_rope_theta_flag(
       f, "", "RoPE base, replacing the model's (a larger base for a longer context; --save-hf and checkpoints record it)");
   f.add("vocab", FlagKind::kInt, "0",
@@ -98,6 +98,13 @@ void add_train_flags(FlagSet& f) {
   f.add_number("clip", "1.0", "clip the global gradient norm to this (0 = off)", non_negative_number());
   f.add_int("seed", "0", "seed of the weights and of the kv task", {.min = 0});
   f.add("mlp-tile", FlagKind::kInt, "0", "tokens per MLP tile (0 = automatic)");
+  f.add("expert-parallel", FlagKind::kBool, "true",
+        "a mixture of experts: spread the experts over the ranks when their number is a multiple of the ranks "
+        "(each rank owns experts/ranks of every MoE layer; tokens travel to them and back in all-to-alls); "
+        "--no-expert-parallel: every rank runs every expert on its own tokens");
+  f.add_number("moe-skew", "1", "a mixture of experts under expert parallelism: the plan and --rehearsal size each "
+               "rank's received rows as this many times the balanced share (a real step sizes them from the router's "
+               "counts)", NumberBound{.min = 1, .what = "a factor >= 1"});
   f.add("loss-chunk", FlagKind::kInt, "0", "tokens per LM-head loss chunk (0 = automatic)");
   add_ranks_flag(f, 1);
   add_device_flag(f);
@@ -232,6 +239,8 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
   o->decoder.dh_on_host = f.get_bool("dh-on-host");
   o->decoder.attn_out_on_host = f.get_bool("attn-out-on-host");
   o->decoder.attn_tile = f.get_int("attn-tile");
+  o->decoder.expert_parallel = f.get_bool("expert-parallel");
+  o->decoder.moe_skew = f.get_number("moe-skew");
   if ((f.was_set("keep-inputs") || f.was_set("offload-every")) && !o->offload_inputs)
     return Status::invalid_argument("--keep-inputs and --offload-every choose which inputs --offload-inputs offloads: add it");
   o->decoder.offload_keep_first = f.get_int("keep-inputs");

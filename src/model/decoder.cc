@@ -60,7 +60,8 @@ Decoder::Decoder(Device& dev, Communicator& comm, const ModelConfig& m, const De
       g_(checked_geometry(m, o, comm.size(), host != nullptr)), host_(host) {
   attn_ = make_attention_block(dev, comm, g_.attention);
   if (m_.experts > 0) {
-    moe_ = std::make_unique<MoeMlp>(dev, m_, o_.dtype, experts_parallel(m_, o_, comm.size()) ? &comm : nullptr);
+    moe_ = std::make_unique<MoeMlp>(dev, m_, o_.dtype, experts_parallel(m_, o_, comm.size()) ? &comm : nullptr,
+                                    o_.moe_skew);
     real_.resize(static_cast<size_t>(g_.L));
     for (int64_t r = 0; r < g_.L; ++r) real_[static_cast<size_t>(r)] = g_.layout.position(comm.rank(), r) < g_.S;
   }
@@ -123,7 +124,7 @@ void Decoder::mlp_forward(int layer, const BlockWeights& w, const Tensor& hm, co
   const int64_t E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   if (w.moe()) {
-    const int64_t k = m_.experts_per_token;
+    const int64_t k = m_.experts_per_token;  // (see mlp_backward for the tiles' buffers)
     std::vector<int32_t> ids;  // a forward that keeps no routing: one tile's
     for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
       const int64_t n = std::min(g_.mlp_tile, g_.L - r0);

@@ -1,6 +1,8 @@
 // The decoder's options and the rules over them (decoder_options.h).
 #include "untied/model/decoder_options.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <string>
 
@@ -15,8 +17,20 @@ AttentionConfig attention_config(const ModelConfig& m, const DecoderOptions& o) 
                          .qkv_bias = m.qkv_bias};
 }
 
+int64_t moe_skewed(int64_t rows, double skew) {
+  return static_cast<int64_t>(std::ceil(static_cast<double>(rows) * skew - 1e-9));
+}
+
 bool experts_parallel(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   return o.expert_parallel && m.experts > 0 && ranks > 1 && m.experts % ranks == 0;
+}
+
+int64_t moe_planned_rows(const ModelConfig& m, const DecoderOptions& o, int ranks, int64_t tile) {
+  const int64_t rows = tile * m.experts_per_token, X = m.experts;
+  if (!experts_parallel(m, o, ranks)) return rows;
+  int64_t total = 0;
+  for (int64_t e = 0; e < X; ++e) total += moe_skewed(rows / X + (e < rows % X ? 1 : 0), o.moe_skew);
+  return total;
 }
 
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {

@@ -10,6 +10,7 @@
 #include "untied/kernels/moe.h"
 #include "untied/kernels/swiglu.h"
 #include "untied/kernels/tensor_ops.h"
+#include "untied/model/decoder_options.h"
 
 namespace untied {
 
@@ -99,8 +100,9 @@ struct MoeMlp::Routing {
   std::vector<Segment> segments;
 };
 
-MoeMlp::MoeMlp(Device& dev, const ModelConfig& m, DType t, Communicator* ep)
-    : dev_(dev), m_(m), t_(t), ep_(ep), local_experts_(ep != nullptr ? m.experts / ep->size() : m.experts) {
+MoeMlp::MoeMlp(Device& dev, const ModelConfig& m, DType t, Communicator* ep, double skew)
+    : dev_(dev), m_(m), t_(t), ep_(ep), local_experts_(ep != nullptr ? m.experts / ep->size() : m.experts),
+      skew_(skew) {
   UNTIED_CHECK(ep == nullptr || m.experts % ep->size() == 0, "moe: ", m.experts, " experts over ", ep->size(),
                " ranks: expert parallelism needs a multiple of the ranks");
 }
@@ -159,7 +161,8 @@ MoeMlp::Routing MoeMlp::route(const BlockWeights& w, const Tensor& b, int32_t* i
   const int P = ep_->size();
   std::vector<int64_t> got(static_cast<size_t>(X));
   if (dev_.backed()) ep_->all_to_all(R.count.data(), got.data(), Xl * 8);
-  else got = R.count;  // rehearsal: every rank sends the balanced split
+  else  // rehearsal: every rank sends the balanced split, and each expert gets it times the skew
+    for (int64_t e = 0; e < X; ++e) got[static_cast<size_t>(e)] = moe_skewed(R.count[static_cast<size_t>(e)], skew_);
   R.send_rows.assign(static_cast<size_t>(P), 0);
   R.recv_rows.assign(static_cast<size_t>(P), 0);
   for (int p = 0; p < P; ++p)

@@ -585,12 +585,13 @@ PlanMoment mlp_backward(const TrainOptions& o, const RunGeometry& d, const std::
 // of T rows at a time: the moments where it holds the most, each beside what the dense MLP's
 // backward holds beside its own (the block's state, hm, the attention's saved) and the tile's
 // normed input, rstd, its gradient and the routing (rows in expert order, each token's rows, the
-// weights). The experts' rows: m = T k at the tokens' ranks; M at the experts, m under the plan's
-// assumption of balanced routing (every rank's experts get as many rows as it sends), the
-// rehearsal's too. With expert parallelism each exchange holds its send and its receive at once.
+// weights). The experts' rows: m = T k at the tokens' ranks; M at the experts (moe_planned_rows:
+// balanced routing, times --moe-skew under expert parallelism; the rehearsal's too). With expert
+// parallelism each exchange holds its send and its receive at once.
 std::vector<PlanMoment> moe_backward(const TrainOptions& o, const RunGeometry& d, const std::vector<ParamDesc>& descs) {
   const ModelConfig& mc = o.model;
-  const int64_t E = d.E, es = d.es, T = d.mlp_tile, k = mc.experts_per_token, m = T * k, M = m, Fe = mc.expert_ffn;
+  const int64_t E = d.E, es = d.es, T = d.mlp_tile, k = mc.experts_per_token, m = T * k, Fe = mc.expert_ffn;
+  const int64_t M = moe_planned_rows(mc, o.decoder, static_cast<int>(d.P), T);
   const bool ep = d.experts_parallel;
   auto base = [&](const char* name) {
     PlanMoment pm{.name = std::string("MoE backward (last block): ") + name};

@@ -330,6 +330,12 @@ TEST(Trainer, MixtureOfExpertsTrainsAlikeAndPlansExactly) {
     const MemoryPlan wide_plan = plan_memory(rehearse, ranks);
     EXPECT_EQ(wide.value().peak.peak_total, wide_plan.peak_total()) << strategy_name(st) << " on " << ranks << " ranks";
     EXPECT_EQ(wide_plan.moments[wide_plan.peak].name.rfind("MoE backward", 0), 0u) << wide_plan.moments[wide_plan.peak].name;
+    // Skewed routing planned: each rank's experts get 1.5 times the balanced share.
+    rehearse.decoder.moe_skew = 1.5;
+    auto skewed = run(rehearse, ranks);
+    ASSERT_TRUE(skewed.ok()) << skewed.status().message();
+    EXPECT_EQ(skewed.value().peak.peak_total, plan_memory(rehearse, ranks).peak_total()) << strategy_name(st);
+    if (st != Strategy::kRing) EXPECT_GT(skewed.value().peak.peak_total, wide.value().peak.peak_total);
   }
 }
 

@@ -88,7 +88,18 @@ struct DecoderOptions {
   // when X is a multiple of the ranks. false, or X not a multiple: every rank runs every expert on
   // its own tokens, the experts gathered like the dense weights (replicated).
   bool expert_parallel = true;
+  // Expert parallelism, for what is sized before the router has chosen (a rehearsal, the memory
+  // plan): each rank's experts receive this many times the balanced share of rows (>= 1). A
+  // real step sizes its receive buffers from the router's counts.
+  double moe_skew = 1.0;
 };
+
+// The rows a rank's experts receive per MLP tile of `tile` rows before the router has chosen (a
+// rehearsal, the plan): every expert's balanced share of the tile's tile * k rows, times
+// o.moe_skew (rounded up) under expert parallelism; tile * k without it.
+int64_t moe_planned_rows(const ModelConfig& m, const DecoderOptions& o, int ranks, int64_t tile);
+// One expert's planned rows from another rank: its balanced share `rows` times skew, rounded up.
+int64_t moe_skewed(int64_t rows, double skew);
 
 // Whether a run of m with o on `ranks` ranks spreads its experts (DecoderOptions::expert_parallel).
 bool experts_parallel(const ModelConfig& m, const DecoderOptions& o, int ranks);

@@ -60,7 +60,8 @@ class MoeMlp {
   // tile's rows go to their experts' ranks and come back (Communicator::all_to_allv: the counts
   // first, so every receive is sized from them); null: every expert here (e_* (X, ...)). With
   // ep, forward and backward are collective over its ranks, tile by tile.
-  MoeMlp(Device& dev, const ModelConfig& m, DType t, Communicator* ep);
+  // skew: a rehearsal's received rows, as DecoderOptions::moe_skew.
+  MoeMlp(Device& dev, const ModelConfig& m, DType t, Communicator* ep, double skew = 1.0);
   // out (n, E) += moe(b), b (n, E) the tile's normed input. ids (n, k): filled with the router's
   // choice, or (use_ids) the forward's to follow. stats (nullable): the real rows' picks and
   // probabilities added. real: n flags (null: every row real).
@@ -92,6 +93,7 @@ class MoeMlp {
   DType t_;
   Communicator* ep_;
   int64_t local_experts_;  // X', the experts this rank runs
+  double skew_;
   int64_t sent_bytes_ = 0;
 };
 
