@@ -1,6 +1,6 @@
 // The element-wise and row ops of the cross-backend op test (op_case.h): RoPE, RMSNorm (forward,
 // backward with accumulated dw), SwiGLU (and the in-place forms the header allows), row_dot,
-// add_into, convert, add_bias, bias_grad, Device::copy_2d, and the refusal of bad arguments. Ported from the GPU suite
+// add_into, convert, add_bias, bias_grad, the mixture of experts' gather and combine, Device::copy_2d, and the refusal of bad arguments. Ported from the GPU suite
 // (tests/cuda/cuda_ops_test.cc: "gpu" cases) and the older emulator test
 // (tests/cuda_emu/ops_emu_test.cc: "emu" cases), with their shapes, strides, skews and rules:
 // f32 and bf16 storage, ragged sizes that are not multiples of the vector widths (so both the
@@ -46,6 +46,7 @@
 #include <limits>
 
 #include "ops/op_case.h"
+#include "untied/kernels/moe.h"
 #include "untied/kernels/rmsnorm.h"
 #include "untied/kernels/rope.h"
 #include "untied/kernels/swiglu.h"
@@ -519,6 +520,56 @@ void add_tensor_ops(std::vector<OpCase>& out) {
         out.push_back(g);
       }
     }
+
+  // The mixture of experts' row movements (kernels/moe.h): gather_rows and combine_rows are exact
+  // on both sides (a copy; fp32 products and sums in the order j = 0..k-1, no fused multiply-adds,
+  // one rounding); combine_rows_backward's dys is exact (one product, one rounding) and its dw a
+  // dot product of E terms summed in another order on the device: the fp32 tolerance. 37 tokens, 3
+  // experts each, rows of 70 elements; the routes a fixed permutation of the 111 expert rows.
+  for (DType t : {kF, kB}) {
+    const int64_t nt = 37, k = 3, m = nt * k, dim = 70;
+    const MoeRows s{.n = nt, .k = k, .m = m, .dim = dim, .dtype = t};
+    auto route_fill = [=](HostBuffer& b, test::Rng&) {  // pos (n, k): a permutation of the m rows
+      for (int64_t i = 0; i < m; ++i) b.set(i, static_cast<double>((i * 29 + 5) % m));
+    };
+    BufferSpec idx = input("idx", DType::kI32, m);
+    idx.fill = [=](HostBuffer& b, test::Rng&) {
+      for (int64_t i = 0; i < m; ++i) b.set(i, static_cast<double>((i * 7 + 3) % nt));
+    };
+    BufferSpec pos = input("pos", DType::kI32, m);
+    pos.fill = route_fill;
+    OpCase gather;
+    gather.name = case_name({"gather_rows", dt(t), "m" + n(m), "dim" + n(dim)});
+    gather.buffers = {output("dst", t, m * dim, 0, everything(), both(bits())), input("src", t, nt * dim), idx};
+    gather.run = [=](Ctx& x) {
+      gather_rows(x.dev, s, x[0], x[1], nt, static_cast<const int32_t*>(x[2]));
+      return std::vector<double>{};
+    };
+    out.push_back(gather);
+    for (bool weighted : {true, false}) {
+      OpCase c;
+      c.name = case_name({"combine_rows", dt(t), weighted ? "weighted" : "unweighted", "n" + n(nt), "k" + n(k)});
+      c.buffers = {output("out", t, nt * dim, 0, everything(), exact_on_emu(t)), input("ys", t, m * dim), pos,
+                   input("w", kF, m, 0, 0.0, 1.0)};
+      c.run = [=](Ctx& x) {
+        combine_rows(x.dev, s, x[0], x[1], static_cast<const int32_t*>(x[2]),
+                     weighted ? static_cast<const float*>(x[3]) : nullptr, /*accumulate=*/weighted);
+        return std::vector<double>{};
+      };
+      out.push_back(c);
+    }
+    OpCase b;
+    b.name = case_name({"combine_rows_backward", dt(t), "n" + n(nt), "k" + n(k)});
+    b.buffers = {output("dys", t, m * dim, 0, everything(), both(bits())),
+                 output("dw", kF, m, 0, everything(), emu_else(close(emu_tol(kF)), close(gpu_tol(kF)))),
+                 input("dy", t, nt * dim), input("ys", t, m * dim), pos, input("w", kF, m, 0, 0.0, 1.0)};
+    b.run = [=](Ctx& x) {
+      combine_rows_backward(x.dev, s, x[0], static_cast<float*>(x[1]), x[2], x[3], static_cast<const int32_t*>(x[4]),
+                            static_cast<const float*>(x[5]));
+      return std::vector<double>{};
+    };
+    out.push_back(b);
+  }
 
   auto convert_case = [&](const std::string& origin, DType dst_t, DType src_t, int64_t len, int64_t dst_skew,
                           int64_t src_skew, int64_t spare, double range, bool specials) {
