@@ -173,7 +173,29 @@ MoeMlp::Routing MoeMlp::route(const BlockWeights& w, const Tensor& b, int32_t* i
       R.recv_rows[static_cast<size_t>(p)] += got[e];
       R.received += got[e];
     }
+  if (dev_.backed()) check_received(R.received, m);
   return R;
+}
+
+void MoeMlp::check_received(int64_t received, int64_t m) {
+  // The rows planned for (moe_planned_rows: balanced, times the skew); past them, the rows'
+  // buffers at the experts (input and output rows, gate, up and SwiGLU, the fp32 input gradient:
+  // more than are ever live at once) must fit in what the budget has left, or every rank stops
+  // here together.
+  const int64_t X = m_.experts, E = m_.hidden, Fe = m_.expert_ffn, es = dtype_size(t_);
+  int64_t planned = 0;
+  for (int64_t e = 0; e < X; ++e) planned += moe_skewed(m / X + (e < m % X ? 1 : 0), skew_);
+  const Allocator& alloc = dev_.allocator();
+  const int64_t need = received > planned ? received * (2 * E * es + 3 * Fe * es + E * 4) : 0;
+  const int64_t left = alloc.budget_bytes() > 0 ? alloc.budget_bytes() - alloc.stats().live_total : INT64_MAX;
+  int64_t over[2] = {need > left ? received : 0, need > left ? ep_->rank() : -1};
+  ep_->all_reduce(over, over, 2, DType::kI64, ReduceOp::kMax);
+  if (over[0] > 0)
+    fail(ErrorKind::kOutOfBudget,
+         str_cat("expert parallelism: the router sent rank ", over[1], "'s experts ", over[0], " rows of one tile, ",
+                 "against the ", planned, " planned (the balanced share times --moe-skew ", skew_,
+                 "), and their buffers do not fit in --mem-budget: raise --moe-skew (and plan with it), lower "
+                 "--mlp-tile, use more ranks, or raise --mem-budget"));
 }
 
 TensorBuffer MoeMlp::exchange_rows(const Routing& R, const void* rows, int64_t dim, DType t, bool to_experts,

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
+#include <mutex>
 
 #include "common/compare.h"
 #include "common/decoder_step.h"
+#include "untied/comm/inproc.h"
 #include "untied/core/random.h"
 #include "untied/dist/sharded_params.h"
 #include "untied/model/decoder.h"
@@ -279,6 +282,56 @@ TEST(Decoder, MixtureOfExpertsAgreesWithLocalWithAndWithoutExpertParallelism) {
   expect_close(Result{ref.loss, ref.grads}, Result{selective.loss, selective.grads}, m, 2e-5);
   d.dtype = DType::kBF16;
   EXPECT_NEAR(step(d, 2).loss, ref.loss, 2e-2 * ref.loss);
+}
+
+// Expert parallelism with routing far from the plan's: the MoE layer's MLP norm weights zeroed
+// make every router logit 0, so every token picks experts 0 and 1 (ties go to the lower expert),
+// rank 0's: twice the balanced share. Under a budget its balanced step fits in, every rank stops
+// with the same error (kOutOfBudget, naming rank 0 and the rows) before the rows are allocated,
+// rather than one rank failing inside an exchange the other waits in.
+TEST(Decoder, ExpertParallelRoutingPastThePlanStopsEveryRank) {
+  ModelConfig m = tiny_model();
+  m.experts = 8, m.experts_per_token = 2, m.expert_ffn = 1024;
+  const DecoderOptions o{.seq = 48, .strategy = Strategy::kUlysses, .mlp_tile = 16};
+  std::vector<int32_t> tokens, labels;
+  make_data(48, m.vocab, &tokens, &labels);
+  const std::vector<ParamDesc> descs = parameter_descriptors(m);
+  // One step on 2 ranks under `budget` (0: none); returns each rank's peak, or its error.
+  auto step = [&](bool skewed, int64_t budget, std::vector<std::string>* errors) {
+    std::vector<int64_t> peaks(2, 0);
+    std::mutex mu;
+    run_in_process(2, [&](Communicator& comm) {
+      auto dev = make_cpu_device({.threads = 1, .budget_bytes = budget});
+      ShardedParams params(*dev, comm, descs, o.dtype, ShardedState::kTraining, experts_parallel(m, o, 2));
+      params.init([&](int i, int64_t first, std::span<float> out) {
+        init_parameter(m, descs[static_cast<size_t>(i)], i, 3, first, out);
+        if (skewed && descs[static_cast<size_t>(i)].name.ends_with("mlp_norm")) std::fill(out.begin(), out.end(), 0.0f);
+      });
+      Decoder dec(*dev, comm, m, o);
+      const int64_t L = 24;
+      std::vector<int32_t> t(tokens.begin() + comm.rank() * L, tokens.begin() + (comm.rank() + 1) * L);
+      std::vector<int32_t> l(labels.begin() + comm.rank() * L, labels.begin() + (comm.rank() + 1) * L);
+      try {
+        dec.forward_backward(params, t.data(), l.data(), nullptr, 47);
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors->push_back(e.what());
+      }
+      peaks[static_cast<size_t>(comm.rank())] = dev->allocator().stats().peak_total;
+    });
+    return std::max(peaks[0], peaks[1]);
+  };
+  std::vector<std::string> none, errors;
+  const int64_t balanced = step(false, 0, &none);
+  ASSERT_TRUE(none.empty()) << none[0];
+  step(true, balanced, &errors);
+  ASSERT_EQ(errors.size(), 2u) << "every rank stops";
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("expert parallelism: the router sent rank 0's experts 64 rows of one tile, against the 32 planned"), std::string::npos) << e;
+  }
+  std::vector<std::string> unbounded;
+  step(true, 0, &unbounded);  // without a budget the skewed step runs
+  EXPECT_TRUE(unbounded.empty());
 }
 
 // The selective recompute (the attention output and LSE kept from the forward pass, no attention

@@ -88,6 +88,10 @@ class MoeMlp {
   // Expert parallelism: rows (dim elements of t each) in expert order to the experts' ranks
   // (to_experts), or the experts' rows back; the received rows in a new buffer (Tag::kCommunication).
   TensorBuffer exchange_rows(const Routing& R, const void* rows, int64_t dim, DType t, bool to_experts, const char* what);
+  // Expert parallelism, collective: past the rows planned for a tile of m rows, the extra rows'
+  // buffers must fit in the allocator's budget on every rank, or every rank fails together
+  // (Error kOutOfBudget) before any of them is allocated.
+  void check_received(int64_t received, int64_t m);
   Device& dev_;
   ModelConfig m_;
   DType t_;
