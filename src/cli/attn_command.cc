@@ -21,7 +21,7 @@ void add_attention_flags(FlagSet& f) {
   f.add("docs", FlagKind::kString, "",
         "packed documents: their lengths, summing to S, e.g. 100,28,128 (each attends only to itself; RoPE restarts)");
   f.add("window", FlagKind::kInt, "0", "sliding window: a query at p sees keys in (p-W, p] (default: none)");
-  f.add("heads-like", FlagKind::kString, "", "head preset: llama3-8b (H 32 G 8 D 128 E 4096) or qwen3-32b (H 64 G 8 D 128 E 5120)");
+  f.add("heads-like", FlagKind::kString, "", "head preset: a model preset's attention (llama3-8b: H 32 G 8 D 128 E 4096; qwen3-32b: H 64 G 8 D 128 E 5120; ...)");
   f.add("hidden", FlagKind::kInt, "1024", "model width E");
   f.add("heads", FlagKind::kInt, "16", "query heads H");
   f.add("kv-heads", FlagKind::kInt, "4", "KV heads G (divides H)");

@@ -13,6 +13,7 @@
 #include "untied/core/npy.h"
 #include "untied/core/random.h"
 #include "untied/device/device.h"
+#include "untied/model/model_config.h"
 
 namespace untied::cli {
 namespace {
@@ -78,13 +79,11 @@ void write(const std::string& dir, const char* name, const std::vector<int64_t>&
 }  // namespace
 
 Status apply_heads_preset(const std::string& name, AttentionConfig* cfg) {
-  if (name == "llama3-8b") {
-    cfg->heads = 32, cfg->kv_heads = 8, cfg->head_dim = 128, cfg->hidden = 4096, cfg->rope_theta = 500000.0;
-  } else if (name == "qwen3-32b") {
-    cfg->heads = 64, cfg->kv_heads = 8, cfg->head_dim = 128, cfg->hidden = 5120, cfg->rope_theta = 1000000.0;
-  } else {
-    return Status::invalid_argument("unknown head preset '" + name + "': use llama3-8b or qwen3-32b");
-  }
+  auto m = model_preset(name);  // any model preset's attention: its heads, head size, width and RoPE base
+  if (!m.ok()) return Status::invalid_argument("unknown head preset '" + name + "': use a model preset (" +
+                                               model_preset_names() + ")");
+  cfg->heads = m.value().heads, cfg->kv_heads = m.value().kv_heads, cfg->head_dim = m.value().head_dim;
+  cfg->hidden = m.value().hidden, cfg->rope_theta = m.value().rope_theta;
   return Status::ok_status();
 }
 

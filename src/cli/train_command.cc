@@ -492,6 +492,22 @@ int train_main(int* argc, char*** argv, const std::vector<std::string>& args) {
                    (long long)g.L, std::string(dtype_name(g.dtype)).c_str(), o.lr,
                    !o.hf_model.empty() && !flags.was_set("lr") ? " (fine-tuning default)" : "", (long long)o.warmup,
                    (long long)o.batch, (long long)o.steps, data_note(flags).c_str(), rd.dev().name().c_str());
+    if (comm.rank() == 0 && o.model.experts > 0)  // a mixture of experts: how its experts are spread
+      std::fprintf(stderr, "mixture of experts | %lld experts, %lld a token, %lld MoE layers of %lld | %s\n",
+                   (long long)o.model.experts, (long long)o.model.experts_per_token,
+                   (long long)[&] {
+                     int64_t n = 0;
+                     for (int64_t l = 0; l < o.model.layers; ++l) n += moe_layer(o.model, l);
+                     return n;
+                   }(),
+                   (long long)o.model.layers,
+                   g.experts_parallel
+                       ? str_cat(o.model.experts / comm.size(), " experts per rank (expert parallelism, all-to-alls of "
+                                 "the tokens' rows)").c_str()
+                       : str_cat("every expert on every rank",
+                                 o.decoder.expert_parallel && comm.size() > 1
+                                     ? " (the experts are not a multiple of the ranks)"
+                                     : "").c_str());
     if (comm.rank() == 0 && o.progress) std::fputs(cpu_kernels_lines(device).c_str(), stderr);
     const std::string& why = resolved.value().recompute_why;
     if (comm.rank() == 0 && o.progress && !why.empty()) std::fprintf(stderr, "recompute: %s\n", why.c_str());

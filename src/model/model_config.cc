@@ -18,6 +18,10 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
   } else if (name == "small") {
     m.vocab = 512, m.hidden = 256, m.layers = 4, m.heads = 8, m.kv_heads = 4, m.head_dim = 32, m.ffn = 768;
     m.rope_theta = 10000.0;
+  } else if (name == "tiny-moe") {  // tiny's attention, Mixtral's MoE layout: 8 experts, 2 a token
+    m.vocab = 512, m.hidden = 64, m.layers = 2, m.heads = 8, m.kv_heads = 4, m.head_dim = 16, m.ffn = 96;
+    m.rope_theta = 10000.0;
+    m.experts = 8, m.experts_per_token = 2, m.expert_ffn = 96, m.norm_topk_prob = true, m.router_aux_coef = 0.01;
   } else if (name == "llama3-8b") {
     m.vocab = 128256, m.hidden = 4096, m.layers = 32, m.heads = 32, m.kv_heads = 8, m.head_dim = 128;
     m.ffn = 14336, m.rope_theta = 500000.0;
@@ -48,7 +52,8 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
 }
 
 std::string model_preset_names() {
-  return "tiny, small, llama3-8b, llama3-70b, mistral-7b, qwen2.5-7b, qwen3-32b, qwen3-30b-a3b, mixtral-8x7b";
+  return "tiny, tiny-moe, small, llama3-8b, llama3-70b, mistral-7b, qwen2.5-7b, qwen3-32b, qwen3-30b-a3b, "
+         "mixtral-8x7b";
 }
 
 Status validate(const ModelConfig& m) {

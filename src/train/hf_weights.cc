@@ -176,9 +176,29 @@ StatusOr<std::string> parse_hf_dtype(const std::string& s) {
 }
 
 std::string hf_config_json(const ModelConfig& m, int64_t max_position, const std::string& torch_dtype) {
+  UNTIED_CHECK(m.experts == 0 || hf_mixtral_names(m) || m.qk_norm, "hf_config_json: a MoE model is Qwen3-MoE or Mixtral");
+  UNTIED_CHECK(m.experts == 0 || !hf_mixtral_names(m) || (m.norm_topk_prob && m.expert_ffn == m.ffn &&
+                                                          m.moe_every == 1 && m.dense_layers.empty()),
+               "hf_config_json: a MoE model without q/k norms is written as Mixtral, which has every layer MoE, "
+               "experts as wide as intermediate_size and norm_topk_prob");
   Json c;
   c["architectures"] = {m.qk_norm ? "Qwen3ForCausalLM" : m.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
   c["model_type"] = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : "llama";
+  if (m.experts > 0) {  // Qwen3-MoE (q/k norms) or Mixtral, as hf_mixtral_names
+    const bool mixtral = hf_mixtral_names(m);
+    c["architectures"] = {mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"};
+    c["model_type"] = mixtral ? "mixtral" : "qwen3_moe";
+    c[mixtral ? "num_local_experts" : "num_experts"] = m.experts;
+    c["num_experts_per_tok"] = m.experts_per_token;
+    c["router_aux_loss_coef"] = m.router_aux_coef;
+    c["output_router_logits"] = false;  // (as published checkpoints have it: their loss is the cross-entropy)
+    if (!mixtral) {
+      c["moe_intermediate_size"] = m.expert_ffn;
+      c["norm_topk_prob"] = m.norm_topk_prob;
+      c["decoder_sparse_step"] = m.moe_every;
+      c["mlp_only_layers"] = m.dense_layers;
+    }
+  }
   c["vocab_size"] = m.vocab;
   c["hidden_size"] = m.hidden;
   c["intermediate_size"] = m.ffn;
@@ -295,7 +315,7 @@ Status write_hf_config(const std::string& dir, const ModelConfig& m, const SaveH
     if (!keep_dtype && (c.contains("torch_dtype") || !c.contains("dtype"))) c["torch_dtype"] = torch_dtype;
     c["tie_word_embeddings"] = m.tied_embeddings;
     const bool mistral = c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty() &&
-                         c["architectures"][0] == "MistralForCausalLM";
+                         (c["architectures"][0] == "MistralForCausalLM" || c["architectures"][0] == "MixtralForCausalLM");
     if (mistral && o.window >= 0) c["sliding_window"] = o.window > 0 ? Json(o.window) : Json(nullptr);
     config = c.dump(2) + "\n";
   }

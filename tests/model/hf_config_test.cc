@@ -133,6 +133,25 @@ TEST(HfConfig, Qwen25HasQkvBiasesAndMatchesItsPreset) {
                                     m.layers * (m.heads + 2 * m.kv_heads) * m.head_dim);
 }
 
+// As published with Qwen3-30B-A3B and Mixtral-8x7B v0.1: each matches its preset (the mixture's
+// shape included); router noise is refused.
+const char* kQwen3Moe = R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+  "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": true,
+  "vocab_size": 32000})";
+
 TEST(HfConfig, RopeParametersBlock) {
   auto c = parse_hf_config(kRopeParameters);
   ASSERT_TRUE(c.ok()) << c.status().message();
@@ -160,8 +179,11 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
 
 TEST(HfConfig, RefusalsNameTheKey) {
   using C = Status::Code;
-  EXPECT_TRUE(refused(replaced(kLlama31, "LlamaForCausalLM", "MixtralForCausalLM"), C::kUnsupported,
-                      "architecture 'MixtralForCausalLM' is not supported"));
+  EXPECT_TRUE(refused(replaced(kLlama31, "LlamaForCausalLM", "DeepseekV3ForCausalLM"), C::kUnsupported,
+                      "architecture 'DeepseekV3ForCausalLM' is not supported"));
+  // A Mixtral needs its experts.
+  EXPECT_TRUE(refused(replaced(kLlama31, "LlamaForCausalLM", "MixtralForCausalLM"), C::kInvalidArgument,
+                      "the key 'num_local_experts' is missing"));
   EXPECT_TRUE(refused(replaced(kLlama31, "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""), C::kUnsupported,
                       "rope_type 'yarn' is not supported"));
   EXPECT_TRUE(refused(replaced(kLlama31, "\"vocab_size\": 128256", "\"vocab\": 128256"), C::kInvalidArgument,
@@ -175,6 +197,26 @@ TEST(HfConfig, RefusalsNameTheKey) {
                       C::kInvalidArgument, "kv_heads"));
   EXPECT_TRUE(refused("[1, 2]", C::kInvalidArgument, "not a JSON object"));
   EXPECT_TRUE(refused("{\"vocab_size\": ", C::kInvalidArgument, "not JSON"));
+}
+
+TEST(HfConfig, MixturesOfExpertsMatchTheirPresets) {
+  for (auto [text, preset] : {std::pair{kQwen3Moe, "qwen3-30b-a3b"}, {kMixtral, "mixtral-8x7b"}}) {
+    SCOPED_TRACE(preset);
+    auto c = parse_hf_config(text);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    const ModelConfig& m = c.value().model;
+    const ModelConfig p = model_preset(preset).value();
+    EXPECT_EQ(std::tie(m.vocab, m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.qk_norm),
+              std::tie(p.vocab, p.hidden, p.layers, p.heads, p.kv_heads, p.head_dim, p.qk_norm));
+    EXPECT_EQ(std::tie(m.experts, m.experts_per_token, m.expert_ffn, m.norm_topk_prob, m.moe_every),
+              std::tie(p.experts, p.experts_per_token, p.expert_ffn, p.norm_topk_prob, p.moe_every));
+    EXPECT_EQ(m.router_aux_coef, p.router_aux_coef);
+    EXPECT_TRUE(m.dense_layers.empty());
+    for (int64_t l = 0; l < m.layers; ++l) EXPECT_TRUE(moe_layer(m, l));
+  }
+  auto noisy = parse_hf_config(replaced(kMixtral, "\"vocab_size\": 32000", "\"vocab_size\": 32000, \"router_jitter_noise\": 0.1"));
+  ASSERT_FALSE(noisy.ok());
+  EXPECT_NE(noisy.status().message().find("router_jitter_noise"), std::string::npos);
 }
 
 }  // namespace
