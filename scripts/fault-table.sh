@@ -76,7 +76,7 @@ row "metrics file not writable" - -- "$u" "${small[@]}" --metrics /nonexistent/d
 row "Hugging Face dir missing" - -- "$u" train --hf-model /nonexistent/model --steps 1 --no-progress
 cp -r $fix/hf_llama_tiny "$d/trunc" && truncate -s -8 "$d/trunc/model-00003-of-00005.safetensors"
 row "truncated safetensors shard (mpirun -np 2)" - -- "${mpi[@]}" 2 "$u" train --hf-model "$d/trunc" --kv-keys 4 --kv-values 4 --seq 48 --steps 1 --no-progress
-cp -r $fix/hf_qwen3_tiny "$d/arch" && sed -i 's/Qwen3ForCausalLM/MixtralForCausalLM/' "$d/arch/config.json"
+cp -r $fix/hf_qwen3_tiny "$d/arch" && sed -i 's/Qwen3ForCausalLM/GemmaForCausalLM/' "$d/arch/config.json"
 row "unknown architecture" - -- "$u" eval --hf-model "$d/arch" --data-path x
 cp -r $fix/hf_llama_tiny "$d/layers" && sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' "$d/layers/config.json"
 row "missing tensor (config asks for a third layer)" - -- "$u" train --hf-model "$d/layers" --kv-keys 4 --kv-values 4 --seq 48 --steps 1 --no-progress
