@@ -122,6 +122,32 @@ int64_t check_all_to_all(Communicator& comm) {
   return t.wrong();
 }
 
+// all_to_allv: blocks of different sizes each way, zero-byte ones among them (a rank sending
+// nothing to some, receiving nothing from others), every byte where the sizes put it.
+int64_t check_all_to_allv(Communicator& comm) {
+  const int n = comm.size(), me = comm.rank();
+  Tally t(comm);
+  auto bytes = [](int from, int to, int64_t scale) { return ((from * 7 + to * 3) % 5) * scale; };
+  for (int64_t scale : {1, 3, 4096}) {
+    std::vector<int64_t> send_bytes(n), recv_bytes(n);
+    int64_t s_total = 0, r_total = 0;
+    for (int p = 0; p < n; ++p) {
+      send_bytes[p] = bytes(me, p, scale), recv_bytes[p] = bytes(p, me, scale);
+      s_total += send_bytes[p], r_total += recv_bytes[p];
+    }
+    std::vector<uint8_t> send(s_total), recv(r_total, 0xAB);
+    for (int p = 0, at = 0; p < n; at += static_cast<int>(send_bytes[p]), ++p)
+      for (int64_t i = 0; i < send_bytes[p]; ++i) send[at + i] = pattern(me, p, i);
+    comm.all_to_allv(send.data(), send_bytes, recv.data(), recv_bytes);
+    for (int p = 0, at = 0; p < n; at += static_cast<int>(recv_bytes[p]), ++p)
+      for (int64_t i = 0; i < recv_bytes[p]; ++i)
+        t.expect(recv[at + i], pattern(p, me, i), [&] {
+          return str_cat("all_to_allv scale=", scale, " from rank ", p, " [", i, "]");
+        });
+  }
+  return t.wrong();
+}
+
 // Two all_to_all in flight with a blocking collective between them, waited for in reverse
 // order of starting, then one dropped without wait() (its destructor completes it).
 int64_t check_all_to_all_start(Communicator& comm) {
@@ -503,6 +529,7 @@ const std::vector<CommCheck>& comm_checks() {
   static const std::vector<CommCheck> checks = {
       {"all_to_all", check_all_to_all},
       {"all_to_all_start", check_all_to_all_start},
+      {"all_to_allv", check_all_to_allv},
       {"all_gather", check_all_gather},
       {"reduce_scatter", check_reduce_scatter},
       {"all_reduce", check_all_reduce},

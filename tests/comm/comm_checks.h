@@ -24,6 +24,7 @@ int64_t check_all_to_all(Communicator& comm);
 // all_to_all_start: two in flight around a blocking all_reduce, waited for in reverse order, one
 // dropped without wait(), and an empty one.
 int64_t check_all_to_all_start(Communicator& comm);
+int64_t check_all_to_allv(Communicator& comm);
 // every rank receives every rank's block (value f(src, i)).
 int64_t check_all_gather(Communicator& comm);
 // f32/f64/i32/i64 x sum/max/min: block `me` of the op over all ranks.
