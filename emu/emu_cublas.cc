@@ -88,4 +88,39 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// Every problem of every group through cublasGemmEx above (pointer mode host: alpha and beta per
+// group on the host; the pointer arrays in device memory).
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void* alpha_array,
+                                          const void* const Aarray[], cudaDataType_t Atype, const int lda_array[],
+                                          const void* const Barray[], cudaDataType_t Btype, const int ldb_array[],
+                                          const void* beta_array, void* const Carray[], cudaDataType_t Ctype,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t computeType) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (group_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  untied::DType at, ct;
+  // cuBLAS's grouped call takes A, B and C of one type.
+  if (!type_of(Atype, &at) || !type_of(Ctype, &ct) || Atype != Btype || at != ct) return CUBLAS_STATUS_NOT_SUPPORTED;
+  std::vector<const void*> a, b;
+  std::vector<void*> c;
+  int problems = 0;
+  for (int g = 0; g < group_count; ++g) problems += group_size[g];
+  {
+    emu::DeviceScope scope;  // the pointer arrays are device memory
+    a.assign(Aarray, Aarray + problems), b.assign(Barray, Barray + problems), c.assign(Carray, Carray + problems);
+  }
+  for (int g = 0, at_problem = 0; g < group_count; ++g)
+    for (int i = 0; i < group_size[g]; ++i, ++at_problem) {
+      const cublasStatus_t s = cublasGemmEx(handle, transa_array[g], transb_array[g], m_array[g], n_array[g],
+                                            k_array[g], static_cast<const float*>(alpha_array) + g, a[at_problem],
+                                            Atype, lda_array[g], b[at_problem], Btype, ldb_array[g],
+                                            static_cast<const float*>(beta_array) + g, c[at_problem], Ctype,
+                                            ldc_array[g], computeType, CUBLAS_GEMM_DEFAULT);
+      if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 }  // extern "C"

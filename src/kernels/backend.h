@@ -121,6 +121,10 @@ struct RowDotCall {
 };
 struct AddIntoCall { void* acc; DType acc_dtype; const void* x; DType x_dtype; int64_t n; };
 struct ConvertCall { void* dst; DType dst_dtype; const void* src; DType src_dtype; int64_t n; };
+struct GemmGroupedCall {
+  const GemmParams* groups;  // each with m, n > 0, one dtype of A, of B and of C for all
+  int64_t count;
+};
 struct GatherRowsCall {
   MoeRows s;
   void* dst;
@@ -167,6 +171,7 @@ struct OpEntry {
 struct KernelTable {
   const char* name = "";
   OpEntry<GemmParams> gemm;
+  OpEntry<GemmGroupedCall> gemm_grouped;  // null: gemm_grouped runs the groups one by one
   OpEntry<AttentionForwardCall> attention_forward;
   OpEntry<AttentionBackwardCall> attention_backward;
   OpEntry<AttentionMergeCall> attention_merge;

@@ -218,31 +218,44 @@ TensorBuffer MoeMlp::exchange_rows(const Routing& R, const void* rows, int64_t d
 namespace {
 // For each segment (an expert's rows): C rows [first, first + rows) of c (ldc) = the same rows
 // of a (lda) times the expert's matrix of `stacked` (X', rows_w, cols_w): trans_b (A W^T, A
-// (rows, cols_w)) or not (A W, A (rows, rows_w)); beta as given; out dtype c_t.
+// (rows, cols_w)) or not (A W, A (rows, rows_w)); beta as given; out dtype c_t. One grouped
+// GEMM for every expert's rows (kernels/gemm.h gemm_grouped).
 void per_expert(Device& dev, const std::vector<MoeMlp::Segment>& segs, bool trans_b, const void* a, int64_t lda,
                 DType a_t, const Tensor& stacked, void* c, int64_t ldc, DType c_t, float beta = 0.0f) {
   const int64_t rw = stacked.dim(1), cw = stacked.dim(2), es = dtype_size(stacked.dtype());
+  std::vector<GemmParams> groups;
   for (const MoeMlp::Segment& s : segs) {
     if (s.rows == 0) continue;
     const char* we = static_cast<const char*>(stacked.data()) + s.expert * rw * cw * es;
-    gemm(dev, GemmParams{.trans_b = trans_b, .m = s.rows, .n = trans_b ? rw : cw, .k = trans_b ? cw : rw,
-                         .beta = beta, .a = static_cast<const char*>(a) + s.first * lda * dtype_size(a_t), .lda = lda,
-                         .a_dtype = a_t, .b = we, .ldb = cw, .b_dtype = stacked.dtype(),
-                         .c = static_cast<char*>(c) + s.first * ldc * dtype_size(c_t), .ldc = ldc, .c_dtype = c_t});
+    groups.push_back(GemmParams{.trans_b = trans_b, .m = s.rows, .n = trans_b ? rw : cw, .k = trans_b ? cw : rw,
+                                .beta = beta, .a = static_cast<const char*>(a) + s.first * lda * dtype_size(a_t),
+                                .lda = lda, .a_dtype = a_t, .b = we, .ldb = cw, .b_dtype = stacked.dtype(),
+                                .c = static_cast<char*>(c) + s.first * ldc * dtype_size(c_t), .ldc = ldc,
+                                .c_dtype = c_t});
   }
+  gemm_grouped(dev, groups);
 }
 
 // Each segment's weight gradient: dW_e (stacked fp32 (X', P, Q)) += g^T x over the segment's
-// rows, g (M, P) and x (M, Q).
+// rows, g (M, P) and x (M, Q). Segments of one expert (from several ranks) add into its dW one
+// after another, so they go in separate grouped calls (a grouped call's C must not overlap).
 void per_expert_weight_grads(Device& dev, const std::vector<MoeMlp::Segment>& segs, const void* g, int64_t P,
                              const void* x, int64_t Q, DType t, const Tensor& dw) {
+  std::vector<std::vector<GemmParams>> rounds;  // round r: each expert's r-th segment
+  std::vector<size_t> seen;
   for (const MoeMlp::Segment& s : segs) {
     if (s.rows == 0) continue;
-    gemm(dev, GemmParams{.trans_a = true, .m = P, .n = Q, .k = s.rows, .beta = 1.0f,
-                         .a = static_cast<const char*>(g) + s.first * P * dtype_size(t), .lda = P, .a_dtype = t,
-                         .b = static_cast<const char*>(x) + s.first * Q * dtype_size(t), .ldb = Q, .b_dtype = t,
-                         .c = dw.as<float>() == nullptr ? nullptr : dw.as<float>() + s.expert * P * Q, .ldc = Q});
+    if (seen.size() <= static_cast<size_t>(s.expert)) seen.resize(static_cast<size_t>(s.expert) + 1, 0);
+    const size_t r = seen[static_cast<size_t>(s.expert)]++;
+    if (rounds.size() <= r) rounds.resize(r + 1);
+    rounds[r].push_back(GemmParams{.trans_a = true, .m = P, .n = Q, .k = s.rows, .beta = 1.0f,
+                                   .a = static_cast<const char*>(g) + s.first * P * dtype_size(t), .lda = P,
+                                   .a_dtype = t, .b = static_cast<const char*>(x) + s.first * Q * dtype_size(t),
+                                   .ldb = Q, .b_dtype = t,
+                                   .c = dw.as<float>() == nullptr ? nullptr : dw.as<float>() + s.expert * P * Q,
+                                   .ldc = Q});
   }
+  for (const std::vector<GemmParams>& r : rounds) gemm_grouped(dev, r);
 }
 }  // namespace
 
@@ -338,12 +351,18 @@ void MoeMlp::backward(const BlockWeights& w, const BlockWeights& g, const Tensor
                         aux_grad.empty() ? nullptr : aux_grad.data(), real, dlogits_host.data());
   }
   dw.reset();
+  // (in the block's dtype, as the GEMMs' other operands: cuBLAS multiplies like types)
   TensorBuffer dlogits(alloc, DType::kF32, {n, X}, Tag::kOther, "moe d router logits (tile)");
   dev_.copy(dlogits.data(), dlogits_host.data(), dlogits.view().bytes());
-  gemm(dev_, GemmParams{.m = n, .n = E, .k = X, .beta = 1.0f, .a = dlogits.data(), .lda = X, .a_dtype = DType::kF32,
+  if (t_ != DType::kF32) {
+    TensorBuffer narrow(alloc, t_, {n, X}, Tag::kOther, "moe d router logits (tile)");
+    convert(dev_, narrow.data(), t_, dlogits.data(), DType::kF32, n * X);
+    dlogits = std::move(narrow);
+  }
+  gemm(dev_, GemmParams{.m = n, .n = E, .k = X, .beta = 1.0f, .a = dlogits.data(), .lda = X, .a_dtype = t_,
                         .b = w.router.data(), .ldb = E, .b_dtype = w.router.dtype(), .c = dbf.data(), .ldc = E});
   gemm(dev_, GemmParams{.trans_a = true, .m = X, .n = E, .k = n, .beta = 1.0f, .a = dlogits.data(), .lda = X,
-                        .a_dtype = DType::kF32, .b = b.data(), .ldb = E, .b_dtype = t_, .c = g.router.data(), .ldc = E});
+                        .a_dtype = t_, .b = b.data(), .ldb = E, .b_dtype = t_, .c = g.router.data(), .ldc = E});
   convert(dev_, db.data(), db.dtype(), dbf.data(), DType::kF32, n * E);
 }
 

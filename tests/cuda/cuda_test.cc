@@ -73,6 +73,48 @@ TEST(Cuda, GemmMatchesTheCpu) {
       }
 }
 
+// gemm_grouped (the experts of a mixture, each over its own rows: one cublasGemmGroupedBatchedEx
+// for groups whose A, B and C share a dtype, else one GEMM each) gives the CPU's gemm of each group:
+// 4 groups of different rows (one empty) over one A and B, trans_b, beta 0 and 1, f32 and bf16,
+// and bf16 into f32 (the one-by-one path).
+TEST(Cuda, GroupedGemmMatchesTheCpu) {
+  REQUIRE_GPU();
+  auto gpu = std::move(make_cuda_device({})).value();
+  auto cpu = make_cpu_device({.threads = 1});
+  for (auto [t, ct] : {std::pair{DType::kF32, DType::kF32}, {DType::kBF16, DType::kBF16}, {DType::kBF16, DType::kF32}}) {
+    const int64_t rows[] = {5, 0, 17, 9}, M = 31, n = 24, k = 40, es = dtype_size(t), cs = dtype_size(ct);
+    test::Rng rng(21);
+    std::vector<unsigned char> a(M * k * es), b(4 * n * k * es), c(M * n * cs), c2(M * n * cs);
+    store_f32(a.data(), t, test::to_float(test::uniform_values(rng, M * k, t)).data(), M * k);
+    store_f32(b.data(), t, test::to_float(test::uniform_values(rng, 4 * n * k, t)).data(), 4 * n * k);
+    store_f32(c.data(), ct, test::to_float(test::uniform_values(rng, M * n, ct)).data(), M * n);
+    c2 = c;
+    Buffer da = gpu->allocator().allocate(M * k * es, Tag::kOther, "a"), db = gpu->allocator().allocate(4 * n * k * es, Tag::kOther, "b");
+    Buffer dc = gpu->allocator().allocate(M * n * cs, Tag::kOther, "c");
+    gpu->copy(da.data(), a.data(), M * k * es);
+    gpu->copy(db.data(), b.data(), 4 * n * k * es);
+    gpu->copy(dc.data(), c.data(), M * n * cs);
+    auto groups = [&](const void* A, const void* B, void* C) {  // group g: its rows of A, its own B (n, k)
+      std::vector<GemmParams> out;
+      for (int64_t g = 0, r0 = 0; g < 4; r0 += rows[g], ++g)
+        out.push_back(GemmParams{.trans_b = true, .m = rows[g], .n = n, .k = k, .beta = g % 2 == 0 ? 0.0f : 1.0f,
+                                 .a = static_cast<const char*>(A) + r0 * k * es, .lda = k, .a_dtype = t,
+                                 .b = static_cast<const char*>(B) + g * n * k * es, .ldb = k, .b_dtype = t,
+                                 .c = static_cast<char*>(C) + r0 * n * cs, .ldc = n, .c_dtype = ct});
+      return out;
+    };
+    for (const GemmParams& p : groups(a.data(), b.data(), c.data())) gemm(*cpu, p);
+    gemm_grouped(*gpu, groups(da.data(), db.data(), dc.data()));
+    gpu->synchronize();
+    gpu->copy(c2.data(), dc.data(), M * n * cs);
+    std::vector<float> x(M * n), y(M * n);
+    load_f32(x.data(), c.data(), ct, M * n);
+    load_f32(y.data(), c2.data(), ct, M * n);
+    EXPECT_TRUE(test::expect_rel_close(std::string(dtype_name(t)) + " into " + std::string(dtype_name(ct)),
+                                       test::to_double(y), test::to_double(x), ct == DType::kBF16 ? 1.0 / 128 : 1e-5));
+  }
+}
+
 // A NaN in attention's input gives NaN where it reaches, never a finite output (the row maximum
 // skips NaN scores; the row must not then read as one that sees no key), on both GPU paths: the
 // tensor-core kernel (bf16, D = 64) and the portable one (f32).

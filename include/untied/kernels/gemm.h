@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "untied/core/allocator.h"
 #include "untied/core/dtype.h"
@@ -46,6 +47,12 @@ struct GemmParams {
 };
 
 void gemm(Device& dev, const GemmParams& p);
+
+// The products of `groups`, each as gemm() takes it (the experts of a mixture, each over its own
+// rows): in one call where the backend has one (on a GPU cuBLAS's grouped batched GEMM, one launch
+// for them all, when every group's A, B and C share one dtype and none gathers B), else one
+// after another. Each C is gemm()'s result for its group; groups' C must not overlap.
+void gemm_grouped(Device& dev, const std::vector<GemmParams>& groups);
 
 // The scratch bytes (all tag p.scratch_tag) the CPU backend's gemm takes for p with `threads`
 // threads: for plans made without a device (memory_plan.h). The pointers in p are not read.

@@ -83,4 +83,23 @@ cublasStatus_t CUBLASWINAPI cublasGemmEx(cublasHandle_t handle, cublasOperation_
            algo);
 }
 
+// Optional (cuBLAS 12.5 on): without it the call answers CUBLAS_STATUS_NOT_SUPPORTED, and the
+// backend runs the groups one by one.
+cublasStatus_t CUBLASWINAPI cublasGemmGroupedBatchedEx(
+    cublasHandle_t handle, const cublasOperation_t transa_array[], const cublasOperation_t transb_array[],
+    const int m_array[], const int n_array[], const int k_array[], const void* alpha_array, const void* const Aarray[],
+    cudaDataType_t Atype, const int lda_array[], const void* const Barray[], cudaDataType_t Btype,
+    const int ldb_array[], const void* beta_array, void* const Carray[], cudaDataType_t Ctype, const int ldc_array[],
+    int group_count, const int group_size[], cublasComputeType_t computeType) {
+  using Grouped = cublasStatus_t (*)(cublasHandle_t, const cublasOperation_t[], const cublasOperation_t[], const int[],
+                                     const int[], const int[], const void*, const void* const[], cudaDataType_t,
+                                     const int[], const void* const[], cudaDataType_t, const int[], const void*,
+                                     void* const[], cudaDataType_t, const int[], int, const int[],
+                                     cublasComputeType_t);
+  static const auto f = reinterpret_cast<Grouped>(dlsym(library(), "cublasGemmGroupedBatchedEx"));
+  if (f == nullptr) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return f(handle, transa_array, transb_array, m_array, n_array, k_array, alpha_array, Aarray, Atype, lda_array,
+           Barray, Btype, ldb_array, beta_array, Carray, Ctype, ldc_array, group_count, group_size, computeType);
+}
+
 }  // extern "C"

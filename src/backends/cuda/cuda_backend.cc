@@ -41,6 +41,7 @@ const KernelTable& kernel_table() {
   static const KernelTable table{
       .name = "cuda",
       .gemm = {.run = gemm, .supports = gemm_supports},
+      .gemm_grouped = {.run = gemm_grouped, .scratch = gemm_grouped_scratch, .supports = gemm_grouped_supports},
       .attention_forward = {.run = attention_forward, .supports = attention_forward_supports},
       .attention_backward = {.run = attention_backward, .scratch = attention_backward_scratch,
                              .supports = attention_backward_supports},

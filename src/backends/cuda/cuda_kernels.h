@@ -26,6 +26,11 @@ namespace untied::cuda {
 
 void gemm(Device& dev, const GemmParams& p, const Scratch& scratch);  // gemm.cc (cuBLAS)
 Status gemm_supports(const GemmParams& p);
+// Every group in one cublasGemmGroupedBatchedEx (its device arrays of pointers in the scratch);
+// the groups one by one through cublasGemmEx where this cuBLAS lacks the call.
+void gemm_grouped(Device& dev, const GemmGroupedCall& c, const Scratch& scratch);
+ScratchRequest gemm_grouped_scratch(const Device& dev, const GemmGroupedCall& c);
+Status gemm_grouped_supports(const GemmGroupedCall& c);
 
 // attention_forward.cu, attention_backward.cu
 void attention_forward(Device& dev, const AttentionForwardCall& c, const Scratch& scratch);
