@@ -49,7 +49,7 @@ def main():
     put("token_file", "v2.tok", token_file([9, 1, 2, 9, 3, 4, 5, 9, 6], 10, 2, [0, 3, 7]))
     put("token_file", "wide.tok", token_file([70000, 1, 65537], 70001, 4, [0, 1]))
     put("checkpoint", "rank.bin", checkpoint([("embed", 4), ("final_norm", 2)]))
-    for m in ("hf_llama_tiny", "hf_qwen3_tiny"):
+    for m in ("hf_llama_tiny", "hf_qwen3_tiny", "hf_mistral_tiny", "hf_qwen2_tiny", "hf_qwen3moe_tiny", "hf_mixtral_tiny"):
         put("hf_config", f"{m}.json", open(f"{FIX}/{m}/config.json").read())
     put("tokenizer_json", "whitespace_probe.json", open(f"{FIX}/tokenizers/whitespace_probe/tokenizer.json").read())
     tiny = {"version": "1.0", "added_tokens": [{"id": 6, "content": "<|endoftext|>", "special": True,
