@@ -50,6 +50,18 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
   if (o.offload_keep_first < 0 || o.offload_keep_first > m.layers || o.offload_every < 1)
     return Status::invalid_argument("--keep-inputs must be in [0, " + std::to_string(m.layers) +
                                     "] (the model's layers) and --offload-every >= 1");
+  if (m.experts > 0) {
+    if (!(o.moe_skew >= 1 && o.moe_skew <= 1024)) return Status::invalid_argument("--moe-skew must be in [1, 1024]");
+    // A MoE tile's rows at the experts, times their widest buffer: far inside int64.
+    const int64_t rows = padded_config(attention_config(m, o), ranks).seq / ranks;
+    const int64_t tile = decoder_tiles(m, o, rows).mlp;
+    const double bytes = static_cast<double>(tile) * static_cast<double>(m.experts_per_token) * o.moe_skew *
+                         static_cast<double>(std::max(m.hidden, m.expert_ffn)) * 16.0;
+    if (bytes > 0x1p50)
+      return Status::invalid_argument("a mixture of experts' tile of " + std::to_string(tile) + " rows with " +
+                                      std::to_string(m.experts_per_token) +
+                                      " experts a token is too large: lower --mlp-tile");
+  }
   return Status::ok_status();
 }
 

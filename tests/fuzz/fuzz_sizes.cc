@@ -51,6 +51,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.offload_inputs = in.take<uint8_t>() & 1;
   o.decoder.recompute = in.take<uint8_t>() & 1 ? Recompute::kSelective : Recompute::kFull;
   o.decoder.keep_last_stage = in.take<uint8_t>() & 1 ? KeepLastStage::kOn : KeepLastStage::kOff;
+  m.qkv_bias = in.take<uint8_t>() & 1;
+  m.experts = in.take<int16_t>(), m.experts_per_token = in.take<int16_t>(), m.expert_ffn = in.take<int32_t>();
+  m.moe_every = 1 + in.take<uint8_t>() % 4;
+  o.decoder.expert_parallel = in.take<uint8_t>() & 1;
+  o.decoder.moe_skew = 1.0 + in.take<uint8_t>() / 16.0;
   if (!validate(o, ranks).ok() || !validate_plan(o, ranks).ok()) return 0;
   // The plan and its figures from accepted options: every size a real, non-negative count.
   const RunGeometry g = run_geometry(o, ranks);
