@@ -102,6 +102,9 @@ void add_train_flags(FlagSet& f) {
         "a mixture of experts: spread the experts over the ranks when their number is a multiple of the ranks "
         "(each rank owns experts/ranks of every MoE layer; tokens travel to them and back in all-to-alls); "
         "--no-expert-parallel: every rank runs every expert on its own tokens");
+  f.add_number("router-aux-coef", "", "a mixture of experts: the load-balancing loss's weight in the loss (default: "
+               "the model's router_aux_loss_coef, added as transformers adds it with output_router_logits on; 0: off)",
+               non_negative_number());
   f.add_number("moe-skew", "1", "a mixture of experts under expert parallelism: the plan and --rehearsal size each "
                "rank's received rows as this many times the balanced share (a real step sizes them from the router's "
                "counts)", NumberBound{.min = 1, .what = "a factor >= 1"});
@@ -210,6 +213,11 @@ Status options_from_flags(const FlagSet& f, int ranks, TrainOptions* o, DataOpti
     if (f.get_int("layers") != 0) o->model.layers = f.get_int("layers");
   }
   rope_theta_from_flags(f, &o->model.rope_theta);
+  if (!f.get_string("router-aux-coef").empty()) {
+    if (o->model.experts == 0)
+      return Status::invalid_argument("--router-aux-coef weighs a mixture of experts' load balancing: this model has none");
+    o->model.router_aux_coef = f.get_number("router-aux-coef");
+  }
   o->save_hf = f.get_string("save-hf");
   o->save_hf_dtype =
       f.get_string("save-hf-dtype") == "auto" ? std::string() : parse_hf_dtype(f.get_string("save-hf-dtype")).value();

@@ -10,6 +10,9 @@ void check_rows(const MoeRows& s, const char* op) {
                " k=", s.k, " m=", s.m, " dim=", s.dim);
   UNTIED_CHECK(s.dtype == DType::kF32 || s.dtype == DType::kBF16, op, ": rows must be f32 or bf16, got ",
                dtype_name(s.dtype));
+  // (int32 row indices; one GPU block per row)
+  UNTIED_CHECK(s.m < INT32_MAX && s.n * s.k < INT32_MAX, op, ": at most 2^31-1 rows, got n=", s.n, " k=", s.k,
+               " m=", s.m);
 }
 }  // namespace
 

@@ -57,7 +57,8 @@ Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {
     const int64_t tile = decoder_tiles(m, o, rows).mlp;
     const double bytes = static_cast<double>(tile) * static_cast<double>(m.experts_per_token) * o.moe_skew *
                          static_cast<double>(std::max(m.hidden, m.expert_ffn)) * 16.0;
-    if (bytes > 0x1p50)
+    if (bytes > 0x1p50 || static_cast<double>(tile) * static_cast<double>(m.experts_per_token) * o.moe_skew *
+                              static_cast<double>(ranks) >= 0x1p31)
       return Status::invalid_argument("a mixture of experts' tile of " + std::to_string(tile) + " rows with " +
                                       std::to_string(m.experts_per_token) +
                                       " experts a token is too large: lower --mlp-tile");

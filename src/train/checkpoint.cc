@@ -330,9 +330,9 @@ std::string moe_identity(const ModelConfig& m) {
   if (m.experts == 0) return "";
   std::string dense;
   for (int64_t l : m.dense_layers) dense += (dense.empty() ? "" : ",") + std::to_string(l);
+  // (router_aux_coef is the loss's, not the model's: a resume may change it)
   return str_cat(" experts=", m.experts, " k=", m.experts_per_token, " Fe=", m.expert_ffn,
-                 " norm_topk=", m.norm_topk_prob, " aux=", m.router_aux_coef, " every=", m.moe_every,
-                 dense.empty() ? "" : " dense=" + dense);
+                 " norm_topk=", m.norm_topk_prob, " every=", m.moe_every, dense.empty() ? "" : " dense=" + dense);
 }
 }  // namespace
 

@@ -91,16 +91,32 @@ void add_state(const std::vector<ParamDesc>& descs, const RunGeometry& d, std::v
 
 // A group's weights gathered in the block dtype and its full-size fp32 gradients, each padded to
 // P shards; with expert parallelism a MoE layer's experts are this rank's alone (X / P of them).
-void add_group(const std::vector<ParamDesc>& descs, int group, const RunGeometry& d, const char* name,
-               std::vector<PlanItem>& out, bool grads = true) {
+int64_t gathered_elems(const std::vector<ParamDesc>& descs, int group, const RunGeometry& d) {
   int64_t padded = 0;
   for (const ParamDesc& p : descs) {
     if (p.group != group) continue;
     const bool own = d.experts_parallel && p.kind == ParamKind::kExperts;
     padded += own ? p.shape.numel() / d.P : d.P * ((p.shape.numel() + d.P - 1) / d.P);
   }
+  return padded;
+}
+
+void add_group(const std::vector<ParamDesc>& descs, int group, const RunGeometry& d, const char* name,
+               std::vector<PlanItem>& out, bool grads = true) {
+  const int64_t padded = gathered_elems(descs, group, d);
   out.push_back({std::string(name) + " (gathered)", Tag::kParameters, padded * d.es});
   if (grads) out.push_back({std::string(name) + " (full grad, fp32)", Tag::kGradients, padded * 4});
+}
+
+// The block whose gathered weights are the largest (the last among equals): every block's where
+// the blocks differ (a mixture of experts with dense layers), which the plan then weighs as the
+// last block's, an upper bound.
+int largest_block(const std::vector<ParamDesc>& descs, const RunGeometry& d) {
+  int best = static_cast<int>(d.N);
+  int64_t most = gathered_elems(descs, best, d);
+  for (int g = 1; g < d.N; ++g)
+    if (const int64_t e = gathered_elems(descs, g, d); e > most) best = g, most = e;
+  return best;
 }
 
 // Block inputs saved on the device: every block's that is not offloaded (all N while the last
@@ -132,7 +148,7 @@ void add_block_backward(const TrainOptions& o, const RunGeometry& d, const std::
                         std::vector<PlanItem>& it, bool dh = true) {
   const int64_t L = d.L, E = d.E, es = d.es;
   add_state(descs, d, it);
-  add_group(descs, static_cast<int>(d.N), d, "block weights", it);
+  add_group(descs, largest_block(descs, d), d, "block weights", it);
   add_saved_inputs(o, d, it);
   add_kept_outputs(d, d.N - 1, it);
   it.push_back({"token ids", Tag::kOther, L * 4});
@@ -394,7 +410,7 @@ std::vector<PlanMoment> attention_forward(const TrainOptions& o, const RunGeomet
   const bool recompute = o.decoder.strategy == Strategy::kUPipe;
   const bool offloaded = o.offload_inputs && input_offloaded(o.decoder, d.N - 1);
   add_state(descs, d, it);
-  add_group(descs, static_cast<int>(d.N), d, "block weights", it, /*grads=*/in_backward);
+  add_group(descs, largest_block(descs, d), d, "block weights", it, /*grads=*/in_backward);
   it.push_back({"token ids", Tag::kOther, L * 4});
   add_kept_outputs(d, d.N - 1, it);  // the other blocks' (the forward pass: the blocks before)
   if (in_backward) {
@@ -719,10 +735,13 @@ MemoryPlan plan_resolved(const TrainOptions& o, int ranks) {
   for (PlanMoment& m : fwd) p.moments.push_back(std::move(m));
   p.moments.push_back(dwo_gemm(o, d, descs));
   p.moments.push_back(early_delta(o, d, descs));
-  if (moe_layer(o.model, d.N - 1))
+  // A MoE model with dense layers has both backwards; each is weighed as the last block's (an upper
+  // bound for the kind the last block is not).
+  bool moe = false, dense = false;
+  for (int64_t l = 0; l < d.N; ++l) (moe_layer(o.model, l) ? moe : dense) = true;
+  if (moe)
     for (PlanMoment& m : moe_backward(o, d, descs)) p.moments.push_back(std::move(m));
-  else
-    p.moments.push_back(mlp_backward(o, d, descs));
+  if (dense) p.moments.push_back(mlp_backward(o, d, descs));
   if (o.decoder.tiled_dx) p.moments.push_back(dx_tiles(o, d, descs));
   for (PlanMoment& m : loss(o, d, descs)) p.moments.push_back(std::move(m));
   std::erase_if(p.moments, [](const PlanMoment& m) { return m.items.empty(); });  // moments this run lacks

@@ -491,9 +491,9 @@ void add_tensor_ops(std::vector<OpCase>& out) {
   for (const auto& [acc_t, t, len, sa, sx] : emu_add) add_into_case("emu", acc_t, t, len, sa, sx, false, 1.0);
 
   // add_bias: exact (one fp32 add and one rounding per element, as add_into); the stride gaps of
-  // out come back untouched. bias_grad: each column's rows added in order in fp32 on both sides
-  // (no fused multiply-adds: plain adds), so bit for bit on the emulated GPU; the GPU suite's
-  // tolerance on a GPU. Rows and widths ragged (not multiples of the vector widths), a skew.
+  // out come back untouched. bias_grad: the same fp32 adds in the same order on both sides (rows
+  // in chunks of kBiasGradRows, then the chunks; no fused multiply-adds), so bit for bit on the
+  // emulated GPU (one chunk and three); the GPU suite's tolerance on a GPU. Rows and widths ragged (not multiples of the vector widths), a skew.
   for (DType out_t : {kF, kB})
     for (DType b_t : {kF, kB}) {
       const int64_t rows = 37, cols = 70, ld = 75;
@@ -507,7 +507,7 @@ void add_tensor_ops(std::vector<OpCase>& out) {
       };
       out.push_back(k);
       for (bool accumulate : {false, true}) {
-        const int64_t grows = 301;
+        const int64_t grows = accumulate ? 301 : 2500;  // one chunk of the GPU's 1024 rows, or three
         OpCase g;
         g.name = case_name({"bias_grad", dt(b_t), "from", dt(out_t), "rows" + n(grows), "n" + n(cols),
                             accumulate ? "accumulate" : "overwrite"});

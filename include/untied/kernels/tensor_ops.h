@@ -11,8 +11,9 @@
 //   add_bias: out[r * ld + c] = out[r * ld + c] + bias[c]   (r < rows, c < n): a projection's
 //             bias (Qwen2's q/k/v) added in fp32, rounded to out's dtype; out and bias f32 or bf16.
 //   bias_grad: db[c] = (accumulate ? db[c] : 0) + sum_r g[r * ld + c]   (c < n): the bias's
-//             gradient, summed in fp32 over the rows in order (the result does not depend on the
-//             thread count) and rounded once to db's dtype; g and db f32 or bf16.
+//             gradient in fp32: the rows summed in order within chunks of kBiasGradRows, each from
+//             0, and the chunks' sums added to db's in order (on every backend, and whatever the
+//             thread count), rounded once to db's dtype; g and db f32 or bf16.
 //
 // All pointers are this device's memory. Elements are independent (no reduction across
 // elements), so results do not depend on the thread count. In rehearsal (!dev.backed()) nothing
@@ -39,5 +40,6 @@ void add_bias(Device& dev, void* out, DType out_dtype, int64_t ld, int64_t rows,
 
 void bias_grad(Device& dev, void* db, DType db_dtype, const void* g, DType g_dtype, int64_t ld, int64_t rows,
                int64_t n, bool accumulate);
+inline constexpr int64_t kBiasGradRows = 1024;
 
 }  // namespace untied

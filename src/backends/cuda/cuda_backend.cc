@@ -63,7 +63,7 @@ const KernelTable& kernel_table() {
       .add_into = {.run = add_into},
       .convert = {.run = convert},
       .add_bias = {.run = add_bias},
-      .bias_grad = {.run = bias_grad},
+      .bias_grad = {.run = bias_grad, .scratch = bias_grad_scratch},
       .gather_rows = {.run = gather_rows},
       .combine_rows = {.run = combine_rows},
       .combine_rows_backward = {.run = combine_rows_backward},

@@ -78,6 +78,7 @@ void add_into(Device& dev, const AddIntoCall& c, const Scratch& scratch);
 void convert(Device& dev, const ConvertCall& c, const Scratch& scratch);
 void add_bias(Device& dev, const AddBiasCall& c, const Scratch& scratch);
 void bias_grad(Device& dev, const BiasGradCall& c, const Scratch& scratch);
+ScratchRequest bias_grad_scratch(const Device& dev, const BiasGradCall& c);
 void gather_rows(Device& dev, const GatherRowsCall& c, const Scratch& scratch);
 void combine_rows(Device& dev, const CombineRowsCall& c, const Scratch& scratch);
 void combine_rows_backward(Device& dev, const CombineRowsBackwardCall& c, const Scratch& scratch);

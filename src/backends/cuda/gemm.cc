@@ -3,6 +3,7 @@
 // so cuBLAS is called with the operands swapped. Grouped (gemm_grouped): one
 // cublasGemmGroupedBatchedEx, one problem per group, for the types it takes (A, B and C all f32
 // or all bf16); the groups one by one otherwise, or where the library lacks the call.
+#include <cstdint>
 #include <vector>
 
 #include "backends/cuda/cuda_device.h"
@@ -43,6 +44,12 @@ Status gemm_grouped_supports(const GemmGroupedCall& c) {
     const GemmParams& p = c.groups[g];
     if (p.a_dtype != p.c_dtype)  // (cublasGemmGroupedBatchedEx: A, B and C of one type)
       return Status::unsupported(str_cat("grouped: A ", dtype_name(p.a_dtype), " and C ", dtype_name(p.c_dtype)));
+    // Pointer-array GEMMs want 16-byte aligned matrices and rows: the rest go one by one.
+    const int64_t per16 = 16 / dtype_size(p.a_dtype);
+    for (const void* ptr : {p.a, static_cast<const void*>(p.b), static_cast<const void*>(p.c)})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return Status::unsupported("grouped: a matrix not 16-byte aligned");
+    if (p.lda % per16 != 0 || p.ldb % per16 != 0 || p.ldc % per16 != 0)
+      return Status::unsupported("grouped: a leading dimension not a multiple of 16 bytes");
     if (Status s = gemm_supports(p); !s.ok()) return s;
   }
   if (c.count > INT32_MAX) return Status::unsupported("grouped: more than 2^31-1 groups");

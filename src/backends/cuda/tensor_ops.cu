@@ -9,9 +9,10 @@
 //             device-to-device memcpy (bit-exact, as the CPU's load/store round trip is for
 //             every non-NaN value).
 //   add_bias: element-wise over (rows, n), grid-stride.
-//   bias_grad: one thread per column, adding the rows in order (as the CPU does): the columns
-//             are few (a projection's H*D) and each thread's loads are coalesced with its
-//             neighbours'.
+//   bias_grad: one thread per column and chunk of kBiasRows rows, adding the chunk's rows in
+//             order into an fp32 partial sum (scratch), then one thread per column adding the
+//             chunks' sums in order: the columns are few (a projection's H*D), the rows many; the
+//             CPU's order exactly, whatever the launch.
 // Every op is element-independent or row-independent, so results do not depend on the launch
 // shape. Nothing is allocated.
 #include <algorithm>
@@ -19,11 +20,13 @@
 
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_util.cuh"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int64_t kBiasRows = kBiasGradRows;  // bias_grad: rows per chunk (tensor_ops.h)
 
 // ---- row_dot -------------------------------------------------------------------------------
 
@@ -148,22 +151,38 @@ void launch_add_bias(cudaStream_t st, void* out, int64_t ld, int64_t rows, int64
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename D, typename G>
-__global__ void __launch_bounds__(kThreads) bias_grad_kernel(D* db, const G* g, int64_t ld, int64_t rows, int64_t n,
-                                                             bool accumulate) {
+// partial[chunk * n + c] = sum of g[r, c] over the chunk's rows, in order.
+template <typename G>
+__global__ void __launch_bounds__(kThreads) bias_grad_chunks_kernel(float* partial, const G* g, int64_t ld,
+                                                                    int64_t rows, int64_t n) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  if (c >= n) return;
+  const int64_t end = (chunk + 1) * kBiasRows, r1 = end < rows ? end : rows;
+  float sum = 0.0f;
+  for (int64_t r = chunk * kBiasRows; r < r1; ++r) sum = __fadd_rn(sum, to_f32(g[r * ld + c]));
+  partial[chunk * n + c] = sum;
+}
+
+// db[c] = (accumulate ? db[c] : 0) + the chunks' sums in order.
+template <typename D>
+__global__ void __launch_bounds__(kThreads) bias_grad_sum_kernel(D* db, const float* partial, int64_t chunks,
+                                                                 int64_t n, bool accumulate) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n) return;
   float sum = accumulate ? to_f32(db[c]) : 0.0f;
-  for (int64_t r = 0; r < rows; ++r) sum += to_f32(g[r * ld + c]);
+  for (int64_t j = 0; j < chunks; ++j) sum = __fadd_rn(sum, partial[j * n + c]);
   db[c] = from_f32<D>(sum);
 }
 
 template <typename D, typename G>
-void launch_bias_grad(cudaStream_t st, void* db, const void* g, int64_t ld, int64_t rows, int64_t n,
-                      bool accumulate) {
-  const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-  bias_grad_kernel<D, G><<<blocks, kThreads, 0, st>>>(static_cast<D*>(db), static_cast<const G*>(g), ld, rows, n,
-                                                      accumulate);
+void launch_bias_grad(cudaStream_t st, void* db, const void* g, int64_t ld, int64_t rows, int64_t n, bool accumulate,
+                      float* partial) {
+  const auto columns = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  const int64_t chunks = (rows + kBiasRows - 1) / kBiasRows;
+  if (chunks > 0)
+    bias_grad_chunks_kernel<G><<<dim3(columns, static_cast<unsigned>(chunks)), kThreads, 0, st>>>(
+        partial, static_cast<const G*>(g), ld, rows, n);
+  bias_grad_sum_kernel<D><<<columns, kThreads, 0, st>>>(static_cast<D*>(db), partial, chunks, n, accumulate);
   UNTIED_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -214,14 +233,21 @@ void add_bias(Device& dev, const AddBiasCall& c, const Scratch&) {
   else launch_add_bias<float, float>(st, out, ld, rows, n, bias);
 }
 
-void bias_grad(Device& dev, const BiasGradCall& c, const Scratch&) {
+ScratchRequest bias_grad_scratch(const Device&, const BiasGradCall& c) {
+  ScratchRequest r;
+  r.set(0, std::max<int64_t>(1, (c.rows + kBiasRows - 1) / kBiasRows) * c.n * 4, Tag::kOther, "bias_grad chunk sums");
+  return r;
+}
+
+void bias_grad(Device& dev, const BiasGradCall& c, const Scratch& scratch) {
   const auto& [db, db_t, g, g_t, ld, rows, n, accumulate] = c;
   const cudaStream_t st = stream_of(dev);
+  float* partial = scratch.as<float>(0);
   const bool d16 = db_t == DType::kBF16, g16 = g_t == DType::kBF16;
-  if (d16 && g16) launch_bias_grad<bf16_t, bf16_t>(st, db, g, ld, rows, n, accumulate);
-  else if (d16) launch_bias_grad<bf16_t, float>(st, db, g, ld, rows, n, accumulate);
-  else if (g16) launch_bias_grad<float, bf16_t>(st, db, g, ld, rows, n, accumulate);
-  else launch_bias_grad<float, float>(st, db, g, ld, rows, n, accumulate);
+  if (d16 && g16) launch_bias_grad<bf16_t, bf16_t>(st, db, g, ld, rows, n, accumulate, partial);
+  else if (d16) launch_bias_grad<bf16_t, float>(st, db, g, ld, rows, n, accumulate, partial);
+  else if (g16) launch_bias_grad<float, bf16_t>(st, db, g, ld, rows, n, accumulate, partial);
+  else launch_bias_grad<float, float>(st, db, g, ld, rows, n, accumulate, partial);
 }
 
 }  // namespace untied::cuda

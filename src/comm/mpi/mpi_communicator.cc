@@ -139,24 +139,28 @@ class MpiCommunicator final : public Communicator {
     UNTIED_MPI_CHECK(MPI_Alltoall(send, t.count(), t.type(), recv, t.count(), t.type(), comm_));
   }
 
-  // MPI_Alltoallv in bytes; counts or offsets past INT_MAX take the pairwise default (64-bit
-  // sendrecv).
+  // MPI_Alltoallv in bytes; when any rank's counts or offsets pass INT_MAX every rank takes the
+  // pairwise default (64-bit sendrecv) instead: one decision for all (a max-reduction), so that no
+  // rank enters the collective while another sends pairwise.
   void all_to_allv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                    const std::vector<int64_t>& recv_bytes) override {
     const size_t P = static_cast<size_t>(size());
     UNTIED_CHECK(send_bytes.size() == P && recv_bytes.size() == P, "all_to_allv: ", send_bytes.size(), " send and ",
                  recv_bytes.size(), " receive sizes for a group of ", P);
     std::vector<int> sc(P), sd(P), rc(P), rd(P);
-    int64_t s_at = 0, r_at = 0;
+    int64_t s_at = 0, r_at = 0, wide = 0;
     for (size_t p = 0; p < P; ++p) {
-      if (send_bytes[p] < 0 || recv_bytes[p] < 0 || send_bytes[p] > INT_MAX || recv_bytes[p] > INT_MAX ||
-          s_at > INT_MAX || r_at > INT_MAX) {
-        Communicator::all_to_allv(send, send_bytes, recv, recv_bytes);
-        return;
-      }
-      sc[p] = static_cast<int>(send_bytes[p]), sd[p] = static_cast<int>(s_at);
-      rc[p] = static_cast<int>(recv_bytes[p]), rd[p] = static_cast<int>(r_at);
+      UNTIED_CHECK(send_bytes[p] >= 0 && recv_bytes[p] >= 0, "all_to_allv: a negative size for rank ", p);
+      wide |= send_bytes[p] > INT_MAX || recv_bytes[p] > INT_MAX || s_at > INT_MAX || r_at > INT_MAX;
+      if (!wide)
+        sc[p] = static_cast<int>(send_bytes[p]), sd[p] = static_cast<int>(s_at),
+        rc[p] = static_cast<int>(recv_bytes[p]), rd[p] = static_cast<int>(r_at);
       s_at += send_bytes[p], r_at += recv_bytes[p];
+    }
+    UNTIED_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wide, 1, MPI_INT64_T, MPI_MAX, comm_));
+    if (wide != 0) {
+      Communicator::all_to_allv(send, send_bytes, recv, recv_bytes);
+      return;
     }
     UNTIED_MPI_CHECK(
         MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_));

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "untied/kernels/tensor_ops.h"
 
 namespace untied::cpu {
 
@@ -105,13 +106,19 @@ void bias_grad(Device& dev, const BiasGradCall& c, const Scratch&) {
   std::vector<float> sums(static_cast<size_t>(n), 0.0f);
   if (c.accumulate) load_f32(sums.data(), c.db, c.db_dtype, n);
   float* acc = sums.data();
-  // Columns split in blocks over the threads; each block adds the rows in order.
+  // Columns split in blocks over the threads; each block adds the rows in order within chunks of
+  // kBiasGradRows, each chunk's sum from 0, and the chunks' sums to db's in order (the GPU's order).
   constexpr int64_t kCols = 256;
 #pragma omp parallel for schedule(static) num_threads(dev.threads())
   for (int64_t c0 = 0; c0 < n; c0 += kCols) {
     const int64_t m = std::min(kCols, n - c0);
-    for (int64_t r = 0; r < rows; ++r)
-      accumulate_f32(acc + c0, static_cast<const char*>(g) + (r * ld + c0) * gs, g_t, m);
+    float chunk[kCols];
+    for (int64_t r0 = 0; r0 < rows; r0 += kBiasGradRows) {
+      std::fill(chunk, chunk + m, 0.0f);
+      for (int64_t r = r0; r < std::min(rows, r0 + kBiasGradRows); ++r)
+        accumulate_f32(chunk, static_cast<const char*>(g) + (r * ld + c0) * gs, g_t, m);
+      for (int64_t k = 0; k < m; ++k) acc[c0 + k] += chunk[k];
+    }
   }
   store_f32(c.db, c.db_dtype, acc, n);
 }
