@@ -91,13 +91,16 @@ void add_state(const std::vector<ParamDesc>& descs, const RunGeometry& d, std::v
 
 // A group's weights gathered in the block dtype and its full-size fp32 gradients, each padded to
 // P shards; with expert parallelism a MoE layer's experts are this rank's alone (X / P of them).
+// The elements a parameter takes gathered: padded to P shards, or this rank's experts alone.
+int64_t gathered_elems(const ParamDesc& p, const RunGeometry& d) {
+  const bool own = d.experts_parallel && p.kind == ParamKind::kExperts;
+  return own ? p.shape.numel() / d.P : d.P * ((p.shape.numel() + d.P - 1) / d.P);
+}
+
 int64_t gathered_elems(const std::vector<ParamDesc>& descs, int group, const RunGeometry& d) {
   int64_t padded = 0;
-  for (const ParamDesc& p : descs) {
-    if (p.group != group) continue;
-    const bool own = d.experts_parallel && p.kind == ParamKind::kExperts;
-    padded += own ? p.shape.numel() / d.P : d.P * ((p.shape.numel() + d.P - 1) / d.P);
-  }
+  for (const ParamDesc& p : descs)
+    if (p.group == group) padded += gathered_elems(p, d);
   return padded;
 }
 
@@ -112,10 +115,12 @@ void add_group(const std::vector<ParamDesc>& descs, int group, const RunGeometry
 // the blocks differ (a mixture of experts with dense layers), which the plan then weighs as the
 // last block's, an upper bound.
 int largest_block(const std::vector<ParamDesc>& descs, const RunGeometry& d) {
+  std::vector<int64_t> elems(static_cast<size_t>(d.N) + 2, 0);  // by group, in one pass
+  for (const ParamDesc& p : descs)
+    if (p.group >= 1 && p.group <= d.N) elems[static_cast<size_t>(p.group)] += gathered_elems(p, d);
   int best = static_cast<int>(d.N);
-  int64_t most = gathered_elems(descs, best, d);
   for (int g = 1; g < d.N; ++g)
-    if (const int64_t e = gathered_elems(descs, g, d); e > most) best = g, most = e;
+    if (elems[static_cast<size_t>(g)] > elems[static_cast<size_t>(best)]) best = g;
   return best;
 }
 
