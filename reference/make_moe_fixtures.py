@@ -97,6 +97,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from make_hf_fixtures import rms_norm, rotate  # the same hand-written RMSNorm and RoPE
+
 QWEN3MOE = "reference/fixtures/hf_qwen3moe_tiny"
 QWEN3MOE_UNTIED = "reference/fixtures/hf_qwen3moe_untied_tiny"
 MIXTRAL = "reference/fixtures/hf_mixtral_tiny"
@@ -154,19 +156,6 @@ def ensure_hub_layout(model, out, mixtral):
 
 
 # ---- the forward and loss by hand, from the on-disk tensors ----
-
-def rms_norm(x, w, eps):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rotate(x, pos, theta):  # rotate_half RoPE, as in transformers
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    ang = pos[:, None].float() * inv[None, :]
-    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
-
 
 def swiglu(x, gate, up, down):
     return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T

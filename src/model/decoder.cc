@@ -102,15 +102,22 @@ struct Decoder::MlpTile {
   TensorBuffer b, rstd, gate, up;
 };
 
+Decoder::MlpTile Decoder::mlp_norm_tile(const BlockWeights& w, const Tensor& hm_tile) {
+  const int64_t n = hm_tile.dim(0);
+  Allocator& alloc = dev_.allocator();
+  MlpTile m;
+  // b_t = mlp_norm(hm_t): the norm runs tile by tile too, so no (L, E) normed copy exists.
+  m.b = TensorBuffer(alloc, o_.dtype, {n, m_.hidden}, Tag::kOther, "mlp_norm output (tile)");
+  m.rstd = TensorBuffer(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
+  rmsnorm_forward(dev_, norm_shape(n), m.b.data(), m.rstd.as<float>(), hm_tile.data(), w.mlp_norm.data());
+  return m;
+}
+
 Decoder::MlpTile Decoder::mlp_tile_inputs(const BlockWeights& w, const Tensor& hm_tile) {
   const int64_t n = hm_tile.dim(0), E = m_.hidden, F = m_.ffn;
   const DType t = o_.dtype;
   Allocator& alloc = dev_.allocator();
-  MlpTile m;
-  // b_t = mlp_norm(hm_t): the norm runs tile by tile too, so no (L, E) normed copy exists.
-  m.b = TensorBuffer(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
-  m.rstd = TensorBuffer(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
-  rmsnorm_forward(dev_, norm_shape(n), m.b.data(), m.rstd.as<float>(), hm_tile.data(), w.mlp_norm.data());
+  MlpTile m = mlp_norm_tile(w, hm_tile);
   m.gate = TensorBuffer(alloc, t, {n, F}, Tag::kOther, "mlp gate (tile)");
   m.up = TensorBuffer(alloc, t, {n, F}, Tag::kOther, "mlp up (tile)");
   // gate, up (n, F) = b_t w_gate^T, b_t w_up^T
@@ -128,9 +135,7 @@ void Decoder::mlp_forward(int layer, const BlockWeights& w, const Tensor& hm, co
     std::vector<int32_t> ids;  // a forward that keeps no routing: one tile's
     for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
       const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
-      TensorBuffer b(dev_.allocator(), t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
-      TensorBuffer rstd(dev_.allocator(), DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
-      rmsnorm_forward(dev_, norm_shape(n), b.data(), rstd.as<float>(), rows_of(hm, r0, n).data(), w.mlp_norm.data());
+      const MlpTile normed = mlp_norm_tile(w, rows_of(hm, r0, n));
       int32_t* tile_ids = nullptr;
       if (recording_) {
         tile_ids = routes_[static_cast<size_t>(layer)].data() + r0 * k;
@@ -138,7 +143,7 @@ void Decoder::mlp_forward(int layer, const BlockWeights& w, const Tensor& hm, co
         ids.resize(static_cast<size_t>(n * k));
         tile_ids = ids.data();
       }
-      moe_->forward(w, b, rows_of(out_add, r0, n), tile_ids, false, recording_ ? &stats_[static_cast<size_t>(layer)] : nullptr,
+      moe_->forward(w, normed.b, rows_of(out_add, r0, n), tile_ids, false, recording_ ? &stats_[static_cast<size_t>(layer)] : nullptr,
                     real_.data() + r0);
     }
     return;
@@ -165,15 +170,14 @@ void Decoder::mlp_backward(int layer, const BlockWeights& w, const BlockWeights&
     for (int64_t r0 = 0; r0 < g_.L; r0 += g_.mlp_tile) {
       const int64_t n = std::min(g_.mlp_tile, g_.L - r0);
       const Tensor hmt = rows_of(hm, r0, n), dyt = rows_of(dy, r0, n);
-      TensorBuffer b(alloc, t, {n, E}, Tag::kOther, "mlp_norm output (tile)");
-      TensorBuffer rstd(alloc, DType::kF32, {n}, Tag::kOther, "mlp_norm rstd (tile)");
-      rmsnorm_forward(dev_, norm_shape(n), b.data(), rstd.as<float>(), hmt.data(), w.mlp_norm.data());
+      MlpTile m = mlp_norm_tile(w, hmt);
       TensorBuffer db(alloc, t, {n, E}, Tag::kOther, "d mlp_norm output (tile)");
-      moe_->backward(w, g, b, dyt, db, routes_[static_cast<size_t>(layer)].data() + r0 * m_.experts_per_token,
+      moe_->backward(w, g, m.b, dyt, db, routes_[static_cast<size_t>(layer)].data() + r0 * m_.experts_per_token,
                      aux_grad_, real_.data() + r0);
-      rmsnorm_backward(dev_, norm_shape(n), b.data(), g.mlp_norm.as<float>(), hmt.data(), rstd.as<float>(),
+      // dy_t += mlp_norm'(db_t), written over b_t as the dense tiles do
+      rmsnorm_backward(dev_, norm_shape(n), m.b.data(), g.mlp_norm.as<float>(), hmt.data(), m.rstd.as<float>(),
                        w.mlp_norm.data(), db.data());
-      add_inplace(dev_, dyt, b);
+      add_inplace(dev_, dyt, m.b);
     }
     return;
   }

@@ -25,12 +25,19 @@ bool experts_parallel(const ModelConfig& m, const DecoderOptions& o, int ranks) 
   return o.expert_parallel && m.experts > 0 && ranks > 1 && m.experts % ranks == 0;
 }
 
-int64_t moe_planned_rows(const ModelConfig& m, const DecoderOptions& o, int ranks, int64_t tile) {
-  const int64_t rows = tile * m.experts_per_token, X = m.experts;
-  if (!experts_parallel(m, o, ranks)) return rows;
+int64_t moe_balanced_share(int64_t rows, int64_t experts, int64_t e) {
+  return rows / experts + (e < rows % experts ? 1 : 0);
+}
+
+int64_t moe_skewed_total(int64_t rows, int64_t experts, double skew) {
   int64_t total = 0;
-  for (int64_t e = 0; e < X; ++e) total += moe_skewed(rows / X + (e < rows % X ? 1 : 0), o.moe_skew);
+  for (int64_t e = 0; e < experts; ++e) total += moe_skewed(moe_balanced_share(rows, experts, e), skew);
   return total;
+}
+
+int64_t moe_planned_rows(const ModelConfig& m, const DecoderOptions& o, int ranks, int64_t tile) {
+  const int64_t rows = tile * m.experts_per_token;
+  return experts_parallel(m, o, ranks) ? moe_skewed_total(rows, m.experts, o.moe_skew) : rows;
 }
 
 Status validate(const ModelConfig& m, const DecoderOptions& o, int ranks) {

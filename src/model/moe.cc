@@ -126,21 +126,19 @@ MoeMlp::Routing MoeMlp::route(const BlockWeights& w, const Tensor& b, int32_t* i
     route_rows(logits_host.data(), n, X, k, m_.norm_topk_prob, use_ids, ids, R.weights.data(), R.probs.data());
     for (int64_t i = 0; i < m; ++i) ++R.count[static_cast<size_t>(ids[i])];
   } else {  // rehearsal: nothing is routed; the experts take the balanced split (moe.h)
-    for (int64_t e = 0; e < X; ++e) R.count[static_cast<size_t>(e)] = m / X + (e < m % X ? 1 : 0);
+    for (int64_t e = 0; e < X; ++e) R.count[static_cast<size_t>(e)] = moe_balanced_share(m, X, e);
   }
   R.offset.assign(static_cast<size_t>(X), 0);
   for (int64_t e = 1; e < X; ++e)
     R.offset[static_cast<size_t>(e)] = R.offset[static_cast<size_t>(e - 1)] + R.count[static_cast<size_t>(e - 1)];
   if (dev_.backed()) {
-    std::vector<int64_t> next = R.offset;
-    for (int64_t e = 0; e < X; ++e)  // expert order, each expert's rows in row order
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t j = 0; j < k; ++j)
-          if (ids[r * k + j] == e) {
-            const int64_t p = next[static_cast<size_t>(e)]++;
-            idx[static_cast<size_t>(p)] = static_cast<int32_t>(r);
-            pos[static_cast<size_t>(r * k + j)] = static_cast<int32_t>(p);
-          }
+    std::vector<int64_t> next = R.offset;  // expert order, each expert's rows in row order
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t p = next[static_cast<size_t>(ids[r * k + j])]++;
+        idx[static_cast<size_t>(p)] = static_cast<int32_t>(r);
+        pos[static_cast<size_t>(r * k + j)] = static_cast<int32_t>(p);
+      }
   }
   R.idx = TensorBuffer(alloc, DType::kI32, {m}, Tag::kOther, "moe rows in expert order (tile)");
   R.pos = TensorBuffer(alloc, DType::kI32, {n, k}, Tag::kOther, "moe row of each token's expert (tile)");
@@ -182,9 +180,8 @@ void MoeMlp::check_received(int64_t received, int64_t m) {
   // buffers at the experts (input and output rows, gate, up and SwiGLU, the fp32 input gradient:
   // more than are ever live at once) must fit in what the budget has left, or every rank stops
   // here together.
-  const int64_t X = m_.experts, E = m_.hidden, Fe = m_.expert_ffn, es = dtype_size(t_);
-  int64_t planned = 0;
-  for (int64_t e = 0; e < X; ++e) planned += moe_skewed(m / X + (e < m % X ? 1 : 0), skew_);
+  const int64_t E = m_.hidden, Fe = m_.expert_ffn, es = dtype_size(t_);
+  const int64_t planned = moe_skewed_total(m, m_.experts, skew_);
   const Allocator& alloc = dev_.allocator();
   const int64_t need = received > planned ? received * (2 * E * es + 3 * Fe * es + E * 4) : 0;
   const int64_t left = alloc.budget_bytes() > 0 ? alloc.budget_bytes() - alloc.stats().live_total : INT64_MAX;
@@ -259,6 +256,22 @@ void per_expert_weight_grads(Device& dev, const std::vector<MoeMlp::Segment>& se
 }
 }  // namespace
 
+MoeMlp::ExpertInputs MoeMlp::expert_inputs(const Routing& R, const BlockWeights& w, const Tensor& b) {
+  const int64_t n = b.dim(0), E = m_.hidden, k = m_.experts_per_token, m = n * k, Fe = m_.expert_ffn, M = R.received;
+  Allocator& alloc = dev_.allocator();
+  ExpertInputs in;
+  in.xs = TensorBuffer(alloc, t_, {m, E}, Tag::kOther, "moe input rows in expert order (tile)");
+  gather_rows(dev_, MoeRows{.n = n, .k = k, .m = m, .dim = E, .dtype = t_}, in.xs.data(), b.data(), n,
+              R.idx.as<int32_t>());
+  if (ep_ != nullptr) in.xs = exchange_rows(R, in.xs.data(), E, t_, true, "moe input rows at their experts (tile)");
+  // gate, up (M, Fe) = x w_gate_e^T, x w_up_e^T over each expert's rows
+  in.gate = TensorBuffer(alloc, t_, {M, Fe}, Tag::kOther, "moe gate (tile)");
+  in.up = TensorBuffer(alloc, t_, {M, Fe}, Tag::kOther, "moe up (tile)");
+  per_expert(dev_, R.segments, true, in.xs.data(), E, t_, w.e_gate, in.gate.data(), Fe, t_);
+  per_expert(dev_, R.segments, true, in.xs.data(), E, t_, w.e_up, in.up.data(), Fe, t_);
+  return in;
+}
+
 void MoeMlp::forward(const BlockWeights& w, const Tensor& b, const Tensor& out, int32_t* ids, bool use_ids,
                      MoeLayerStats* stats, const uint8_t* real) {
   const int64_t n = b.dim(0), E = m_.hidden, X = m_.experts, k = m_.experts_per_token, m = n * k, Fe = m_.expert_ffn;
@@ -272,15 +285,11 @@ void MoeMlp::forward(const BlockWeights& w, const Tensor& b, const Tensor& out, 
       for (int64_t e = 0; e < X; ++e) stats->prob_sum[static_cast<size_t>(e)] += R.probs[static_cast<size_t>(r * X + e)];
     }
   const MoeRows rows{.n = n, .k = k, .m = m, .dim = E, .dtype = t_};
-  TensorBuffer xs(alloc, t_, {m, E}, Tag::kOther, "moe input rows in expert order (tile)");
-  gather_rows(dev_, rows, xs.data(), b.data(), n, R.idx.as<int32_t>());
-  if (ep_ != nullptr) xs = exchange_rows(R, xs.data(), E, t_, true, "moe input rows at their experts (tile)");
   const int64_t M = R.received;
-  // gate, up (M, Fe) = x w_gate_e^T, x w_up_e^T per expert's rows;  s = silu(gate) * up (over gate)
-  TensorBuffer gate(alloc, t_, {M, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {M, Fe}, Tag::kOther, "moe up (tile)");
-  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
-  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
-  xs.reset();
+  // s = silu(gate) * up (over gate)
+  ExpertInputs in = expert_inputs(R, w, b);
+  TensorBuffer &gate = in.gate, &up = in.up;
+  in.xs.reset();
   swiglu_forward(dev_, SwigluShape{.rows = M, .dim = Fe, .dtype = t_}, gate.data(), gate.data(), up.data());
   up.reset();
   // ys (M, E) = s w_down_e^T, back to the tokens' ranks;  out += combine(ys, w)
@@ -298,13 +307,9 @@ void MoeMlp::backward(const BlockWeights& w, const BlockWeights& g, const Tensor
   Routing R = route(w, b, const_cast<int32_t*>(ids), /*use_ids=*/true);
   const MoeRows rows{.n = n, .k = k, .m = m, .dim = E, .dtype = t_};
   // The forward again, at the experts: x, gate, up, s and ys (returned to the tokens' ranks).
-  TensorBuffer xs(alloc, t_, {m, E}, Tag::kOther, "moe input rows in expert order (tile)");
-  gather_rows(dev_, rows, xs.data(), b.data(), n, R.idx.as<int32_t>());
-  if (ep_ != nullptr) xs = exchange_rows(R, xs.data(), E, t_, true, "moe input rows at their experts (tile)");
   const int64_t M = R.received;
-  TensorBuffer gate(alloc, t_, {M, Fe}, Tag::kOther, "moe gate (tile)"), up(alloc, t_, {M, Fe}, Tag::kOther, "moe up (tile)");
-  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_gate, gate.data(), Fe, t_);
-  per_expert(dev_, R.segments, true, xs.data(), E, t_, w.e_up, up.data(), Fe, t_);
+  ExpertInputs in = expert_inputs(R, w, b);
+  TensorBuffer &xs = in.xs, &gate = in.gate, &up = in.up;
   TensorBuffer s(alloc, t_, {M, Fe}, Tag::kOther, "moe swiglu (tile)");
   swiglu_forward(dev_, SwigluShape{.rows = M, .dim = Fe, .dtype = t_}, s.data(), gate.data(), up.data());
   TensorBuffer ys(alloc, t_, {M, E}, Tag::kOther, "moe expert outputs (tile)");

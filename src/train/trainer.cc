@@ -401,8 +401,6 @@ struct StepFigures {
   int64_t host_peak = 0;
 };
 
-bool m_is_moe(const TrainOptions& o) { return o.model.experts > 0; }
-
 // Per MoE layer (by its block number): the fewest and most tokens any expert got this step, over
 // every rank and sequence of the batch, and the mean.
 Json expert_load_json(const ModelConfig& m, const std::vector<double>& load) {
@@ -720,7 +718,7 @@ StatusOr<TrainSummary> train(Device& dev, Communicator& dev_comm, Communicator& 
       line["tokens_seen"] = step * o.batch * g.S;
       line["peak_bytes"] = f.mem.peak_total;
     }
-    if (m_is_moe(o)) {  // the router's term of the loss and each MoE layer's tokens per expert
+    if (o.model.experts > 0) {  // the router's term of the loss and each MoE layer's tokens per expert
       line["router_aux_loss"] = as_printed("%.6g", f.router_aux);
       line["expert_load"] = expert_load_json(o.model, st.sums.expert_load);
       int64_t sent = st.sums.moe_sent_bytes;  // the most any rank sent

@@ -121,6 +121,9 @@ class Decoder {
                             const std::function<bool(int64_t, const Tensor&)>& after_stage = {});
   // final_norm(h) (L, E), for the forward-only paths (no rstd kept).
   TensorBuffer final_norm_forward(const Tensor& h, const Tensor& weight);
+  // mlp_norm(hm_tile) and its rstd (b, rstd of an MlpTile); mlp_tile_inputs adds the dense MLP's
+  // gate and up projections.
+  MlpTile mlp_norm_tile(const BlockWeights& w, const Tensor& hm_tile);
   MlpTile mlp_tile_inputs(const BlockWeights& w, const Tensor& hm_tile);
   // block(x) (L, E): without acts, returned (a new buffer named out_name, the next block's
   // input); with acts (the recompute), what backward needs is kept there and nothing returned.

@@ -100,6 +100,11 @@ struct DecoderOptions {
 int64_t moe_planned_rows(const ModelConfig& m, const DecoderOptions& o, int ranks, int64_t tile);
 // One expert's planned rows from another rank: its balanced share `rows` times skew, rounded up.
 int64_t moe_skewed(int64_t rows, double skew);
+// Expert e's balanced share of `rows` rows over `experts` (the first rows % experts get one more).
+int64_t moe_balanced_share(int64_t rows, int64_t experts, int64_t e);
+// The rows a rank's experts receive of every rank's `rows` planned rows (each expert's balanced
+// share, times skew, rounded up: moe_skewed), summed over the experts.
+int64_t moe_skewed_total(int64_t rows, int64_t experts, double skew);
 
 // Whether a run of m with o on `ranks` ranks spreads its experts (DecoderOptions::expert_parallel).
 bool experts_parallel(const ModelConfig& m, const DecoderOptions& o, int ranks);

@@ -85,6 +85,12 @@ class MoeMlp {
   // rows in expert order (idx, pos, counts), uploaded.
   struct Routing;
   Routing route(const BlockWeights& w, const Tensor& b, int32_t* ids, bool use_ids);
+  // What forward and backward both make at the experts: the tile's rows in expert order (at the
+  // experts' ranks with ep) and their gate and up projections, (M, Fe) each.
+  struct ExpertInputs {
+    TensorBuffer xs, gate, up;
+  };
+  ExpertInputs expert_inputs(const Routing& R, const BlockWeights& w, const Tensor& b);
   // Expert parallelism: rows (dim elements of t each) in expert order to the experts' ranks
   // (to_experts), or the experts' rows back; the received rows in a new buffer (Tag::kCommunication).
   TensorBuffer exchange_rows(const Routing& R, const void* rows, int64_t dim, DType t, bool to_experts, const char* what);
